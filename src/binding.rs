@@ -1,0 +1,235 @@
+//! What a token is bound to, and the canonical parameter digest.
+//!
+//! The digest is SHA-256 over the RFC 8785 (JSON Canonicalization Scheme) form
+//! of the request params with the top-level `inputResponses`, `requestState`
+//! and `_meta` removed, so that MCP replicas written in any language agree on
+//! it byte for byte. Duplicate object keys are refused: two parsers that keep
+//! different duplicates would otherwise disagree on what was bound.
+
+use std::fmt;
+
+use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+
+use crate::error::Reject;
+
+/// Top-level params members that belong to the round trip, not to the request.
+pub const EXCLUDED_PARAMS: [&str; 3] = ["inputResponses", "requestState", "_meta"];
+
+/// The authenticated caller (an MCP server deployment) a token belongs to.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Tenant(String);
+
+impl Tenant {
+    /// The implicit tenant of a loopback, unauthenticated deployment.
+    pub const DEFAULT: &'static str = "default";
+
+    pub fn new(name: impl Into<String>) -> Self {
+        Tenant(name.into())
+    }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Tenant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Tenant({:?})", self.0)
+    }
+}
+
+/// The MCP methods that may answer `input_required`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Method {
+    ToolsCall,
+    PromptsGet,
+    ResourcesRead,
+}
+
+impl Method {
+    pub fn parse(s: &str) -> Result<Self, Reject> {
+        match s {
+            "tools/call" => Ok(Method::ToolsCall),
+            "prompts/get" => Ok(Method::PromptsGet),
+            "resources/read" => Ok(Method::ResourcesRead),
+            _ => Err(Reject::BadMethod),
+        }
+    }
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Method::ToolsCall => "tools/call",
+            Method::PromptsGet => "prompts/get",
+            Method::ResourcesRead => "resources/read",
+        }
+    }
+}
+
+/// SHA-256 of the canonical params.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct ParamsDigest(pub [u8; 32]);
+
+impl ParamsDigest {
+    pub fn from_slice(bytes: &[u8]) -> Result<Self, Reject> {
+        <[u8; 32]>::try_from(bytes)
+            .map(ParamsDigest)
+            .map_err(|_| Reject::Malformed)
+    }
+}
+
+impl fmt::Debug for ParamsDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ParamsDigest(")?;
+        for b in &self.0[..4] {
+            write!(f, "{b:02x}")?;
+        }
+        f.write_str("…)")
+    }
+}
+
+/// Everything a token is bound to. The tenant also selects the key.
+#[derive(Clone, Debug)]
+pub struct Binding {
+    pub tenant: Tenant,
+    pub subject: String,
+    pub method: Method,
+    pub params: ParamsDigest,
+}
+
+// === canonical JSON ===
+
+/// RFC 8785 canonical form of any JSON text. Refuses duplicate keys, lone
+/// surrogates and nesting deeper than serde_json's recursion limit (128).
+pub fn canonical_json(json: &str) -> Result<Vec<u8>, Reject> {
+    let value = parse_strict(json)?;
+    serde_json_canonicalizer::to_vec(&value).map_err(|_| Reject::Malformed)
+}
+
+/// The params digest of an MCP request's `params` object.
+pub fn params_digest(params_json: &str) -> Result<ParamsDigest, Reject> {
+    let mut params = match parse_strict(params_json)? {
+        Value::Object(map) => map,
+        _ => return Err(Reject::Malformed),
+    };
+    for key in EXCLUDED_PARAMS {
+        params.remove(key);
+    }
+    let canonical =
+        serde_json_canonicalizer::to_vec(&Value::Object(params)).map_err(|_| Reject::Malformed)?;
+    Ok(ParamsDigest(Sha256::digest(&canonical).into()))
+}
+
+fn parse_strict(json: &str) -> Result<Value, Reject> {
+    let mut de = serde_json::Deserializer::from_str(json);
+    let StrictValue(value) = StrictValue::deserialize(&mut de).map_err(|_| Reject::Malformed)?;
+    de.end().map_err(|_| Reject::Malformed)?;
+    Ok(value)
+}
+
+/// A `serde_json::Value` whose objects may not repeat a key.
+struct StrictValue(Value);
+
+impl<'de> Deserialize<'de> for StrictValue {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(StrictVisitor).map(StrictValue)
+    }
+}
+
+struct StrictVisitor;
+
+impl<'de> Visitor<'de> for StrictVisitor {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Value, E> {
+        serde_json::Number::from_f64(v)
+            .map(Value::Number)
+            .ok_or_else(|| E::custom("non-finite number"))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_owned()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut out = Vec::new();
+        while let Some(StrictValue(v)) = seq.next_element()? {
+            out.push(v);
+        }
+        Ok(Value::Array(out))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut out = Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if out.contains_key(&key) {
+                return Err(de::Error::custom("duplicate object key"));
+            }
+            let StrictValue(v) = map.next_value()?;
+            out.insert(key, v);
+        }
+        Ok(Value::Object(out))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_order_and_whitespace_do_not_change_the_digest() {
+        let a = params_digest(r#"{"name":"t","arguments":{"b":1,"a":[1,2]}}"#);
+        let b =
+            params_digest("{ \"arguments\" : { \"a\" : [1, 2], \"b\" : 1.0 },\n \"name\": \"t\" }");
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn round_trip_members_are_excluded_but_nested_ones_are_not() {
+        let base = params_digest(r#"{"name":"t","arguments":{}}"#);
+        let with = params_digest(
+            r#"{"name":"t","arguments":{},"requestState":"x","inputResponses":{"a":1},"_meta":{"p":1}}"#,
+        );
+        assert_eq!(base, with);
+        let nested = params_digest(r#"{"name":"t","arguments":{"_meta":1}}"#);
+        assert_ne!(base, nested);
+    }
+
+    #[test]
+    fn duplicate_keys_non_objects_and_trailing_data_are_malformed() {
+        assert_eq!(params_digest(r#"{"a":1,"a":2}"#), Err(Reject::Malformed));
+        assert_eq!(
+            params_digest(r#"{"x":{"a":1,"a":1}}"#),
+            Err(Reject::Malformed)
+        );
+        assert_eq!(params_digest("[1]"), Err(Reject::Malformed));
+        assert_eq!(params_digest("{} {}"), Err(Reject::Malformed));
+        assert_eq!(params_digest(r#"{"s":"\ud800"}"#), Err(Reject::Malformed));
+        let deep = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
+        assert_eq!(canonical_json(&deep), Err(Reject::Malformed));
+    }
+
+    #[test]
+    fn methods() {
+        for m in ["tools/call", "prompts/get", "resources/read"] {
+            assert_eq!(Method::parse(m).map(Method::as_str), Ok(m));
+        }
+        for m in ["tools/list", "", "Tools/Call", "sampling/createMessage"] {
+            assert_eq!(Method::parse(m), Err(Reject::BadMethod));
+        }
+    }
+}

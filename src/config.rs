@@ -1,0 +1,220 @@
+//! Command line and environment. Secrets are given as file paths, never inline.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::auth::Authenticator;
+use crate::binding::Tenant;
+use crate::clock::{Clock, SystemClock};
+use crate::keyring::{Keyring, KeyringHandle, KeysetError, KeysetFile};
+use crate::ledger::sled::SledLedger;
+use crate::ledger::LedgerError;
+use crate::sealer::{Limits, Sealer};
+use crate::server::ServeOptions;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "stateseal",
+    version,
+    about = "Seal and open MCP requestState tokens"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the gRPC service.
+    Serve(ServeArgs),
+    /// Manage keyset files.
+    #[command(subcommand)]
+    Keys(KeysCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KeysCommand {
+    /// Write a fresh keyset with one primary key (refuses to overwrite).
+    Init { file: PathBuf },
+    /// Add a new staged key (opens only) and print its id.
+    Add { file: PathBuf },
+    /// Make a staged key primary; the old primary becomes staged.
+    Promote { file: PathBuf, id: u32 },
+    /// Retire a staged key once no unexpired token can carry it.
+    Retire {
+        file: PathBuf,
+        id: u32,
+        /// The servers' --max-ttl.
+        #[arg(long, default_value_t = 3600)]
+        max_ttl: u64,
+        /// The servers' --clock-skew.
+        #[arg(long, default_value_t = 60)]
+        clock_skew: u64,
+        /// Retire even if tokens sealed under it may still be unexpired.
+        #[arg(long)]
+        force: bool,
+    },
+    /// List key ids, states and times (never key bytes).
+    List { file: PathBuf },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Clone, Debug, Args)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, env = "STATESEAL_LISTEN", default_value = "127.0.0.1:50051")]
+    pub listen: SocketAddr,
+    /// Directory for the ledger (and the keyset, when --keyset is not given).
+    #[arg(long, env = "STATESEAL_DATA_DIR", default_value = "./stateseal-data")]
+    pub data_dir: PathBuf,
+    /// Keyset file. Without it, DATA_DIR/keyset.json is created on first start.
+    #[arg(long, env = "STATESEAL_KEYSET")]
+    pub keyset: Option<PathBuf>,
+    /// TTL in seconds for seals that ask for 0.
+    #[arg(long, env = "STATESEAL_DEFAULT_TTL", default_value_t = 600)]
+    pub default_ttl: u32,
+    /// Largest TTL in seconds a seal may ask for.
+    #[arg(long, env = "STATESEAL_MAX_TTL", default_value_t = 3600)]
+    pub max_ttl: u32,
+    /// Largest state a token may carry, in bytes.
+    #[arg(long, env = "STATESEAL_MAX_STATE_BYTES", default_value_t = 65536)]
+    pub max_state_bytes: usize,
+    /// Largest params_json accepted, in bytes.
+    #[arg(long, env = "STATESEAL_MAX_PARAMS_BYTES", default_value_t = 1048576)]
+    pub max_params_bytes: usize,
+    /// Seconds ledger records outlive their token, to cover clock skew.
+    #[arg(long, env = "STATESEAL_CLOCK_SKEW", default_value_t = 60)]
+    pub clock_skew: u64,
+    /// Allow plaintext without caller authentication on a non-loopback address.
+    #[arg(long, env = "STATESEAL_INSECURE_PLAINTEXT")]
+    pub insecure_plaintext: bool,
+    /// Log format on stderr.
+    #[arg(long, env = "STATESEAL_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Keyset(#[from] KeysetError),
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+}
+
+/// Everything `server::run` needs, built from the arguments.
+pub struct Prepared {
+    pub sealer: Arc<Sealer>,
+    pub options: ServeOptions,
+    pub keyset_path: PathBuf,
+}
+
+impl ServeArgs {
+    pub fn limits(&self) -> Result<Limits, ConfigError> {
+        if self.default_ttl == 0 || self.max_ttl == 0 || self.default_ttl > self.max_ttl {
+            return Err(ConfigError::Invalid(
+                "--default-ttl and --max-ttl must be positive, and default <= max".into(),
+            ));
+        }
+        if self.max_state_bytes > 16 * 1024 * 1024 || self.max_params_bytes > 64 * 1024 * 1024 {
+            return Err(ConfigError::Invalid(
+                "--max-state-bytes is capped at 16 MiB and --max-params-bytes at 64 MiB".into(),
+            ));
+        }
+        Ok(Limits {
+            max_state: self.max_state_bytes,
+            max_params_json: self.max_params_bytes,
+            max_ttl: self.max_ttl,
+            default_ttl: self.default_ttl,
+            clock_skew: self.clock_skew,
+            ..Limits::default()
+        })
+    }
+
+    /// Checks the transport policy: plaintext without caller authentication
+    /// only on loopback, unless explicitly allowed.
+    pub fn authenticator(&self) -> Result<Authenticator, ConfigError> {
+        if !self.listen.ip().is_loopback() {
+            if !self.insecure_plaintext {
+                return Err(ConfigError::Invalid(format!(
+                    "refusing to serve plaintext without caller authentication on non-loopback \
+                     address {}; listen on 127.0.0.1 or ::1, or pass --insecure-plaintext",
+                    self.listen
+                )));
+            }
+            tracing::warn!(listen = %self.listen, "--insecure-plaintext: serving without TLS or caller authentication on a non-loopback address");
+        }
+        Ok(Authenticator::Implicit(Tenant::new(Tenant::DEFAULT)))
+    }
+
+    /// Creates the data dir, loads (or on first start creates) the keyset and
+    /// opens the ledger.
+    pub fn prepare(&self) -> Result<Prepared, ConfigError> {
+        let limits = self.limits()?;
+        let auth = self.authenticator()?;
+        create_private_dir(&self.data_dir)?;
+        let keyset_path = match &self.keyset {
+            Some(p) => p.clone(),
+            None => {
+                let p = self.data_dir.join("keyset.json");
+                if !p.exists() {
+                    KeysetFile::generate(SystemClock::new().now_unix()).write(&p, true)?;
+                    tracing::info!(path = %p.display(), "created a new keyset");
+                }
+                p
+            }
+        };
+        let ring = Keyring::load(&keyset_path)?;
+        tracing::info!(keys = ?ring.summary(), "keyset loaded");
+        let ledger_dir = self.data_dir.join("ledger");
+        let ledger = SledLedger::open(&ledger_dir)?;
+        let sealer = Sealer::new(
+            Arc::new(KeyringHandle::new(ring)),
+            Arc::new(ledger),
+            Arc::new(SystemClock::new()),
+            limits,
+        );
+        Ok(Prepared {
+            sealer: Arc::new(sealer),
+            options: ServeOptions {
+                auth,
+                ..ServeOptions::default()
+            },
+            keyset_path,
+        })
+    }
+}
+
+fn create_private_dir(dir: &Path) -> Result<(), ConfigError> {
+    let io = |source| ConfigError::Io {
+        path: dir.to_owned(),
+        source,
+    };
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(io)
+    }
+    #[cfg(not(unix))]
+    {
+        std::fs::create_dir_all(dir).map_err(io)
+    }
+}

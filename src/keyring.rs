@@ -1,0 +1,551 @@
+//! Root keys, their rotation states, and the HKDF subkeys derived from them.
+//!
+//! A keyset file holds versioned 256-bit root keys. Each key has a state:
+//! `staged` (opens only) → `primary` (seals and opens) → `retired` (neither;
+//! its material is erased from the file). Staging a key everywhere before
+//! promoting it is what lets replicas that reload at different moments never
+//! fail an open (Tink's rotation procedure).
+//!
+//! Per tenant, each root key yields two subkeys by HKDF-SHA256 with the fixed,
+//! versioned labels in [`labels`]: the XChaCha20-Poly1305 key, and the HMAC key
+//! that turns a token's nonce into its ledger id. Key bytes live only in
+//! zeroize-on-drop types, none of which implements a revealing `Debug`.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::io::Write;
+use std::path::Path;
+use std::sync::{Arc, RwLock};
+
+use arc_swap::ArcSwap;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use chacha20poly1305::{KeyInit, XChaCha20Poly1305};
+use hkdf::Hkdf;
+use rand::RngCore;
+use serde::{Deserialize, Serialize};
+use sha2::Sha256;
+use zeroize::Zeroizing;
+
+use crate::binding::Tenant;
+
+/// Every HKDF label, in one place. Changing one is a format change.
+pub mod labels {
+    /// HKDF-Extract salt for every root key.
+    pub const SALT: &[u8] = b"stateseal/v1 hkdf salt";
+    /// HKDF-Expand info prefix of the per-tenant XChaCha20-Poly1305 key.
+    pub const TOKEN_AEAD: &[u8] = b"stateseal/v1 token aead key";
+    /// HKDF-Expand info prefix of the per-tenant ledger-id HMAC key.
+    pub const LEDGER_ID: &[u8] = b"stateseal/v1 ledger id key";
+}
+
+/// The `format` member every keyset file carries.
+pub const KEYSET_FORMAT: &str = "stateseal-keyset/v1";
+
+/// Derived-subkey cache entries kept per root key before the cache is reset.
+const MAX_CACHED_TENANTS: usize = 4096;
+
+/// A root key's id. Ids are assigned in increasing order and never reused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct KeyId(pub u32);
+
+impl fmt::Display for KeyId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KeyState {
+    Staged,
+    Primary,
+    Retired,
+}
+
+impl fmt::Display for KeyState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            KeyState::Staged => "staged",
+            KeyState::Primary => "primary",
+            KeyState::Retired => "retired",
+        })
+    }
+}
+
+/// 32 bytes of root key material. Zeroized on drop; `Debug` shows nothing.
+#[derive(Clone)]
+pub struct KeyMaterial(Zeroizing<[u8; 32]>);
+
+impl KeyMaterial {
+    pub fn generate() -> Self {
+        let mut k = Zeroizing::new([0u8; 32]);
+        rand::rngs::OsRng.fill_bytes(&mut k[..]);
+        KeyMaterial(k)
+    }
+    /// For test vectors and tests only.
+    pub fn from_bytes(bytes: [u8; 32]) -> Self {
+        KeyMaterial(Zeroizing::new(bytes))
+    }
+    fn expose(&self) -> &[u8; 32] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for KeyMaterial {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Deliberately omits the key bytes.
+        f.write_str("KeyMaterial(..)")
+    }
+}
+
+impl Serialize for KeyMaterial {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let encoded = Zeroizing::new(URL_SAFE_NO_PAD.encode(self.expose()));
+        s.serialize_str(&encoded)
+    }
+}
+
+impl<'de> Deserialize<'de> for KeyMaterial {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = KeyMaterial;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("32 bytes of key material, base64url without padding")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<KeyMaterial, E> {
+                let mut out = Zeroizing::new([0u8; 32]);
+                match URL_SAFE_NO_PAD.decode_slice(v, &mut out[..]) {
+                    Ok(32) => Ok(KeyMaterial(out)),
+                    // Fixed message: never echo the input.
+                    _ => Err(E::custom("key material must be 32 bytes of base64url")),
+                }
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+// === keyset file ===
+
+/// One entry of a keyset file.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyRecord {
+    pub id: u32,
+    pub state: KeyState,
+    /// Unix seconds.
+    pub created_at: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub promoted_at: Option<u64>,
+    /// When the key stopped being primary; retirement is safe once
+    /// `demoted_at + max TTL + clock skew` has passed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub demoted_at: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retired_at: Option<u64>,
+    /// Absent once retired.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub material: Option<KeyMaterial>,
+}
+
+/// The keyset file (JSON).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeysetFile {
+    pub format: String,
+    pub keys: Vec<KeyRecord>,
+}
+
+/// Why a keyset file or a move on it was refused. Messages never hold key bytes.
+#[derive(Debug, thiserror::Error)]
+pub enum KeysetError {
+    #[error("keyset file: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("keyset file is not a valid keyset: {0}")]
+    Parse(String),
+    #[error("keyset is invalid: {0}")]
+    Invalid(&'static str),
+    #[error("refused: {0}")]
+    Refused(String),
+}
+
+impl KeysetFile {
+    /// A new keyset with one primary key.
+    pub fn generate(now: u64) -> Self {
+        KeysetFile {
+            format: KEYSET_FORMAT.to_owned(),
+            keys: vec![KeyRecord {
+                id: 1,
+                state: KeyState::Primary,
+                created_at: now,
+                promoted_at: Some(now),
+                demoted_at: None,
+                retired_at: None,
+                material: Some(KeyMaterial::generate()),
+            }],
+        }
+    }
+
+    pub fn parse(bytes: &[u8]) -> Result<Self, KeysetError> {
+        let file: KeysetFile = serde_json::from_slice(bytes).map_err(|e| {
+            // serde_json's message names the position and the expectation, and
+            // our KeyMaterial visitor never echoes input.
+            KeysetError::Parse(e.to_string())
+        })?;
+        file.validate()?;
+        Ok(file)
+    }
+
+    pub fn read(path: &Path) -> Result<Self, KeysetError> {
+        let bytes = Zeroizing::new(std::fs::read(path)?);
+        Self::parse(&bytes)
+    }
+
+    /// Checks the invariants every loaded keyset must hold.
+    pub fn validate(&self) -> Result<(), KeysetError> {
+        if self.format != KEYSET_FORMAT {
+            return Err(KeysetError::Invalid(
+                "unknown format (want stateseal-keyset/v1)",
+            ));
+        }
+        let mut ids = std::collections::HashSet::new();
+        let mut primaries = 0;
+        for k in &self.keys {
+            if k.id == 0 {
+                return Err(KeysetError::Invalid("key id 0 is reserved"));
+            }
+            if !ids.insert(k.id) {
+                return Err(KeysetError::Invalid("duplicate key id"));
+            }
+            match (k.state, &k.material) {
+                (KeyState::Primary, Some(_)) => primaries += 1,
+                (KeyState::Staged, Some(_)) | (KeyState::Retired, None) => {}
+                (KeyState::Retired, Some(_)) => {
+                    return Err(KeysetError::Invalid("a retired key must not keep material"))
+                }
+                (_, None) => return Err(KeysetError::Invalid("a live key has no material")),
+            }
+        }
+        if primaries != 1 {
+            return Err(KeysetError::Invalid("exactly one key must be primary"));
+        }
+        Ok(())
+    }
+
+    /// Serializes into a zeroize-on-drop buffer.
+    pub fn to_json(&self) -> Result<Zeroizing<Vec<u8>>, KeysetError> {
+        let mut out = Zeroizing::new(Vec::with_capacity(512));
+        serde_json::to_writer_pretty(&mut *out, self)
+            .map_err(|e| KeysetError::Parse(e.to_string()))?;
+        out.push(b'\n');
+        Ok(out)
+    }
+
+    /// Writes atomically (temp file in the same directory, fsync, rename) with
+    /// mode 0600. With `create_new`, refuses to replace an existing file.
+    pub fn write(&self, path: &Path, create_new: bool) -> Result<(), KeysetError> {
+        self.validate()?;
+        let json = self.to_json()?;
+        if create_new && path.exists() {
+            return Err(KeysetError::Refused(format!(
+                "{} exists; not overwriting a keyset",
+                path.display()
+            )));
+        }
+        let dir = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        let file_name = path
+            .file_name()
+            .ok_or(KeysetError::Invalid("keyset path has no file name"))?
+            .to_string_lossy()
+            .into_owned();
+        let tmp = dir.join(format!(".{file_name}.tmp-{}", std::process::id()));
+        let result = (|| -> std::io::Result<()> {
+            let mut f = open_private(&tmp)?;
+            f.write_all(&json)?;
+            f.sync_all()?;
+            if create_new {
+                // hard_link fails if the target exists: no window to clobber.
+                std::fs::hard_link(&tmp, path)?;
+                std::fs::remove_file(&tmp)?;
+            } else {
+                std::fs::rename(&tmp, path)?;
+            }
+            std::fs::File::open(dir)?.sync_all()
+        })();
+        if result.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        result.map_err(KeysetError::Io)
+    }
+
+    fn next_id(&self) -> u32 {
+        self.keys.iter().map(|k| k.id).max().unwrap_or(0) + 1
+    }
+
+    fn find_mut(&mut self, id: u32) -> Result<&mut KeyRecord, KeysetError> {
+        self.keys
+            .iter_mut()
+            .find(|k| k.id == id)
+            .ok_or_else(|| KeysetError::Refused(format!("no key with id {id}")))
+    }
+
+    /// Adds a new staged key (opens only) and returns its id.
+    pub fn add_staged(&mut self, now: u64) -> u32 {
+        let id = self.next_id();
+        self.keys.push(KeyRecord {
+            id,
+            state: KeyState::Staged,
+            created_at: now,
+            promoted_at: None,
+            demoted_at: None,
+            retired_at: None,
+            material: Some(KeyMaterial::generate()),
+        });
+        id
+    }
+
+    /// Makes a staged key primary; the old primary becomes staged (it keeps
+    /// opening the tokens it sealed).
+    pub fn promote(&mut self, id: u32, now: u64) -> Result<(), KeysetError> {
+        match self.find_mut(id)?.state {
+            KeyState::Staged => {}
+            KeyState::Primary => {
+                return Err(KeysetError::Refused(format!("key {id} is already primary")))
+            }
+            KeyState::Retired => {
+                return Err(KeysetError::Refused(format!(
+                    "key {id} is retired and cannot come back"
+                )))
+            }
+        }
+        for k in &mut self.keys {
+            if k.state == KeyState::Primary {
+                k.state = KeyState::Staged;
+                k.demoted_at = Some(now);
+            }
+        }
+        let k = self.find_mut(id)?;
+        k.state = KeyState::Primary;
+        k.promoted_at = Some(now);
+        k.demoted_at = None;
+        Ok(())
+    }
+
+    /// The earliest time at which `id` can be retired without failing an
+    /// unexpired token: demotion + max TTL + clock skew. A key that was never
+    /// primary sealed nothing and can go at once.
+    pub fn safe_retire_at(&self, id: u32, max_ttl: u64, skew: u64) -> Option<u64> {
+        let k = self.keys.iter().find(|k| k.id == id)?;
+        match (k.promoted_at, k.demoted_at) {
+            (None, _) => Some(0),
+            (Some(_), Some(d)) => Some(d + max_ttl + skew),
+            (Some(_), None) => None, // still primary
+        }
+    }
+
+    /// Retires a staged key and erases its material. Refuses the primary, and
+    /// (unless `force`) a key that may still have unexpired tokens.
+    pub fn retire(
+        &mut self,
+        id: u32,
+        now: u64,
+        max_ttl: u64,
+        skew: u64,
+        force: bool,
+    ) -> Result<(), KeysetError> {
+        let safe_at = self.safe_retire_at(id, max_ttl, skew);
+        let k = self.find_mut(id)?;
+        match k.state {
+            KeyState::Primary => {
+                return Err(KeysetError::Refused(format!(
+                    "key {id} is primary; promote another key first"
+                )))
+            }
+            KeyState::Retired => {
+                return Err(KeysetError::Refused(format!("key {id} is already retired")))
+            }
+            KeyState::Staged => {}
+        }
+        if let Some(at) = safe_at {
+            if now < at && !force {
+                return Err(KeysetError::Refused(format!(
+                    "key {id} may still carry unexpired tokens until unix time {at} \
+                     (demotion + max TTL + clock skew); pass --force to retire it anyway"
+                )));
+            }
+        }
+        k.state = KeyState::Retired;
+        k.retired_at = Some(now);
+        k.material = None;
+        Ok(())
+    }
+}
+
+#[cfg(unix)]
+fn open_private(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+}
+
+#[cfg(not(unix))]
+fn open_private(path: &Path) -> std::io::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+}
+
+// === impl Keyring ===
+
+/// Subkeys of one root key for one tenant.
+pub struct TenantKeys {
+    pub(crate) aead: XChaCha20Poly1305,
+    pub(crate) ledger_id: Zeroizing<[u8; 32]>,
+}
+
+impl fmt::Debug for TenantKeys {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TenantKeys").finish_non_exhaustive()
+    }
+}
+
+/// A live (staged or primary) root key.
+pub struct RootKey {
+    id: KeyId,
+    state: KeyState,
+    material: KeyMaterial,
+    cache: RwLock<HashMap<Tenant, Arc<TenantKeys>>>,
+}
+
+impl fmt::Debug for RootKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RootKey")
+            .field("id", &self.id)
+            .field("state", &self.state)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RootKey {
+    pub fn id(&self) -> KeyId {
+        self.id
+    }
+    pub fn state(&self) -> KeyState {
+        self.state
+    }
+
+    /// The tenant's subkeys, derived once and cached.
+    pub fn tenant_keys(&self, tenant: &Tenant) -> Arc<TenantKeys> {
+        if let Some(k) = self
+            .cache
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(tenant)
+        {
+            return k.clone();
+        }
+        let derived = Arc::new(self.derive(tenant));
+        let mut cache = self.cache.write().unwrap_or_else(|p| p.into_inner());
+        if cache.len() >= MAX_CACHED_TENANTS {
+            cache.clear();
+        }
+        cache.entry(tenant.clone()).or_insert(derived).clone()
+    }
+
+    fn derive(&self, tenant: &Tenant) -> TenantKeys {
+        let hk = Hkdf::<Sha256>::new(Some(labels::SALT), self.material.expose());
+        let kid = self.id.0.to_be_bytes();
+        let t = tenant.as_str().as_bytes();
+        let tlen = (t.len() as u32).to_be_bytes();
+        let mut aead_key = Zeroizing::new([0u8; 32]);
+        hk.expand_multi_info(&[labels::TOKEN_AEAD, &kid, &tlen, t], &mut aead_key[..])
+            .expect("32 bytes is a valid HKDF-SHA256 output length");
+        let mut ledger_id = Zeroizing::new([0u8; 32]);
+        hk.expand_multi_info(&[labels::LEDGER_ID, &kid, &tlen, t], &mut ledger_id[..])
+            .expect("32 bytes is a valid HKDF-SHA256 output length");
+        TenantKeys {
+            aead: XChaCha20Poly1305::new((&*aead_key).into()),
+            ledger_id,
+        }
+    }
+}
+
+/// The keys in force: the primary seals, staged and primary open.
+#[derive(Debug)]
+pub struct Keyring {
+    keys: HashMap<KeyId, Arc<RootKey>>,
+    primary: Arc<RootKey>,
+}
+
+impl Keyring {
+    pub fn from_file(file: &KeysetFile) -> Result<Self, KeysetError> {
+        file.validate()?;
+        let mut keys = HashMap::new();
+        let mut primary = None;
+        for rec in &file.keys {
+            let Some(material) = rec.material.clone() else {
+                continue; // retired
+            };
+            let key = Arc::new(RootKey {
+                id: KeyId(rec.id),
+                state: rec.state,
+                material,
+                cache: RwLock::new(HashMap::new()),
+            });
+            if rec.state == KeyState::Primary {
+                primary = Some(key.clone());
+            }
+            keys.insert(KeyId(rec.id), key);
+        }
+        let primary = primary.ok_or(KeysetError::Invalid("exactly one key must be primary"))?;
+        Ok(Keyring { keys, primary })
+    }
+
+    pub fn load(path: &Path) -> Result<Self, KeysetError> {
+        Self::from_file(&KeysetFile::read(path)?)
+    }
+
+    pub fn primary(&self) -> &Arc<RootKey> {
+        &self.primary
+    }
+
+    /// A key that may open tokens (staged or primary); `None` if unknown or retired.
+    pub fn get(&self, id: KeyId) -> Option<&Arc<RootKey>> {
+        self.keys.get(&id)
+    }
+
+    /// Ids and states, never material.
+    pub fn summary(&self) -> Vec<(KeyId, KeyState)> {
+        let mut v: Vec<_> = self.keys.values().map(|k| (k.id, k.state)).collect();
+        v.sort_by_key(|(id, _)| *id);
+        v
+    }
+}
+
+/// The keyring in force, swapped atomically on reload.
+#[derive(Debug)]
+pub struct KeyringHandle(ArcSwap<Keyring>);
+
+impl KeyringHandle {
+    pub fn new(ring: Keyring) -> Self {
+        KeyringHandle(ArcSwap::from_pointee(ring))
+    }
+    pub fn current(&self) -> Arc<Keyring> {
+        self.0.load_full()
+    }
+    pub fn replace(&self, ring: Keyring) {
+        self.0.store(Arc::new(ring));
+    }
+}
+
+#[cfg(test)]
+mod tests;

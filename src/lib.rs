@@ -1,0 +1,59 @@
+//! # stateseal
+//!
+//! Seals and opens the `requestState` of MCP Multi-Round-Trip Requests
+//! (MCP 2026-07-28) for every replica of an MCP server at once.
+//!
+//! ## Threat model
+//! The MCP client, and anyone on its path, controls the `requestState` it
+//! echoes back. stateseal assumes an attacker who can read, replay, truncate,
+//! extend, splice and forge tokens, replay them to other replicas and other
+//! tenants, and send any bytes to the gRPC API. It trusts its keyset file, its
+//! ledger storage and the authentication of its callers (the MCP servers).
+//!
+//! ## Guarantees
+//! - **Integrity and confidentiality**: XChaCha20-Poly1305 with random 192-bit
+//!   nonces under HKDF-SHA256 subkeys; any changed byte is rejected and the
+//!   token reveals nothing of the state ([`token`]).
+//! - **Binding**: a token opens only for the tenant, subject, method and
+//!   params digest it was sealed for, and only before its expiry ([`binding`]).
+//! - **Single use**: a single-use token is accepted at most once; the
+//!   consumption is durable before the answer, and a failing ledger fails
+//!   closed ([`ledger`]).
+//! - **Rotation**: staged → primary → retired keys ([`keyring`]).
+//! - **No secret leaks**: keys zeroize on drop and have no revealing `Debug`;
+//!   logs never hold keys, state or tokens — only tenants, key ids, reasons
+//!   and counts. Errors carry fixed messages ([`error`], [`status`]).
+//!
+//! ## Map
+//! - [`token`]: wire format, seal, bounds-checked parse, open.
+//! - [`keyring`]: keyset file, rotation states, HKDF subkeys, reload handle.
+//! - [`binding`]: tenant, method, canonical (RFC 8785) params digest.
+//! - [`ledger`]: consume-if-absent trait; [`ledger::sled`] with group commit.
+//! - [`sealer`]: the domain core with limits and expiry.
+//! - [`service`], [`status`], [`auth`], [`server`]: the gRPC face.
+//! - [`config`]: command line and environment.
+
+#![forbid(unsafe_code)]
+#![deny(clippy::mem_forget)]
+
+pub mod auth;
+pub mod binding;
+pub mod clock;
+pub mod config;
+pub mod error;
+pub mod keyring;
+pub mod ledger;
+pub mod sealer;
+pub mod server;
+pub mod service;
+pub mod status;
+pub mod token;
+
+/// Generated from `proto/stateseal/v1/stateseal.proto`.
+#[allow(clippy::all, missing_docs)]
+pub mod proto {
+    tonic::include_proto!("stateseal.v1");
+    /// The encoded descriptor set, for server reflection.
+    pub const FILE_DESCRIPTOR_SET: &[u8] =
+        include_bytes!(concat!(env!("OUT_DIR"), "/stateseal_descriptor.bin"));
+}

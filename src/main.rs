@@ -1,0 +1,123 @@
+//! The `stateseal` binary: command line → configuration → tracing → server.
+
+use anyhow::Context;
+use clap::Parser;
+use stateseal::clock::{Clock, SystemClock};
+use stateseal::config::{Cli, Command, KeysCommand, LogFormat};
+use stateseal::keyring::KeysetFile;
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(args) => {
+            init_tracing(args.log_format);
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .context("cannot start the async runtime")?;
+            runtime.block_on(async move {
+                let prepared = args.prepare()?;
+                let listener = tokio::net::TcpListener::bind(args.listen)
+                    .await
+                    .with_context(|| format!("cannot listen on {}", args.listen))?;
+                stateseal::server::run(
+                    listener,
+                    prepared.sealer,
+                    prepared.options,
+                    shutdown_signal(),
+                )
+                .await?;
+                Ok(())
+            })
+        }
+        Command::Keys(cmd) => keys(cmd),
+    }
+}
+
+fn keys(cmd: KeysCommand) -> anyhow::Result<()> {
+    let now = SystemClock::new().now_unix();
+    match cmd {
+        KeysCommand::Init { file } => {
+            KeysetFile::generate(now).write(&file, true)?;
+            println!("wrote {} with primary key 1", file.display());
+        }
+        KeysCommand::Add { file } => {
+            let mut ks = KeysetFile::read(&file)?;
+            let id = ks.add_staged(now);
+            ks.write(&file, false)?;
+            println!("added staged key {id}");
+        }
+        KeysCommand::Promote { file, id } => {
+            let mut ks = KeysetFile::read(&file)?;
+            ks.promote(id, now)?;
+            ks.write(&file, false)?;
+            println!("key {id} is primary");
+        }
+        KeysCommand::Retire {
+            file,
+            id,
+            max_ttl,
+            clock_skew,
+            force,
+        } => {
+            let mut ks = KeysetFile::read(&file)?;
+            ks.retire(id, now, max_ttl, clock_skew, force)?;
+            ks.write(&file, false)?;
+            println!("key {id} is retired");
+        }
+        KeysCommand::List { file } => {
+            let ks = KeysetFile::read(&file)?;
+            println!(
+                "{:>6}  {:<8}  {:>12}  {:>12}  {:>12}  {:>12}",
+                "id", "state", "created", "promoted", "demoted", "retired"
+            );
+            let t = |v: Option<u64>| v.map(|x| x.to_string()).unwrap_or_else(|| "-".into());
+            for k in &ks.keys {
+                println!(
+                    "{:>6}  {:<8}  {:>12}  {:>12}  {:>12}  {:>12}",
+                    k.id,
+                    k.state.to_string(),
+                    k.created_at,
+                    t(k.promoted_at),
+                    t(k.demoted_at),
+                    t(k.retired_at)
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+fn init_tracing(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("STATESEAL_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+    tracing::info!("shutdown signal received; finishing in-flight requests");
+}

@@ -1,0 +1,215 @@
+//! The domain core: seal and open with limits, binding, expiry and single
+//! use. No gRPC here; `service.rs` maps the wire to these calls.
+
+use std::sync::Arc;
+
+use crate::binding::{params_digest, Binding, Method, ParamsDigest, Tenant};
+use crate::clock::Clock;
+use crate::error::Reject;
+use crate::keyring::{KeyId, KeyringHandle};
+use crate::ledger::{Consumed, Ledger, LedgerKey};
+use crate::token::{self, Header, UntrustedToken};
+
+/// Configured bounds. Every input is checked against these before any work
+/// proportional to its size.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// Largest state a token may carry, in bytes.
+    pub max_state: usize,
+    /// Largest `params_json`, in bytes.
+    pub max_params_json: usize,
+    /// Longest subject, in bytes.
+    pub max_subject: usize,
+    /// TTL used when a seal asks for 0.
+    pub default_ttl: u32,
+    /// Largest TTL a seal may ask for.
+    pub max_ttl: u32,
+    /// How long after expiry ledger records are kept, to cover clock skew
+    /// between replicas sharing a ledger.
+    pub clock_skew: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_state: 64 * 1024,
+            max_params_json: 1024 * 1024,
+            max_subject: 1024,
+            default_ttl: 600,
+            max_ttl: 3600,
+            clock_skew: 60,
+        }
+    }
+}
+
+/// Where the params digest comes from.
+#[derive(Clone, Copy, Debug)]
+pub enum ParamsInput<'a> {
+    Digest(&'a [u8]),
+    Json(&'a str),
+}
+
+/// A binding as received, before checks.
+#[derive(Clone, Copy, Debug)]
+pub struct BindingInput<'a> {
+    pub subject: &'a str,
+    pub method: &'a str,
+    pub params: Option<ParamsInput<'a>>,
+}
+
+#[derive(Debug)]
+pub struct Sealed {
+    pub token: String,
+    pub expires_at: u64,
+    pub key_id: KeyId,
+}
+
+#[derive(Debug)]
+pub struct OpenedState {
+    pub state: Vec<u8>,
+    pub expires_at: u64,
+    pub key_id: KeyId,
+    /// This call consumed a single-use token.
+    pub consumed: bool,
+}
+
+pub struct Sealer {
+    keys: Arc<KeyringHandle>,
+    ledger: Arc<dyn Ledger>,
+    clock: Arc<dyn Clock>,
+    limits: Limits,
+}
+
+impl std::fmt::Debug for Sealer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sealer")
+            .field("ledger", &self.ledger.backend())
+            .field("limits", &self.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Sealer {
+    pub fn new(
+        keys: Arc<KeyringHandle>,
+        ledger: Arc<dyn Ledger>,
+        clock: Arc<dyn Clock>,
+        limits: Limits,
+    ) -> Self {
+        Sealer {
+            keys,
+            ledger,
+            clock,
+            limits,
+        }
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+    pub fn ledger(&self) -> &Arc<dyn Ledger> {
+        &self.ledger
+    }
+    pub fn keys(&self) -> &Arc<KeyringHandle> {
+        &self.keys
+    }
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    /// Checks a received binding and computes its params digest.
+    pub fn binding(&self, tenant: &Tenant, input: BindingInput<'_>) -> Result<Binding, Reject> {
+        if input.subject.len() > self.limits.max_subject {
+            return Err(Reject::TooLarge);
+        }
+        if input.subject.is_empty() {
+            return Err(Reject::Malformed);
+        }
+        let method = Method::parse(input.method)?;
+        let params = match input.params {
+            None => return Err(Reject::Malformed),
+            Some(ParamsInput::Digest(d)) => ParamsDigest::from_slice(d)?,
+            Some(ParamsInput::Json(j)) if j.len() > self.limits.max_params_json => {
+                return Err(Reject::TooLarge)
+            }
+            Some(ParamsInput::Json(j)) => params_digest(j)?,
+        };
+        Ok(Binding {
+            tenant: tenant.clone(),
+            subject: input.subject.to_owned(),
+            method,
+            params,
+        })
+    }
+
+    /// Seals `state` under the primary key.
+    pub fn seal(
+        &self,
+        binding: &Binding,
+        state: &[u8],
+        ttl_seconds: u32,
+        single_use: bool,
+    ) -> Result<Sealed, Reject> {
+        if state.len() > self.limits.max_state {
+            return Err(Reject::TooLarge);
+        }
+        let ttl = match ttl_seconds {
+            0 => self.limits.default_ttl,
+            t if t > self.limits.max_ttl => return Err(Reject::TooLarge),
+            t => t,
+        };
+        let expires_at = self.clock.now_unix() + u64::from(ttl);
+        let expires_at_u32 = u32::try_from(expires_at).map_err(|_| Reject::TooLarge)?;
+        let ring = self.keys.current();
+        let key = ring.primary();
+        let header = Header {
+            key_id: key.id(),
+            expires_at: expires_at_u32,
+            single_use,
+        };
+        let token = token::seal(&key.tenant_keys(&binding.tenant), header, binding, state)?;
+        Ok(Sealed {
+            token,
+            expires_at,
+            key_id: key.id(),
+        })
+    }
+
+    /// Opens a token for `binding`; consumes it first if it is single-use.
+    pub async fn open(&self, binding: &Binding, token: &str) -> Result<OpenedState, Reject> {
+        let untrusted = UntrustedToken::parse(token, self.limits.max_state)?;
+        let key_id = untrusted.header().key_id;
+        let tenant_keys = {
+            let ring = self.keys.current();
+            let key = ring.get(key_id).ok_or(Reject::UnknownKey)?;
+            key.tenant_keys(&binding.tenant)
+        };
+        // Authenticate before trusting anything in the header.
+        let opened = untrusted.open(&tenant_keys, binding)?;
+        let expires_at = u64::from(opened.header.expires_at);
+        if self.clock.now_unix() >= expires_at {
+            return Err(Reject::Expired);
+        }
+        let mut consumed = false;
+        if opened.header.single_use {
+            let key = LedgerKey {
+                expires_at,
+                id: opened.ledger_id,
+            };
+            match self.ledger.consume(&key).await {
+                Ok(Consumed::Now) => consumed = true,
+                Ok(Consumed::Before) => return Err(Reject::Replayed),
+                Err(e) => {
+                    tracing::warn!(error = %e, backend = self.ledger.backend(), "ledger failed; failing closed");
+                    return Err(Reject::LedgerUnavailable);
+                }
+            }
+        }
+        Ok(OpenedState {
+            state: opened.state,
+            expires_at,
+            key_id,
+            consumed,
+        })
+    }
+}

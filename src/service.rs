@@ -1,0 +1,128 @@
+//! The tonic service: proto → domain → proto. No crypto here.
+
+use std::sync::Arc;
+
+use tonic::{Request, Response, Status};
+
+use crate::binding::{Binding, Tenant};
+use crate::error::Reject;
+use crate::proto::request_state_server::RequestState;
+use crate::proto::{self, binding::Params};
+use crate::sealer::{BindingInput, ParamsInput, Sealer};
+
+#[derive(Debug, Clone)]
+pub struct RequestStateService {
+    sealer: Arc<Sealer>,
+}
+
+impl RequestStateService {
+    pub fn new(sealer: Arc<Sealer>) -> Self {
+        RequestStateService { sealer }
+    }
+
+    fn binding(&self, tenant: &Tenant, b: Option<&proto::Binding>) -> Result<Binding, Reject> {
+        let b = b.ok_or(Reject::Malformed)?;
+        let params = b.params.as_ref().map(|p| match p {
+            Params::ParamsDigest(d) => ParamsInput::Digest(d),
+            Params::ParamsJson(j) => ParamsInput::Json(j),
+        });
+        self.sealer.binding(
+            tenant,
+            BindingInput {
+                subject: &b.subject,
+                method: &b.method,
+                params,
+            },
+        )
+    }
+}
+
+/// The caller's tenant, put there by the authentication layer.
+fn tenant_of<T>(req: &Request<T>) -> Result<Tenant, Status> {
+    req.extensions()
+        .get::<Tenant>()
+        .cloned()
+        .ok_or_else(|| Status::unauthenticated("caller not authenticated"))
+}
+
+#[tonic::async_trait]
+impl RequestState for RequestStateService {
+    #[tracing::instrument(name = "seal", skip_all)]
+    async fn seal(
+        &self,
+        req: Request<proto::SealRequest>,
+    ) -> Result<Response<proto::SealResponse>, Status> {
+        let tenant = tenant_of(&req)?;
+        let r = req.get_ref();
+        let result = self
+            .binding(&tenant, r.binding.as_ref())
+            .and_then(|b| self.sealer.seal(&b, &r.state, r.ttl_seconds, r.single_use));
+        match result {
+            Ok(s) => {
+                tracing::debug!(
+                    tenant = tenant.as_str(),
+                    key_id = s.key_id.0,
+                    single_use = r.single_use,
+                    "sealed"
+                );
+                Ok(Response::new(proto::SealResponse {
+                    request_state: s.token,
+                    expires_at_unix: s.expires_at as i64,
+                    key_id: s.key_id.to_string(),
+                }))
+            }
+            Err(e) => {
+                tracing::debug!(
+                    tenant = tenant.as_str(),
+                    reason = e.reason(),
+                    "seal refused"
+                );
+                Err(e.into())
+            }
+        }
+    }
+
+    #[tracing::instrument(name = "open", skip_all)]
+    async fn open(
+        &self,
+        req: Request<proto::OpenRequest>,
+    ) -> Result<Response<proto::OpenResponse>, Status> {
+        let tenant = tenant_of(&req)?;
+        let r = req.into_inner();
+        let binding = match self.binding(&tenant, r.binding.as_ref()) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::debug!(
+                    tenant = tenant.as_str(),
+                    reason = e.reason(),
+                    "open refused"
+                );
+                return Err(e.into());
+            }
+        };
+        match self.sealer.open(&binding, &r.request_state).await {
+            Ok(o) => {
+                tracing::debug!(
+                    tenant = tenant.as_str(),
+                    key_id = o.key_id.0,
+                    consumed = o.consumed,
+                    "opened"
+                );
+                Ok(Response::new(proto::OpenResponse {
+                    state: o.state,
+                    expires_at_unix: o.expires_at as i64,
+                    key_id: o.key_id.to_string(),
+                    consumed: o.consumed,
+                }))
+            }
+            Err(e) => {
+                tracing::debug!(
+                    tenant = tenant.as_str(),
+                    reason = e.reason(),
+                    "open refused"
+                );
+                Err(e.into())
+            }
+        }
+    }
+}

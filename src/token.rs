@@ -1,0 +1,224 @@
+//! The token wire format (version 1).
+//!
+//! ```text
+//! token  = base64url-nopad( header[9] | nonce[24] | ciphertext[len(state)] | tag[16] )
+//! header = format[1] | key_id[4, big-endian] | expires_at[4, big-endian Unix seconds]
+//! format = 0x10 | flags      (high nibble: version 1; bit 0: single-use; bits 1-3: zero)
+//! AAD    = header | lp(tenant) | lp(subject) | lp(method) | params_digest[32]
+//!          where lp(x) = len(x)[4, big-endian] | x
+//! cipher = XChaCha20-Poly1305 under HKDF-SHA256(root[key_id], tenant)
+//! ```
+//!
+//! 49 bytes of overhead over the state. The header is authenticated (it is in
+//! the AAD), so the key is found by id, expiry can drive ledger garbage
+//! collection, and the single-use flag cannot be stripped or set by anyone
+//! without the key. The binding travels in the AAD only and costs no bytes.
+//! The ledger id of a token is HMAC-SHA256 over its nonce under a per-tenant
+//! key, so the ledger never stores the token.
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use chacha20poly1305::aead::AeadInPlace;
+use chacha20poly1305::XNonce;
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+use crate::binding::Binding;
+use crate::error::Reject;
+use crate::keyring::{KeyId, TenantKeys};
+
+pub const VERSION: u8 = 1;
+pub const HEADER_LEN: usize = 9;
+pub const NONCE_LEN: usize = 24;
+pub const TAG_LEN: usize = 16;
+/// Bytes a token adds to the state before base64.
+pub const OVERHEAD: usize = HEADER_LEN + NONCE_LEN + TAG_LEN;
+
+const FLAG_SINGLE_USE: u8 = 0x01;
+const FLAGS_MASK: u8 = 0x0f;
+
+/// Length of the base64url (no padding) form of `n` bytes.
+pub const fn encoded_len(n: usize) -> usize {
+    (n * 4).div_ceil(3)
+}
+
+/// The authenticated header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
+    pub key_id: KeyId,
+    pub expires_at: u32,
+    pub single_use: bool,
+}
+
+impl Header {
+    pub fn to_bytes(self) -> [u8; HEADER_LEN] {
+        let mut h = [0u8; HEADER_LEN];
+        h[0] = (VERSION << 4) | if self.single_use { FLAG_SINGLE_USE } else { 0 };
+        h[1..5].copy_from_slice(&self.key_id.0.to_be_bytes());
+        h[5..9].copy_from_slice(&self.expires_at.to_be_bytes());
+        h
+    }
+
+    fn parse(h: &[u8; HEADER_LEN]) -> Result<Self, Reject> {
+        if h[0] >> 4 != VERSION || h[0] & FLAGS_MASK & !FLAG_SINGLE_USE != 0 {
+            return Err(Reject::Malformed);
+        }
+        let key_id = u32::from_be_bytes([h[1], h[2], h[3], h[4]]);
+        let expires_at = u32::from_be_bytes([h[5], h[6], h[7], h[8]]);
+        Ok(Header {
+            key_id: KeyId(key_id),
+            expires_at,
+            single_use: h[0] & FLAG_SINGLE_USE != 0,
+        })
+    }
+}
+
+fn aad(header: &[u8; HEADER_LEN], b: &Binding) -> Vec<u8> {
+    let fields: [&[u8]; 3] = [
+        b.tenant.as_str().as_bytes(),
+        b.subject.as_bytes(),
+        b.method.as_str().as_bytes(),
+    ];
+    let len = HEADER_LEN + fields.iter().map(|f| 4 + f.len()).sum::<usize>() + 32;
+    let mut out = Vec::with_capacity(len);
+    out.extend_from_slice(header);
+    for f in fields {
+        // Fields are bounded far below 4 GiB by the service limits.
+        out.extend_from_slice(&(f.len() as u32).to_be_bytes());
+        out.extend_from_slice(f);
+    }
+    out.extend_from_slice(&b.params.0);
+    out
+}
+
+/// Seals `state` with a caller-chosen nonce. The service always passes a fresh
+/// random nonce; a fixed one is for golden test vectors only.
+pub fn seal_with_nonce(
+    keys: &TenantKeys,
+    header: Header,
+    binding: &Binding,
+    state: &[u8],
+    nonce: &[u8; NONCE_LEN],
+) -> Result<String, Reject> {
+    let h = header.to_bytes();
+    let mut buf = Vec::with_capacity(OVERHEAD + state.len());
+    buf.extend_from_slice(&h);
+    buf.extend_from_slice(nonce);
+    buf.extend_from_slice(state);
+    let tag = keys
+        .aead
+        .encrypt_in_place_detached(
+            XNonce::from_slice(nonce),
+            &aad(&h, binding),
+            &mut buf[HEADER_LEN + NONCE_LEN..],
+        )
+        // The only failure is a plaintext beyond XChaCha20's 256 GiB limit.
+        .map_err(|_| Reject::TooLarge)?;
+    buf.extend_from_slice(&tag);
+    Ok(URL_SAFE_NO_PAD.encode(&buf))
+}
+
+/// Seals `state` under a fresh random 192-bit nonce.
+pub fn seal(
+    keys: &TenantKeys,
+    header: Header,
+    binding: &Binding,
+    state: &[u8],
+) -> Result<String, Reject> {
+    let mut nonce = [0u8; NONCE_LEN];
+    rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut nonce);
+    seal_with_nonce(keys, header, binding, state, &nonce)
+}
+
+/// A token as received: parsed and bounds-checked, but NOT authenticated.
+/// Anything read from it is untrusted until [`UntrustedToken::open`] succeeds.
+pub struct UntrustedToken {
+    bytes: Vec<u8>,
+    raw_header: [u8; HEADER_LEN],
+    header: Header,
+}
+
+impl std::fmt::Debug for UntrustedToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print the token.
+        f.debug_struct("UntrustedToken")
+            .field("len", &self.bytes.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A token that opened: authentic, for this binding.
+#[derive(Debug)]
+pub struct Opened {
+    pub header: Header,
+    pub state: Vec<u8>,
+    /// The id under which a single-use token is recorded in the ledger.
+    pub ledger_id: [u8; 32],
+}
+
+impl UntrustedToken {
+    /// Decodes and checks lengths and the header. `max_state` bounds the size.
+    pub fn parse(token: &str, max_state: usize) -> Result<Self, Reject> {
+        if token.len() > encoded_len(OVERHEAD + max_state) {
+            return Err(Reject::TooLarge);
+        }
+        // Strict: rejects padding, other alphabets and non-zero trailing bits,
+        // so each token has exactly one string form.
+        let bytes = URL_SAFE_NO_PAD
+            .decode(token)
+            .map_err(|_| Reject::Malformed)?;
+        if bytes.len() < OVERHEAD {
+            return Err(Reject::Malformed);
+        }
+        let mut h = [0u8; HEADER_LEN];
+        h.copy_from_slice(&bytes[..HEADER_LEN]);
+        let header = Header::parse(&h)?;
+        Ok(UntrustedToken {
+            bytes,
+            raw_header: h,
+            header,
+        })
+    }
+
+    /// The claimed header; untrusted (used only to choose the key).
+    pub fn header(&self) -> Header {
+        self.header
+    }
+
+    /// Authenticates and decrypts. Any change to any byte, or any other
+    /// binding, gives `Rejected`.
+    pub fn open(mut self, keys: &TenantKeys, binding: &Binding) -> Result<Opened, Reject> {
+        // The header bytes as received: they are what the tag covers.
+        let aad = aad(&self.raw_header, binding);
+        let tag_at = self.bytes.len() - TAG_LEN;
+        let mut tag = [0u8; TAG_LEN];
+        tag.copy_from_slice(&self.bytes[tag_at..]);
+        let mut nonce = [0u8; NONCE_LEN];
+        nonce.copy_from_slice(&self.bytes[HEADER_LEN..HEADER_LEN + NONCE_LEN]);
+        self.bytes.truncate(tag_at);
+        keys.aead
+            .decrypt_in_place_detached(
+                XNonce::from_slice(&nonce),
+                &aad,
+                &mut self.bytes[HEADER_LEN + NONCE_LEN..],
+                (&tag).into(),
+            )
+            .map_err(|_| Reject::Rejected)?;
+        let state = self.bytes.split_off(HEADER_LEN + NONCE_LEN);
+        Ok(Opened {
+            header: self.header,
+            state,
+            ledger_id: ledger_id(keys, &nonce),
+        })
+    }
+}
+
+fn ledger_id(keys: &TenantKeys, nonce: &[u8; NONCE_LEN]) -> [u8; 32] {
+    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&keys.ledger_id[..])
+        .expect("HMAC takes keys of any length");
+    mac.update(nonce);
+    mac.finalize().into_bytes().into()
+}
+
+#[cfg(test)]
+mod tests;

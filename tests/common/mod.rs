@@ -1,0 +1,144 @@
+//! Test support: a real server on 127.0.0.1:0 with a real sled directory and
+//! an injected clock, and a real gRPC client.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use stateseal::clock::ManualClock;
+use stateseal::keyring::{Keyring, KeyringHandle, KeysetFile};
+use stateseal::ledger::sled::SledLedger;
+use stateseal::ledger::Ledger;
+use stateseal::proto::request_state_client::RequestStateClient;
+use stateseal::proto::{binding::Params, Binding, OpenRequest, SealRequest};
+use stateseal::sealer::{Limits, Sealer};
+use stateseal::server::ServeOptions;
+use tonic::transport::Channel;
+
+pub const T0: u64 = 1_900_000_000;
+
+pub struct TestServer {
+    pub addr: std::net::SocketAddr,
+    pub clock: Arc<ManualClock>,
+    pub keys: Arc<KeyringHandle>,
+    pub ledger: Arc<SledLedger>,
+    pub client: RequestStateClient<Channel>,
+    pub dir: tempfile::TempDir,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    handle: Option<tokio::task::JoinHandle<()>>,
+}
+
+pub async fn start() -> TestServer {
+    start_with(Limits::default(), ServeOptions::default()).await
+}
+
+pub async fn start_with(limits: Limits, opts: ServeOptions) -> TestServer {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let keyset = KeysetFile::generate(T0);
+    start_in(dir, keyset, limits, opts).await
+}
+
+pub async fn start_in(
+    dir: tempfile::TempDir,
+    keyset: KeysetFile,
+    limits: Limits,
+    opts: ServeOptions,
+) -> TestServer {
+    let clock = Arc::new(ManualClock::new(T0));
+    let keys = Arc::new(KeyringHandle::new(
+        Keyring::from_file(&keyset).expect("keyring"),
+    ));
+    let ledger = Arc::new(SledLedger::open(&dir.path().join("ledger")).expect("ledger"));
+    let sealer = Arc::new(Sealer::new(
+        keys.clone(),
+        ledger.clone() as Arc<dyn Ledger>,
+        clock.clone(),
+        limits,
+    ));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let handle = tokio::spawn(async move {
+        stateseal::server::run(listener, sealer, opts, async {
+            let _ = rx.await;
+        })
+        .await
+        .expect("server run");
+    });
+    let client = connect(addr).await;
+    TestServer {
+        addr,
+        clock,
+        keys,
+        ledger,
+        client,
+        dir,
+        shutdown: Some(tx),
+        handle: Some(handle),
+    }
+}
+
+pub async fn connect(addr: std::net::SocketAddr) -> RequestStateClient<Channel> {
+    let url = format!("http://{addr}");
+    for _ in 0..100 {
+        if let Ok(c) = RequestStateClient::connect(url.clone()).await {
+            return c
+                .max_decoding_message_size(64 << 20)
+                .max_encoding_message_size(64 << 20);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("server at {addr} did not come up");
+}
+
+impl TestServer {
+    pub async fn stop(mut self) -> tempfile::TempDir {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(h) = self.handle.take() {
+            h.await.expect("server task");
+        }
+        drop(self.client);
+        drop(self.ledger);
+        self.dir
+    }
+}
+
+pub fn binding(subject: &str, method: &str, params_json: &str) -> Binding {
+    Binding {
+        subject: subject.into(),
+        method: method.into(),
+        params: Some(Params::ParamsJson(params_json.into())),
+    }
+}
+
+pub fn call_binding() -> Binding {
+    binding(
+        "alice",
+        "tools/call",
+        r#"{"name":"transfer","arguments":{"amount":42}}"#,
+    )
+}
+
+pub fn seal_req(state: &[u8], single_use: bool) -> SealRequest {
+    SealRequest {
+        binding: Some(call_binding()),
+        state: state.to_vec(),
+        ttl_seconds: 0,
+        single_use,
+    }
+}
+
+pub fn open_req(token: &str) -> OpenRequest {
+    OpenRequest {
+        request_state: token.into(),
+        binding: Some(call_binding()),
+    }
+}
+
+/// The stateseal reason of an error status.
+pub fn reason(s: &tonic::Status) -> String {
+    stateseal::status::reason_of(s).unwrap_or_else(|| format!("<no reason: {:?}>", s.code()))
+}

@@ -1,0 +1,547 @@
+//! The service end to end: a real gRPC client over 127.0.0.1, a real sled
+//! directory, an injected clock.
+
+mod common;
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use common::*;
+use sha2::{Digest, Sha256};
+use stateseal::proto::{binding::Params, Binding, OpenRequest, SealRequest};
+use stateseal::sealer::Limits;
+use stateseal::server::ServeOptions;
+use tonic::Code;
+
+#[tokio::test]
+async fn round_trip_returns_the_state_and_metadata() {
+    let mut s = start().await;
+    let sealed = s
+        .client
+        .seal(seal_req(b"cart=42", false))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(sealed.expires_at_unix, (T0 + 600) as i64);
+    assert_eq!(sealed.key_id, "1");
+    assert_eq!(
+        sealed.request_state.len(),
+        stateseal::token::encoded_len(49 + 7)
+    );
+    let opened = s
+        .client
+        .open(open_req(&sealed.request_state))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(opened.state, b"cart=42");
+    assert_eq!(opened.expires_at_unix, sealed.expires_at_unix);
+    assert_eq!(opened.key_id, "1");
+    assert!(!opened.consumed);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn the_token_reveals_nothing_of_the_state() {
+    let mut s = start().await;
+    let state = b"SECRET-STATE-SECRET-STATE-SECRET-STATE";
+    let t = s
+        .client
+        .seal(seal_req(state, false))
+        .await
+        .unwrap()
+        .into_inner()
+        .request_state;
+    let raw = URL_SAFE_NO_PAD.decode(&t).unwrap();
+    assert!(!raw.windows(6).any(|w| state.windows(6).any(|s| s == w)));
+    // Two seals of the same state differ (random nonce).
+    let t2 = s
+        .client
+        .seal(seal_req(state, false))
+        .await
+        .unwrap()
+        .into_inner()
+        .request_state;
+    assert_ne!(t, t2);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn every_single_byte_change_is_rejected() {
+    let mut s = start().await;
+    let t = s
+        .client
+        .seal(seal_req(b"state bytes", true))
+        .await
+        .unwrap()
+        .into_inner()
+        .request_state;
+    let raw = URL_SAFE_NO_PAD.decode(&t).unwrap();
+    for i in 0..raw.len() {
+        for flip in [0x01u8, 0x80] {
+            let mut m = raw.clone();
+            m[i] ^= flip;
+            let err = s
+                .client
+                .open(open_req(&URL_SAFE_NO_PAD.encode(&m)))
+                .await
+                .unwrap_err();
+            let r = reason(&err);
+            assert!(
+                ["REJECTED", "UNKNOWN_KEY", "MALFORMED"].contains(&r.as_str()),
+                "byte {i} flip {flip:#x}: {r}"
+            );
+        }
+    }
+    // Truncated by one byte, extended by one byte.
+    for m in [
+        raw[..raw.len() - 1].to_vec(),
+        [raw.clone(), vec![0]].concat(),
+    ] {
+        let err = s
+            .client
+            .open(open_req(&URL_SAFE_NO_PAD.encode(&m)))
+            .await
+            .unwrap_err();
+        assert_eq!(reason(&err), "REJECTED");
+    }
+    // None of that burned the single-use token.
+    let ok = s.client.open(open_req(&t)).await.unwrap().into_inner();
+    assert!(ok.consumed);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn wrong_subject_method_or_params_is_rejected_and_does_not_burn() {
+    let mut s = start().await;
+    let t = s
+        .client
+        .seal(seal_req(b"x", true))
+        .await
+        .unwrap()
+        .into_inner()
+        .request_state;
+    let params = r#"{"name":"transfer","arguments":{"amount":42}}"#;
+    let wrong = [
+        binding("mallory", "tools/call", params),
+        binding("alice", "prompts/get", params),
+        binding(
+            "alice",
+            "tools/call",
+            r#"{"name":"transfer","arguments":{"amount":43}}"#,
+        ),
+        binding(
+            "alice",
+            "tools/call",
+            r#"{"name":"transfer","arguments":{"amount":42,"to":"x"}}"#,
+        ),
+    ];
+    for b in wrong {
+        let err = s
+            .client
+            .open(OpenRequest {
+                request_state: t.clone(),
+                binding: Some(b),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(reason(&err), "REJECTED");
+        assert_eq!(err.code(), Code::PermissionDenied);
+    }
+    // The same params with other key order, whitespace and round-trip members open.
+    let same = binding(
+        "alice",
+        "tools/call",
+        r#"{ "arguments": {"amount": 42.0}, "name": "transfer", "requestState": "t",
+             "inputResponses": {"confirm": {"action": "accept"}}, "_meta": {"x": 1} }"#,
+    );
+    let ok = s
+        .client
+        .open(OpenRequest {
+            request_state: t,
+            binding: Some(same),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(ok.consumed);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_caller_digest_and_params_json_bind_the_same() {
+    let mut s = start().await;
+    let params = r#"{"name":"transfer","arguments":{"amount":42}}"#;
+    let canonical = stateseal::binding::canonical_json(params).unwrap();
+    let digest = Sha256::digest(&canonical).to_vec();
+    let by_digest = Binding {
+        subject: "alice".into(),
+        method: "tools/call".into(),
+        params: Some(Params::ParamsDigest(digest)),
+    };
+    let t = s
+        .client
+        .seal(SealRequest {
+            binding: Some(by_digest),
+            state: b"s".to_vec(),
+            ttl_seconds: 0,
+            single_use: false,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .request_state;
+    s.client.open(open_req(&t)).await.unwrap();
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn expired_tokens_are_rejected_at_expiry() {
+    let mut s = start().await;
+    let req = SealRequest {
+        ttl_seconds: 30,
+        ..seal_req(b"x", false)
+    };
+    let t = s.client.seal(req).await.unwrap().into_inner().request_state;
+    s.clock.advance(29);
+    s.client.open(open_req(&t)).await.unwrap();
+    s.clock.advance(1);
+    let err = s.client.open(open_req(&t)).await.unwrap_err();
+    assert_eq!(reason(&err), "EXPIRED");
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn ttl_above_the_maximum_is_an_error_not_cut() {
+    let mut s = start().await;
+    let req = SealRequest {
+        ttl_seconds: 3601,
+        ..seal_req(b"x", false)
+    };
+    assert_eq!(reason(&s.client.seal(req).await.unwrap_err()), "TOO_LARGE");
+    let req = SealRequest {
+        ttl_seconds: 3600,
+        ..seal_req(b"x", false)
+    };
+    assert_eq!(
+        s.client
+            .seal(req)
+            .await
+            .unwrap()
+            .into_inner()
+            .expires_at_unix,
+        (T0 + 3600) as i64
+    );
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_reusable_token_opens_many_times() {
+    let mut s = start().await;
+    let t = s
+        .client
+        .seal(seal_req(b"x", false))
+        .await
+        .unwrap()
+        .into_inner()
+        .request_state;
+    for _ in 0..20 {
+        let o = s.client.open(open_req(&t)).await.unwrap().into_inner();
+        assert!(!o.consumed);
+    }
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn single_use_opens_once_then_replayed() {
+    let mut s = start().await;
+    let t = s
+        .client
+        .seal(seal_req(b"x", true))
+        .await
+        .unwrap()
+        .into_inner()
+        .request_state;
+    assert!(
+        s.client
+            .open(open_req(&t))
+            .await
+            .unwrap()
+            .into_inner()
+            .consumed
+    );
+    let err = s.client.open(open_req(&t)).await.unwrap_err();
+    assert_eq!(reason(&err), "REPLAYED");
+    assert_eq!(err.code(), Code::AlreadyExists);
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sixty_four_concurrent_opens_of_one_single_use_token_give_one_success() {
+    let mut s = start().await;
+    for round in 0..5 {
+        let t = s
+            .client
+            .seal(seal_req(b"x", true))
+            .await
+            .unwrap()
+            .into_inner()
+            .request_state;
+        let mut tasks = Vec::new();
+        for _ in 0..64 {
+            let mut c = s.client.clone();
+            let t = t.clone();
+            tasks.push(tokio::spawn(async move { c.open(open_req(&t)).await }));
+        }
+        let mut ok = 0;
+        for task in tasks {
+            match task.await.unwrap() {
+                Ok(r) => {
+                    assert!(r.into_inner().consumed);
+                    ok += 1;
+                }
+                Err(e) => assert_eq!(reason(&e), "REPLAYED"),
+            }
+        }
+        assert_eq!(ok, 1, "round {round}");
+    }
+    // Group commit: fewer flushes than consumptions is the point, but one is
+    // enough to prove a flush happened before the answer.
+    assert!(
+        s.ledger
+            .stats()
+            .flushes
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= 1
+    );
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_consumptions_share_flushes() {
+    let mut s = start().await;
+    let mut tokens = Vec::new();
+    for _ in 0..256 {
+        tokens.push(
+            s.client
+                .seal(seal_req(b"x", true))
+                .await
+                .unwrap()
+                .into_inner()
+                .request_state,
+        );
+    }
+    let before = s
+        .ledger
+        .stats()
+        .flushes
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let tasks: Vec<_> = tokens
+        .into_iter()
+        .map(|t| {
+            let mut c = s.client.clone();
+            tokio::spawn(async move { c.open(open_req(&t)).await.map(|r| r.into_inner().consumed) })
+        })
+        .collect();
+    for t in tasks {
+        assert!(t.await.unwrap().unwrap());
+    }
+    let flushes = s
+        .ledger
+        .stats()
+        .flushes
+        .load(std::sync::atomic::Ordering::Relaxed)
+        - before;
+    assert!(
+        flushes < 256,
+        "256 consumptions took {flushes} flushes: no group commit"
+    );
+    assert!(
+        s.ledger
+            .stats()
+            .max_batch
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 1
+    );
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_consumed_token_stays_consumed_after_restart_on_the_same_dir() {
+    let s = start().await;
+    let keyset = stateseal::keyring::KeysetFile::generate(T0);
+    let dir = s.stop().await;
+    let mut s = start_in(
+        dir,
+        keyset.clone(),
+        Limits::default(),
+        ServeOptions::default(),
+    )
+    .await;
+    let t = s
+        .client
+        .seal(seal_req(b"x", true))
+        .await
+        .unwrap()
+        .into_inner()
+        .request_state;
+    s.client.open(open_req(&t)).await.unwrap();
+    let dir = s.stop().await;
+    let mut s = start_in(dir, keyset, Limits::default(), ServeOptions::default()).await;
+    assert_eq!(
+        reason(&s.client.open(open_req(&t)).await.unwrap_err()),
+        "REPLAYED"
+    );
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn garbage_truncated_and_oversized_inputs_get_the_documented_reasons() {
+    let limits = Limits {
+        max_state: 1024,
+        max_params_json: 4096,
+        ..Limits::default()
+    };
+    let mut s = start_with(limits, ServeOptions::default()).await;
+    let t = s
+        .client
+        .seal(seal_req(b"0123456789", false))
+        .await
+        .unwrap()
+        .into_inner()
+        .request_state;
+    let raw = URL_SAFE_NO_PAD.decode(&t).unwrap();
+    let cases: Vec<(String, &str)> = vec![
+        (String::new(), "MALFORMED"),
+        ("!!!!".into(), "MALFORMED"),
+        ("not a token at all".into(), "MALFORMED"),
+        (format!("{t}="), "MALFORMED"),
+        (t.replace('A', "+"), "MALFORMED"),
+        (t[..20].to_string(), "MALFORMED"),
+        (URL_SAFE_NO_PAD.encode(&raw[..raw.len() - 3]), "REJECTED"),
+        (URL_SAFE_NO_PAD.encode(&raw[..48]), "MALFORMED"),
+        ("A".repeat(10_000), "TOO_LARGE"),
+        (URL_SAFE_NO_PAD.encode([0x20u8; 60]), "MALFORMED"),
+        (
+            URL_SAFE_NO_PAD.encode([[0x10u8, 0, 0, 0, 9].as_slice(), &[0u8; 60]].concat()),
+            "UNKNOWN_KEY",
+        ),
+    ];
+    for (token, want) in cases {
+        if token == t.replace('A', "+") && !t.contains('A') {
+            continue;
+        }
+        let err = s.client.open(open_req(&token)).await.unwrap_err();
+        assert_eq!(
+            reason(&err),
+            want,
+            "token {:?}",
+            &token[..token.len().min(24)]
+        );
+    }
+    // Oversized state, params, subject; bad method; missing pieces.
+    let big_state = SealRequest {
+        state: vec![0; 1025],
+        ..seal_req(b"", false)
+    };
+    assert_eq!(
+        reason(&s.client.seal(big_state).await.unwrap_err()),
+        "TOO_LARGE"
+    );
+    let big_params = SealRequest {
+        binding: Some(binding(
+            "alice",
+            "tools/call",
+            &format!("{{\"a\":\"{}\"}}", "x".repeat(5000)),
+        )),
+        ..seal_req(b"", false)
+    };
+    assert_eq!(
+        reason(&s.client.seal(big_params).await.unwrap_err()),
+        "TOO_LARGE"
+    );
+    let long_subject = SealRequest {
+        binding: Some(binding(&"s".repeat(1025), "tools/call", "{}")),
+        ..seal_req(b"", false)
+    };
+    assert_eq!(
+        reason(&s.client.seal(long_subject).await.unwrap_err()),
+        "TOO_LARGE"
+    );
+    let bad_method = SealRequest {
+        binding: Some(binding("alice", "tools/list", "{}")),
+        ..seal_req(b"", false)
+    };
+    let err = s.client.seal(bad_method).await.unwrap_err();
+    assert_eq!(
+        (reason(&err).as_str(), err.code()),
+        ("BAD_METHOD", Code::InvalidArgument)
+    );
+    for b in [
+        None,
+        Some(Binding {
+            subject: "alice".into(),
+            method: "tools/call".into(),
+            params: None,
+        }),
+        Some(binding("", "tools/call", "{}")),
+        Some(binding("alice", "tools/call", "[1,2]")),
+        Some(binding("alice", "tools/call", r#"{"a":1,"a":2}"#)),
+        Some(binding("alice", "tools/call", "{")),
+        Some(Binding {
+            subject: "alice".into(),
+            method: "tools/call".into(),
+            params: Some(Params::ParamsDigest(vec![0; 31])),
+        }),
+    ] {
+        let req = SealRequest {
+            binding: b,
+            ..seal_req(b"", false)
+        };
+        assert_eq!(reason(&s.client.seal(req).await.unwrap_err()), "MALFORMED");
+    }
+    // Deep nesting is refused, not a stack overflow.
+    let deep = format!("{{\"a\":{}{}}}", "[".repeat(2000), "]".repeat(2000));
+    let req = SealRequest {
+        binding: Some(binding("alice", "tools/call", &deep)),
+        ..seal_req(b"", false)
+    };
+    assert_eq!(reason(&s.client.seal(req).await.unwrap_err()), "MALFORMED");
+    // A message past the transport limit is refused by the transport.
+    let huge = SealRequest {
+        state: vec![0; 8 << 20],
+        ..seal_req(b"", false)
+    };
+    assert_eq!(
+        s.client.seal(huge).await.unwrap_err().code(),
+        Code::OutOfRange
+    );
+    // And the server still serves.
+    s.client.open(open_req(&t)).await.unwrap();
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn health_and_reflection_are_served() {
+    let s = start().await;
+    let ch = tonic::transport::Channel::from_shared(format!("http://{}", s.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = tonic_health::pb::health_client::HealthClient::new(ch);
+    for service in ["", "stateseal.v1.RequestState"] {
+        let r = health
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            r.status,
+            tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+        );
+    }
+    s.stop().await;
+}
