@@ -89,10 +89,15 @@ fn keys(cmd: KeysCommand) -> anyhow::Result<()> {
 }
 
 fn init_tracing(format: LogFormat) {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_env("STATESEAL_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
+        // sled's debug and trace output dumps its pages (ledger record keys);
+        // it never goes past warnings, whatever STATESEAL_LOG says.
+        .add_directive("sled=warn".parse().expect("static directive"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),

@@ -1,5 +1,6 @@
 //! The service end to end: a real gRPC client over 127.0.0.1, a real sled
 //! directory, an injected clock.
+#![allow(clippy::unwrap_used)]
 
 mod common;
 

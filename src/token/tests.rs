@@ -1,1 +1,98 @@
+use super::*;
+use crate::binding::{Method, ParamsDigest, Tenant};
+use crate::keyring::{Keyring, KeysetFile};
 
+fn keys() -> std::sync::Arc<TenantKeys> {
+    let ring = Keyring::from_file(&KeysetFile::generate(0)).unwrap();
+    ring.primary().tenant_keys(&Tenant::new("t"))
+}
+
+fn binding() -> Binding {
+    Binding {
+        tenant: Tenant::new("t"),
+        subject: "s".into(),
+        method: Method::ToolsCall,
+        params: ParamsDigest([7; 32]),
+    }
+}
+
+const H: Header = Header {
+    key_id: KeyId(1),
+    expires_at: 100,
+    single_use: true,
+};
+
+#[test]
+fn overhead_is_49_bytes() {
+    for n in [0usize, 1, 64, 256, 4096] {
+        let t = seal(&keys(), H, &binding(), &vec![0; n]).unwrap();
+        assert_eq!(URL_SAFE_NO_PAD.decode(&t).unwrap().len(), n + OVERHEAD);
+        assert_eq!(t.len(), encoded_len(n + OVERHEAD));
+    }
+    assert_eq!(OVERHEAD, 49);
+}
+
+#[test]
+fn header_round_trip_and_reserved_bits() {
+    for h in [
+        H,
+        Header {
+            single_use: false,
+            ..H
+        },
+    ] {
+        assert_eq!(Header::parse(&h.to_bytes()), Ok(h));
+    }
+    let mut b = H.to_bytes();
+    for bad in [0x00, 0x20, 0x12, 0x14, 0x18, 0xff] {
+        b[0] = bad;
+        assert_eq!(Header::parse(&b), Err(Reject::Malformed), "{bad:#x}");
+    }
+}
+
+#[test]
+fn stripping_the_single_use_flag_is_rejected() {
+    let k = keys();
+    let t = seal(&k, H, &binding(), b"x").unwrap();
+    let mut raw = URL_SAFE_NO_PAD.decode(&t).unwrap();
+    raw[0] &= !FLAG_SINGLE_USE;
+    let forged = UntrustedToken::parse(&URL_SAFE_NO_PAD.encode(&raw), 1024).unwrap();
+    assert!(!forged.header().single_use);
+    assert_eq!(forged.open(&k, &binding()).unwrap_err(), Reject::Rejected);
+}
+
+#[test]
+fn parse_bounds() {
+    assert_eq!(
+        UntrustedToken::parse("", 10).unwrap_err(),
+        Reject::Malformed
+    );
+    let t = seal(&keys(), H, &binding(), &[0; 11]).unwrap();
+    assert_eq!(UntrustedToken::parse(&t, 10).unwrap_err(), Reject::TooLarge);
+    assert!(UntrustedToken::parse(&t, 11).is_ok());
+    let dbg = format!("{:?}", UntrustedToken::parse(&t, 11).unwrap());
+    assert!(!dbg.contains(&t[..20]));
+}
+
+#[test]
+fn other_tenant_keys_do_not_open() {
+    let ring = Keyring::from_file(&KeysetFile::generate(0)).unwrap();
+    let a = ring.primary().tenant_keys(&Tenant::new("a"));
+    let b = ring.primary().tenant_keys(&Tenant::new("b"));
+    let mut bind = binding();
+    bind.tenant = Tenant::new("a");
+    let t = seal(&a, H, &bind, b"x").unwrap();
+    // Even with the AAD claiming tenant "a", tenant b's key fails.
+    assert_eq!(
+        UntrustedToken::parse(&t, 64)
+            .unwrap()
+            .open(&b, &bind)
+            .unwrap_err(),
+        Reject::Rejected
+    );
+    let opened = UntrustedToken::parse(&t, 64)
+        .unwrap()
+        .open(&a, &bind)
+        .unwrap();
+    assert_eq!(opened.state, b"x");
+}

@@ -1,0 +1,125 @@
+//! Runs the real `stateseal` binary as a child process on 127.0.0.1.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub struct ServerProcess {
+    pub child: Child,
+    pub addr: SocketAddr,
+    pub log: Arc<Mutex<Vec<String>>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+pub fn command() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_stateseal"))
+}
+
+/// Starts `stateseal serve --listen 127.0.0.1:0 --data-dir DIR ARGS…` and
+/// waits for its "listening" line.
+pub fn spawn(data_dir: &Path, args: &[&str], envs: &[(&str, &str)]) -> ServerProcess {
+    let mut cmd = command();
+    cmd.arg("serve")
+        .arg("--listen")
+        .arg("127.0.0.1:0")
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(args)
+        .env_remove("STATESEAL_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("spawn stateseal");
+    let stderr = child.stderr.take().expect("stderr");
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = {
+        let log = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if line.contains("listening") {
+                    if let Some(addr) = line
+                        .split_whitespace()
+                        .find_map(|w| w.strip_prefix("addr="))
+                        .and_then(|a| a.parse::<SocketAddr>().ok())
+                    {
+                        let _ = tx.send(addr);
+                    }
+                }
+                log.lock().unwrap().push(line);
+            }
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(addr) = rx.recv_timeout(Duration::from_millis(100)) {
+            return ServerProcess {
+                child,
+                addr,
+                log,
+                reader: Some(reader),
+            };
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!(
+                "stateseal exited early ({status}): {:?}",
+                log.lock().unwrap()
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "stateseal did not start: {:?}",
+            log.lock().unwrap()
+        );
+    }
+}
+
+impl ServerProcess {
+    /// SIGKILL: no chance to flush anything.
+    pub fn kill9(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+    }
+
+    /// SIGTERM, then waits for exit; returns the exit status and the full log.
+    pub fn terminate(mut self) -> (std::process::ExitStatus, Vec<String>) {
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let status = loop {
+            if let Ok(Some(s)) = self.child.try_wait() {
+                break s;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("stateseal did not stop on SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+        let log = self.log.lock().unwrap().clone();
+        (status, log)
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,202 @@
+//! The binary as a user runs it: restart after kill -9, graceful shutdown,
+//! first-start keyset, transport policy, and no secrets in logs.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+use base64::Engine;
+use common::process::{command, spawn};
+use common::*;
+use stateseal::keyring::KeysetFile;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumed_tokens_stay_consumed_across_kill_9_and_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = spawn(dir.path(), &[], &[]);
+    let mut c = connect(p.addr).await;
+    let reusable = c
+        .seal(seal_req(b"r", false))
+        .await
+        .unwrap()
+        .into_inner()
+        .request_state;
+    let mut consumed = Vec::new();
+    for _ in 0..20 {
+        let t = c
+            .seal(seal_req(b"s", true))
+            .await
+            .unwrap()
+            .into_inner()
+            .request_state;
+        assert!(c.open(open_req(&t)).await.unwrap().into_inner().consumed);
+        consumed.push(t);
+    }
+    let unconsumed = c
+        .seal(seal_req(b"u", true))
+        .await
+        .unwrap()
+        .into_inner()
+        .request_state;
+    p.kill9();
+
+    let p = spawn(dir.path(), &[], &[]);
+    let mut c = connect(p.addr).await;
+    for t in &consumed {
+        assert_eq!(reason(&c.open(open_req(t)).await.unwrap_err()), "REPLAYED");
+    }
+    // The keyset created on first start was reused: old tokens still open.
+    c.open(open_req(&reusable)).await.unwrap();
+    assert!(
+        c.open(open_req(&unconsumed))
+            .await
+            .unwrap()
+            .into_inner()
+            .consumed
+    );
+    let (status, _) = p.terminate();
+    assert!(status.success(), "SIGTERM exit: {status}");
+}
+
+#[test]
+fn first_start_creates_a_private_keyset_in_the_data_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let p = spawn(&data, &[], &[]);
+    let (status, log) = p.terminate();
+    assert!(status.success(), "{log:?}");
+    let ks = data.join("keyset.json");
+    let file = KeysetFile::read(&ks).unwrap();
+    assert_eq!(file.keys.len(), 1);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(
+            std::fs::metadata(&ks).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        assert_eq!(
+            std::fs::metadata(&data).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
+    }
+    // A second start reuses it.
+    let p = spawn(&data, &[], &[]);
+    p.terminate();
+    let again = KeysetFile::read(&ks).unwrap();
+    assert_eq!(again.to_json().unwrap(), file.to_json().unwrap());
+}
+
+#[test]
+fn non_loopback_plaintext_refuses_to_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = command()
+        .args(["serve", "--listen", "0.0.0.0:0", "--data-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("refusing to serve plaintext"), "{err}");
+}
+
+#[test]
+fn keys_init_refuses_to_overwrite() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("k.json");
+    assert!(command()
+        .args(["keys", "init"])
+        .arg(&f)
+        .status()
+        .unwrap()
+        .success());
+    let before = std::fs::read(&f).unwrap();
+    let out = command().args(["keys", "init"]).arg(&f).output().unwrap();
+    assert!(!out.status.success());
+    assert_eq!(std::fs::read(&f).unwrap(), before);
+}
+
+#[test]
+fn settings_come_from_the_environment_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = command()
+        .args(["serve", "--data-dir"])
+        .arg(dir.path())
+        .env("STATESEAL_DEFAULT_TTL", "7200")
+        .env("STATESEAL_MAX_TTL", "3600")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("default <= max"));
+}
+
+/// Every substring of `secret` this long is searched for.
+const WINDOW: usize = 12;
+
+fn assert_absent(haystack: &str, what: &str, secret: &str) {
+    let chars: Vec<char> = secret.chars().collect();
+    if chars.len() <= WINDOW {
+        assert!(!haystack.contains(secret), "{what} found in logs");
+        return;
+    }
+    for w in chars.windows(WINDOW) {
+        let s: String = w.iter().collect();
+        assert!(!haystack.contains(&s), "part of {what} found in logs: {s}");
+    }
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_of_a_full_run_hold_no_key_state_or_token_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = spawn(dir.path(), &[], &[("STATESEAL_LOG", "trace")]);
+    let mut c = connect(p.addr).await;
+    let state = b"STATE-MARKER-7f3a9c-STATE-MARKER-7f3a9c";
+    let mut tokens = Vec::new();
+    for single_use in [false, true] {
+        let t = c
+            .seal(seal_req(state, single_use))
+            .await
+            .unwrap()
+            .into_inner()
+            .request_state;
+        c.open(open_req(&t)).await.unwrap();
+        let _ = c.open(open_req(&t)).await;
+        // A tampered token, a wrong binding, garbage.
+        let mut raw = URL_SAFE_NO_PAD.decode(&t).unwrap();
+        raw[20] ^= 1;
+        let _ = c.open(open_req(&URL_SAFE_NO_PAD.encode(&raw))).await;
+        let mut wrong = open_req(&t);
+        wrong.binding = Some(binding("eve", "tools/call", "{}"));
+        let _ = c.open(wrong).await;
+        tokens.push(t);
+    }
+    let _ = c.open(open_req("garbage-token-garbage-token")).await;
+    let (status, log) = p.terminate();
+    assert!(status.success());
+    let log = log.join("\n");
+    assert!(
+        log.contains("sealed") && log.contains("open refused"),
+        "trace logs were captured"
+    );
+
+    let ks = KeysetFile::read(&dir.path().join("keyset.json")).unwrap();
+    let json = String::from_utf8(ks.to_json().unwrap().to_vec()).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let key_b64 = v["keys"][0]["material"].as_str().unwrap().to_owned();
+    let key = URL_SAFE_NO_PAD.decode(&key_b64).unwrap();
+    assert_absent(&log, "key (base64url)", &key_b64);
+    assert_absent(&log, "key (base64)", &STANDARD.encode(&key));
+    assert_absent(&log, "key (hex)", &hex(&key));
+    assert_absent(&log, "key (debug bytes)", &format!("{:?}", &key[..6]));
+    assert_absent(&log, "state", std::str::from_utf8(state).unwrap());
+    assert_absent(&log, "state (hex)", &hex(state));
+    assert_absent(&log, "state (base64)", &STANDARD.encode(state));
+    assert_absent(&log, "state (debug bytes)", &format!("{:?}", &state[..6]));
+    for t in &tokens {
+        assert_absent(&log, "token", t);
+    }
+}
