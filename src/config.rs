@@ -12,6 +12,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::keyring::{Keyring, KeyringHandle, KeysetError, KeysetFile};
 use crate::ledger::sled::SledLedger;
 use crate::ledger::LedgerError;
+use crate::reload::read_with_digest;
 use crate::sealer::{Limits, Sealer};
 use crate::server::ServeOptions;
 
@@ -43,16 +44,21 @@ pub enum KeysCommand {
     Add { file: PathBuf },
     /// Make a staged key primary; the old primary becomes staged.
     Promote { file: PathBuf, id: u32 },
-    /// Retire a staged key once no unexpired token can carry it.
+    /// Retire a staged key once no unexpired token can carry it
+    /// (demotion + rollout + max TTL + clock skew).
     Retire {
         file: PathBuf,
         id: u32,
-        /// The servers' --max-ttl.
+        /// The servers' --max-ttl, in seconds.
         #[arg(long, default_value_t = 3600)]
         max_ttl: u64,
-        /// The servers' --clock-skew.
+        /// The servers' --clock-skew, in seconds.
         #[arg(long, default_value_t = 60)]
         clock_skew: u64,
+        /// Seconds a written keyset may take to reach every replica (a
+        /// mounted Secret: kubelet sync period plus its cache TTL).
+        #[arg(long, default_value_t = 120)]
+        rollout: u64,
         /// Retire even if tokens sealed under it may still be unexpired.
         #[arg(long)]
         force: bool,
@@ -96,6 +102,9 @@ pub struct ServeArgs {
     /// Allow plaintext without caller authentication on a non-loopback address.
     #[arg(long, env = "STATESEAL_INSECURE_PLAINTEXT")]
     pub insecure_plaintext: bool,
+    /// How often the keyset file is re-read for changes, in milliseconds.
+    #[arg(long, env = "STATESEAL_RELOAD_INTERVAL_MS", default_value_t = 2000)]
+    pub reload_interval_ms: u64,
     /// Log format on stderr.
     #[arg(long, env = "STATESEAL_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
@@ -178,7 +187,11 @@ impl ServeArgs {
                 p
             }
         };
-        let ring = Keyring::load(&keyset_path)?;
+        let (bytes, digest) = read_with_digest(&keyset_path).map_err(|source| ConfigError::Io {
+            path: keyset_path.clone(),
+            source,
+        })?;
+        let ring = Keyring::from_file(&KeysetFile::parse(&bytes)?)?;
         tracing::info!(keys = ?ring.summary(), "keyset loaded");
         let ledger_dir = self.data_dir.join("ledger");
         let ledger = SledLedger::open(&ledger_dir)?;
@@ -192,6 +205,8 @@ impl ServeArgs {
             sealer: Arc::new(sealer),
             options: ServeOptions {
                 auth,
+                keyset: Some((keyset_path.clone(), digest)),
+                reload_every: std::time::Duration::from_millis(self.reload_interval_ms.max(100)),
                 ..ServeOptions::default()
             },
             keyset_path,

@@ -158,6 +158,27 @@ pub struct KeysetFile {
     pub keys: Vec<KeyRecord>,
 }
 
+/// What retirement must wait for, in seconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RetirePolicy {
+    /// The servers' `--max-ttl`.
+    pub max_ttl: u64,
+    /// The servers' `--clock-skew`.
+    pub clock_skew: u64,
+    /// How long a written keyset may take to reach every replica.
+    pub rollout: u64,
+}
+
+impl Default for RetirePolicy {
+    fn default() -> Self {
+        RetirePolicy {
+            max_ttl: 3600,
+            clock_skew: 60,
+            rollout: 120,
+        }
+    }
+}
+
 /// Why a keyset file or a move on it was refused. Messages never hold key bytes.
 #[derive(Debug, thiserror::Error)]
 pub enum KeysetError {
@@ -337,13 +358,16 @@ impl KeysetFile {
     }
 
     /// The earliest time at which `id` can be retired without failing an
-    /// unexpired token: demotion + max TTL + clock skew. A key that was never
-    /// primary sealed nothing and can go at once.
-    pub fn safe_retire_at(&self, id: u32, max_ttl: u64, skew: u64) -> Option<u64> {
+    /// unexpired token: demotion + rollout + max TTL + clock skew, where
+    /// `rollout` bounds how long the last replica may keep sealing with the
+    /// key after its demotion was written (the time a new keyset takes to
+    /// reach every replica). A key that was never primary sealed nothing and
+    /// can go at once.
+    pub fn safe_retire_at(&self, id: u32, policy: RetirePolicy) -> Option<u64> {
         let k = self.keys.iter().find(|k| k.id == id)?;
         match (k.promoted_at, k.demoted_at) {
             (None, _) => Some(0),
-            (Some(_), Some(d)) => Some(d + max_ttl + skew),
+            (Some(_), Some(d)) => Some(d + policy.rollout + policy.max_ttl + policy.clock_skew),
             (Some(_), None) => None, // still primary
         }
     }
@@ -354,11 +378,10 @@ impl KeysetFile {
         &mut self,
         id: u32,
         now: u64,
-        max_ttl: u64,
-        skew: u64,
+        policy: RetirePolicy,
         force: bool,
     ) -> Result<(), KeysetError> {
-        let safe_at = self.safe_retire_at(id, max_ttl, skew);
+        let safe_at = self.safe_retire_at(id, policy);
         let k = self.find_mut(id)?;
         match k.state {
             KeyState::Primary => {
@@ -375,7 +398,7 @@ impl KeysetFile {
             if now < at && !force {
                 return Err(KeysetError::Refused(format!(
                     "key {id} may still carry unexpired tokens until unix time {at} \
-                     (demotion + max TTL + clock skew); pass --force to retire it anyway"
+                     (demotion + rollout + max TTL + clock skew); pass --force to retire it anyway"
                 )));
             }
         }

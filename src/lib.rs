@@ -31,6 +31,7 @@
 //! - [`ledger`]: consume-if-absent trait; [`ledger::sled`] with group commit.
 //! - [`sealer`]: the domain core with limits and expiry.
 //! - [`service`], [`status`], [`auth`], [`server`]: the gRPC face.
+//! - [`reload`]: hot reload of mounted files (keyset, certificates, tenants).
 //! - [`config`]: command line and environment.
 
 #![forbid(unsafe_code)]
@@ -43,6 +44,7 @@ pub mod config;
 pub mod error;
 pub mod keyring;
 pub mod ledger;
+pub mod reload;
 pub mod sealer;
 pub mod server;
 pub mod service;

@@ -4,7 +4,7 @@ use anyhow::Context;
 use clap::Parser;
 use stateseal::clock::{Clock, SystemClock};
 use stateseal::config::{Cli, Command, KeysCommand, LogFormat};
-use stateseal::keyring::KeysetFile;
+use stateseal::keyring::{KeysetFile, RetirePolicy};
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
@@ -58,10 +58,16 @@ fn keys(cmd: KeysCommand) -> anyhow::Result<()> {
             id,
             max_ttl,
             clock_skew,
+            rollout,
             force,
         } => {
             let mut ks = KeysetFile::read(&file)?;
-            ks.retire(id, now, max_ttl, clock_skew, force)?;
+            let policy = RetirePolicy {
+                max_ttl,
+                clock_skew,
+                rollout,
+            };
+            ks.retire(id, now, policy, force)?;
             ks.write(&file, false)?;
             println!("key {id} is retired");
         }

@@ -4,6 +4,7 @@
 //! ledger is flushed.
 
 use std::future::Future;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,6 +16,7 @@ use tonic::transport::Server;
 use crate::auth::Authenticator;
 use crate::ledger::run_gc;
 use crate::proto::request_state_server::RequestStateServer;
+use crate::reload::{keyset_applier, watch_file, ReloadStats};
 use crate::sealer::Sealer;
 use crate::service::RequestStateService;
 
@@ -29,6 +31,11 @@ pub struct ServeOptions {
     pub health_every: Duration,
     /// How often expired ledger records are collected.
     pub gc_every: Duration,
+    /// The keyset file to watch, and the digest of the version in force.
+    pub keyset: Option<(PathBuf, [u8; 32])>,
+    /// How often watched files are re-read.
+    pub reload_every: Duration,
+    pub reload_stats: Arc<ReloadStats>,
 }
 
 impl Default for ServeOptions {
@@ -39,6 +46,9 @@ impl Default for ServeOptions {
             )),
             health_every: Duration::from_secs(1),
             gc_every: Duration::from_secs(30),
+            keyset: None,
+            reload_every: Duration::from_secs(2),
+            reload_stats: Arc::default(),
         }
     }
 }
@@ -121,6 +131,18 @@ pub async fn run(
         1000,
     ));
 
+    let mut background = vec![health_task, gc_task];
+    if let Some((path, digest)) = opts.keyset.clone() {
+        background.push(tokio::spawn(watch_file(
+            "keyset",
+            path,
+            digest,
+            opts.reload_every,
+            opts.reload_stats.clone(),
+            keyset_applier(sealer.keys().clone()),
+        )));
+    }
+
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, backend = ledger.backend(), "listening");
     }
@@ -132,11 +154,14 @@ pub async fn run(
         .add_service(service)
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
         .await;
-    health_task.abort();
-    gc_task.abort();
-    // Wait until both tasks are gone, so they no longer hold the ledger.
-    let _ = health_task.await;
-    let _ = gc_task.await;
+    // Stop the background tasks and wait until they are gone, so that they no
+    // longer hold the ledger.
+    for task in &background {
+        task.abort();
+    }
+    for task in background {
+        let _ = task.await;
+    }
     tracing::info!("server stopped; flushing ledger");
     ledger.close().await?;
     result?;

@@ -24,10 +24,15 @@ fn rotation_moves() {
     assert_eq!(k.keys[0].demoted_at, Some(3000));
     assert_eq!(k.keys[1].state, KeyState::Primary);
     // Retiring the primary is refused; retiring too early is refused.
-    assert!(k.retire(2, 9999, 3600, 60, false).is_err());
-    assert_eq!(k.safe_retire_at(1, 3600, 60), Some(3000 + 3600 + 60));
-    assert!(k.retire(1, 3000 + 3659, 3600, 60, false).is_err());
-    k.retire(1, 3000 + 3660, 3600, 60, false).unwrap();
+    let p = RetirePolicy {
+        max_ttl: 3600,
+        clock_skew: 60,
+        rollout: 100,
+    };
+    assert!(k.retire(2, 9999, p, false).is_err());
+    assert_eq!(k.safe_retire_at(1, p), Some(3000 + 100 + 3600 + 60));
+    assert!(k.retire(1, 3000 + 3759, p, false).is_err());
+    k.retire(1, 3000 + 3760, p, false).unwrap();
     assert_eq!(k.keys[0].state, KeyState::Retired);
     assert!(
         k.keys[0].material.is_none(),
@@ -37,10 +42,7 @@ fn rotation_moves() {
         k.promote(1, 9999).is_err(),
         "a retired key never comes back"
     );
-    assert!(
-        k.retire(1, 9999, 3600, 60, false).is_err(),
-        "already retired"
-    );
+    assert!(k.retire(1, 9999, p, false).is_err(), "already retired");
     // Ids are never reused while retired entries stay in the file.
     assert_eq!(k.add_staged(9999), 3);
     k.validate().unwrap();
@@ -53,11 +55,12 @@ fn rotation_moves() {
 fn a_never_promoted_key_retires_at_once_and_force_overrides() {
     let mut k = ks();
     let id = k.add_staged(2000);
-    k.retire(id, 2000, 3600, 60, false).unwrap();
+    let p = RetirePolicy::default();
+    k.retire(id, 2000, p, false).unwrap();
     let id = k.add_staged(2000);
     k.promote(id, 2000).unwrap();
-    assert!(k.retire(1, 2001, 3600, 60, false).is_err());
-    k.retire(1, 2001, 3600, 60, true).unwrap();
+    assert!(k.retire(1, 2001, p, false).is_err());
+    k.retire(1, 2001, p, true).unwrap();
 }
 
 #[test]

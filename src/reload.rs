@@ -1,0 +1,88 @@
+//! Hot reload of mounted files (the keyset; certificates and tenants where
+//! configured).
+//!
+//! The file is re-read on an interval and applied when its content changes.
+//! Polling the path, rather than watching inodes, is what follows the way
+//! Kubernetes updates a mounted Secret: it writes a new timestamped directory
+//! and atomically swaps the `..data` symlink, so the file's path stays the
+//! same while everything behind it is replaced. A file that fails to parse or
+//! validate is rejected with a log line and a counter; what is in force stays.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use zeroize::Zeroizing;
+
+use crate::keyring::{Keyring, KeyringHandle, KeysetFile};
+
+/// Reload outcomes, for metrics and tests.
+#[derive(Debug, Default)]
+pub struct ReloadStats {
+    pub reloads: AtomicU64,
+    pub failures: AtomicU64,
+}
+
+/// Reads `path` and returns its bytes (zeroized on drop) and their digest.
+pub fn read_with_digest(path: &std::path::Path) -> std::io::Result<(Zeroizing<Vec<u8>>, [u8; 32])> {
+    let bytes = Zeroizing::new(std::fs::read(path)?);
+    let digest = Sha256::digest(&bytes[..]).into();
+    Ok((bytes, digest))
+}
+
+/// Polls `path` every `every`; when its content differs from the last seen
+/// (`initial` is the digest of what is in force), calls `apply`. `what` names
+/// the file in logs.
+pub async fn watch_file<F>(
+    what: &'static str,
+    path: PathBuf,
+    initial: [u8; 32],
+    every: Duration,
+    stats: Arc<ReloadStats>,
+    apply: F,
+) where
+    F: Fn(&[u8]) -> Result<(), String> + Send + 'static,
+{
+    let mut seen = initial;
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        let (bytes, digest) = match read_with_digest(&path) {
+            Ok(r) => r,
+            Err(e) => {
+                // A missing file mid-swap is not a new version: keep polling.
+                tracing::debug!(file = what, error = %e, "cannot read; keeping the version in force");
+                continue;
+            }
+        };
+        if digest == seen {
+            continue;
+        }
+        seen = digest;
+        match apply(&bytes) {
+            Ok(()) => {
+                stats.reloads.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(file = what, path = %path.display(), "reloaded");
+            }
+            Err(e) => {
+                stats.failures.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(file = what, path = %path.display(), error = %e, "rejected a new version; the previous one stays in force");
+            }
+        }
+    }
+}
+
+/// The keyset's `apply`: parse, validate, swap.
+pub fn keyset_applier(handle: Arc<KeyringHandle>) -> impl Fn(&[u8]) -> Result<(), String> {
+    move |bytes| {
+        let file = KeysetFile::parse(bytes).map_err(|e| e.to_string())?;
+        let ring = Keyring::from_file(&file).map_err(|e| e.to_string())?;
+        tracing::info!(keys = ?ring.summary(), "keyset in force");
+        handle.replace(ring);
+        Ok(())
+    }
+}
