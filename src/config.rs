@@ -5,13 +5,15 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use zeroize::Zeroizing;
 
 use crate::auth::Authenticator;
 use crate::binding::Tenant;
 use crate::clock::{Clock, SystemClock};
 use crate::keyring::{Keyring, KeyringHandle, KeysetError, KeysetFile};
+use crate::ledger::postgres::{PgLedger, PgOptions};
 use crate::ledger::sled::SledLedger;
-use crate::ledger::LedgerError;
+use crate::ledger::{Ledger, LedgerError};
 use crate::reload::read_with_digest;
 use crate::sealer::{Limits, Sealer};
 use crate::server::ServeOptions;
@@ -68,6 +70,14 @@ pub enum KeysCommand {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LedgerKind {
+    /// Embedded, in DATA_DIR/ledger: one replica only.
+    Sled,
+    /// Shared by every replica.
+    Postgres,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     Text,
     Json,
@@ -102,6 +112,30 @@ pub struct ServeArgs {
     /// Allow plaintext without caller authentication on a non-loopback address.
     #[arg(long, env = "STATESEAL_INSECURE_PLAINTEXT")]
     pub insecure_plaintext: bool,
+    /// Where single-use consumptions are recorded.
+    #[arg(long, env = "STATESEAL_LEDGER", value_enum, default_value = "sled")]
+    pub ledger: LedgerKind,
+    /// PostgreSQL connection URL (prefer --database-url-file: a URL in the
+    /// environment or on the command line is visible to other processes).
+    #[arg(long, env = "STATESEAL_DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+    /// File holding the PostgreSQL connection URL (e.g. a mounted Secret).
+    #[arg(
+        long,
+        env = "STATESEAL_DATABASE_URL_FILE",
+        conflicts_with = "database_url"
+    )]
+    pub database_url_file: Option<PathBuf>,
+    /// Connections to PostgreSQL (and consumption batches in flight).
+    #[arg(long, env = "STATESEAL_DB_POOL_SIZE", default_value_t = 8)]
+    pub db_pool_size: usize,
+    /// Bound on connecting to PostgreSQL and on each statement, in milliseconds.
+    #[arg(long, env = "STATESEAL_DB_TIMEOUT_MS", default_value_t = 2000)]
+    pub db_timeout_ms: u64,
+    /// How many stateseal replicas share this deployment. sled refuses to
+    /// start when more than one is declared: each would keep its own ledger.
+    #[arg(long, env = "STATESEAL_EXPECTED_REPLICAS", default_value_t = 1)]
+    pub expected_replicas: u32,
     /// How often the keyset file is re-read for changes, in milliseconds.
     #[arg(long, env = "STATESEAL_RELOAD_INTERVAL_MS", default_value_t = 2000)]
     pub reload_interval_ms: u64,
@@ -170,9 +204,49 @@ impl ServeArgs {
         Ok(Authenticator::Implicit(Tenant::new(Tenant::DEFAULT)))
     }
 
+    /// Opens the configured ledger.
+    pub async fn open_ledger(&self) -> Result<Arc<dyn Ledger>, ConfigError> {
+        match self.ledger {
+            LedgerKind::Sled => {
+                if self.expected_replicas > 1 {
+                    return Err(ConfigError::Invalid(format!(
+                        "--ledger sled keeps single-use records in this replica only, but \
+                         --expected-replicas is {}: use --ledger postgres for several replicas",
+                        self.expected_replicas
+                    )));
+                }
+                Ok(Arc::new(SledLedger::open(&self.data_dir.join("ledger"))?))
+            }
+            LedgerKind::Postgres => {
+                let url = match (&self.database_url, &self.database_url_file) {
+                    (Some(u), None) => Zeroizing::new(u.clone()),
+                    (None, Some(f)) => Zeroizing::new(
+                        std::fs::read_to_string(f)
+                            .map_err(|source| ConfigError::Io {
+                                path: f.clone(),
+                                source,
+                            })?
+                            .trim()
+                            .to_owned(),
+                    ),
+                    _ => {
+                        return Err(ConfigError::Invalid(
+                            "--ledger postgres needs --database-url or --database-url-file".into(),
+                        ))
+                    }
+                };
+                let opts = PgOptions {
+                    pool_size: self.db_pool_size.clamp(1, 256),
+                    timeout: std::time::Duration::from_millis(self.db_timeout_ms.max(10)),
+                };
+                Ok(Arc::new(PgLedger::connect(&url, opts).await?))
+            }
+        }
+    }
+
     /// Creates the data dir, loads (or on first start creates) the keyset and
     /// opens the ledger.
-    pub fn prepare(&self) -> Result<Prepared, ConfigError> {
+    pub async fn prepare(&self) -> Result<Prepared, ConfigError> {
         let limits = self.limits()?;
         let auth = self.authenticator()?;
         create_private_dir(&self.data_dir)?;
@@ -193,11 +267,10 @@ impl ServeArgs {
         })?;
         let ring = Keyring::from_file(&KeysetFile::parse(&bytes)?)?;
         tracing::info!(keys = ?ring.summary(), "keyset loaded");
-        let ledger_dir = self.data_dir.join("ledger");
-        let ledger = SledLedger::open(&ledger_dir)?;
+        let ledger = self.open_ledger().await?;
         let sealer = Sealer::new(
             Arc::new(KeyringHandle::new(ring)),
-            Arc::new(ledger),
+            ledger,
             Arc::new(SystemClock::new()),
             limits,
         );

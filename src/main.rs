@@ -16,7 +16,7 @@ fn main() -> anyhow::Result<()> {
                 .build()
                 .context("cannot start the async runtime")?;
             runtime.block_on(async move {
-                let prepared = args.prepare()?;
+                let prepared = args.prepare().await?;
                 let listener = tokio::net::TcpListener::bind(args.listen)
                     .await
                     .with_context(|| format!("cannot listen on {}", args.listen))?;

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use crate::clock::Clock;
 
+pub mod postgres;
 pub mod sled;
 
 /// A ledger record key: the token's expiry (for ordered garbage collection)

@@ -1,0 +1,299 @@
+//! The PostgreSQL ledger, for several replicas sharing one database.
+//!
+//! - Consumption is `INSERT … ON CONFLICT DO NOTHING RETURNING id`, in
+//!   autocommit: a row returned is a row committed (synchronous commit), and
+//!   the primary key makes exactly one inserter see it.
+//! - Concurrent consumptions are batched: one batcher task collects what
+//!   arrived while earlier statements ran and sends it as one multi-row
+//!   statement (`unnest` of two arrays), with several batches in flight on
+//!   the pool's connections. Within a batch, a key that appears twice gets
+//!   `Now` for its first waiter only.
+//! - If a statement fails or passes the timeout, every waiter in its batch
+//!   gets an error (`LEDGER_UNAVAILABLE`): an unknown outcome is never
+//!   reported as a consumption.
+//! - Expiry is stored as Unix seconds (UTC) from the token's authenticated
+//!   header and compared with this service's clock, never the database's.
+//! - Expired rows are deleted in small batches by one replica at a time,
+//!   under a transaction-scoped advisory lock.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio_postgres::NoTls;
+
+use super::{Consumed, Ledger, LedgerError, LedgerKey};
+
+/// The table; the suffix is the schema version.
+pub const TABLE: &str = "stateseal_consumed_v1";
+/// Advisory lock ids ("stateseal" in ASCII, then a purpose).
+const LOCK_MIGRATE: i64 = 0x7374_6174_6573_0001;
+const LOCK_GC: i64 = 0x7374_6174_6573_0002;
+/// Largest batch in one statement.
+const MAX_BATCH: usize = 512;
+
+/// Settings of the PostgreSQL ledger.
+#[derive(Clone, Debug)]
+pub struct PgOptions {
+    /// Connections in the pool (and batches in flight at once).
+    pub pool_size: usize,
+    /// Bound on connecting, waiting for a connection, and each statement.
+    pub timeout: Duration,
+}
+
+impl Default for PgOptions {
+    fn default() -> Self {
+        PgOptions {
+            pool_size: 8,
+            timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+type Waiter = (LedgerKey, oneshot::Sender<Result<Consumed, LedgerError>>);
+
+pub struct PgLedger {
+    pool: Pool,
+    tx: mpsc::UnboundedSender<Waiter>,
+    healthy: Arc<AtomicBool>,
+    timeout: Duration,
+    batcher: tokio::task::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for PgLedger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the URL: it may hold a password.
+        f.debug_struct("PgLedger").finish_non_exhaustive()
+    }
+}
+
+/// Parses a connection URL or key=value string with a fixed error message, so
+/// that a password in it never reaches a log.
+pub fn parse_url(url: &str) -> Result<tokio_postgres::Config, LedgerError> {
+    url.parse::<tokio_postgres::Config>()
+        .map_err(|_| LedgerError("invalid database URL (not shown)".into()))
+}
+
+impl PgLedger {
+    /// Connects, creates or migrates the schema (safe with several replicas
+    /// starting at once), and starts the batcher.
+    pub async fn connect(url: &str, opts: PgOptions) -> Result<Self, LedgerError> {
+        let mut cfg = parse_url(url)?;
+        cfg.connect_timeout(opts.timeout);
+        if cfg.get_application_name().is_none() {
+            cfg.application_name("stateseal");
+        }
+        let mgr = Manager::from_config(
+            cfg,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(mgr)
+            .max_size(opts.pool_size.max(1))
+            .wait_timeout(Some(opts.timeout))
+            .create_timeout(Some(opts.timeout))
+            .recycle_timeout(Some(opts.timeout))
+            .runtime(Runtime::Tokio1)
+            .build()
+            .map_err(|e| LedgerError(format!("cannot build the connection pool: {e}")))?;
+        migrate(&pool, opts.timeout).await?;
+        let healthy = Arc::new(AtomicBool::new(true));
+        let (tx, rx) = mpsc::unbounded_channel();
+        let batcher = tokio::spawn(run_batcher(
+            pool.clone(),
+            rx,
+            healthy.clone(),
+            opts.timeout,
+            opts.pool_size.max(1),
+        ));
+        Ok(PgLedger {
+            pool,
+            tx,
+            healthy,
+            timeout: opts.timeout,
+            batcher,
+        })
+    }
+}
+
+impl Drop for PgLedger {
+    fn drop(&mut self) {
+        self.batcher.abort();
+    }
+}
+
+fn db_err(what: &str, e: impl std::fmt::Display) -> LedgerError {
+    // tokio-postgres and deadpool errors name the failure, not the URL.
+    LedgerError(format!("{what}: {e}"))
+}
+
+async fn timed<T, E: std::fmt::Display>(
+    what: &str,
+    limit: Duration,
+    f: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, LedgerError> {
+    match tokio::time::timeout(limit, f).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(db_err(what, e)),
+        Err(_) => Err(LedgerError(format!("{what}: timed out after {limit:?}"))),
+    }
+}
+
+async fn migrate(pool: &Pool, limit: Duration) -> Result<(), LedgerError> {
+    let mut client = timed("connect", limit, pool.get()).await?;
+    let tx = timed("begin", limit, client.transaction()).await?;
+    // Serializes concurrent starts: CREATE … IF NOT EXISTS alone can race.
+    timed(
+        "migration lock",
+        limit * 5,
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LOCK_MIGRATE]),
+    )
+    .await?;
+    let ddl = format!(
+        "CREATE TABLE IF NOT EXISTS {TABLE} (
+             id bytea PRIMARY KEY CHECK (octet_length(id) = 32),
+             expires_at bigint NOT NULL
+         );
+         CREATE INDEX IF NOT EXISTS {TABLE}_expires_at ON {TABLE} (expires_at);"
+    );
+    timed("migrate", limit * 5, tx.batch_execute(&ddl)).await?;
+    timed("commit", limit, tx.commit()).await?;
+    Ok(())
+}
+
+async fn run_batcher(
+    pool: Pool,
+    mut rx: mpsc::UnboundedReceiver<Waiter>,
+    healthy: Arc<AtomicBool>,
+    limit: Duration,
+    in_flight: usize,
+) {
+    let slots = Arc::new(Semaphore::new(in_flight));
+    while let Some(first) = rx.recv().await {
+        // Wait for a free connection slot first: whatever queues up
+        // meanwhile joins this batch.
+        let Ok(permit) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(w) => batch.push(w),
+                Err(_) => break,
+            }
+        }
+        let pool = pool.clone();
+        let healthy = healthy.clone();
+        tokio::spawn(async move {
+            let result = insert_batch(&pool, &batch, limit).await;
+            healthy.store(result.is_ok(), Ordering::Relaxed);
+            drop(permit);
+            match result {
+                Ok(inserted) => {
+                    let mut fresh: HashMap<[u8; 32], bool> =
+                        inserted.into_iter().map(|id| (id, true)).collect();
+                    for (key, reply) in batch {
+                        // The first waiter of an inserted id gets Now; any
+                        // later waiter of the same id in this batch, Before.
+                        let now = fresh.get_mut(&key.id).map(std::mem::take).unwrap_or(false);
+                        let _ = reply.send(Ok(if now { Consumed::Now } else { Consumed::Before }));
+                    }
+                }
+                Err(e) => {
+                    for (_, reply) in batch {
+                        let _ = reply.send(Err(LedgerError(e.0.clone())));
+                    }
+                }
+            }
+        });
+    }
+}
+
+async fn insert_batch(
+    pool: &Pool,
+    batch: &[Waiter],
+    limit: Duration,
+) -> Result<Vec<[u8; 32]>, LedgerError> {
+    let ids: Vec<&[u8]> = batch.iter().map(|(k, _)| &k.id[..]).collect();
+    let expiries: Vec<i64> = batch
+        .iter()
+        .map(|(k, _)| i64::try_from(k.expires_at).unwrap_or(i64::MAX))
+        .collect();
+    let client = timed("connect", limit, pool.get()).await?;
+    let sql = format!(
+        "INSERT INTO {TABLE} (id, expires_at)
+         SELECT * FROM unnest($1::bytea[], $2::bigint[])
+         ON CONFLICT (id) DO NOTHING
+         RETURNING id"
+    );
+    let stmt = timed("prepare", limit, client.prepare_cached(&sql)).await?;
+    let rows = timed("insert", limit, client.query(&stmt, &[&ids, &expiries])).await?;
+    rows.iter()
+        .map(|r| {
+            let id: &[u8] = r.get(0);
+            <[u8; 32]>::try_from(id).map_err(|_| LedgerError("unexpected id length".into()))
+        })
+        .collect()
+}
+
+#[async_trait::async_trait]
+impl Ledger for PgLedger {
+    async fn consume(&self, key: &LedgerKey) -> Result<Consumed, LedgerError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send((*key, tx))
+            .map_err(|_| LedgerError("batcher stopped".into()))?;
+        rx.await
+            .map_err(|_| LedgerError("batcher stopped".into()))?
+    }
+
+    async fn ready(&self) -> bool {
+        let probe = async {
+            let client = timed("connect", self.timeout, self.pool.get()).await?;
+            timed("probe", self.timeout, client.simple_query("SELECT 1")).await?;
+            Ok::<_, LedgerError>(())
+        };
+        let ok = probe.await.is_ok();
+        self.healthy.store(ok, Ordering::Relaxed);
+        ok
+    }
+
+    async fn remove_expired(&self, before_unix: u64, limit: usize) -> Result<usize, LedgerError> {
+        let before = i64::try_from(before_unix).unwrap_or(i64::MAX);
+        let n = i64::try_from(limit).unwrap_or(i64::MAX);
+        let mut client = timed("connect", self.timeout, self.pool.get()).await?;
+        let tx = timed("begin", self.timeout, client.transaction()).await?;
+        let locked: bool = timed(
+            "gc lock",
+            self.timeout,
+            tx.query_one("SELECT pg_try_advisory_xact_lock($1)", &[&LOCK_GC]),
+        )
+        .await?
+        .get(0);
+        if !locked {
+            return Ok(0); // another replica is collecting
+        }
+        let sql = format!(
+            "DELETE FROM {TABLE} WHERE id IN
+               (SELECT id FROM {TABLE} WHERE expires_at < $1 ORDER BY expires_at LIMIT $2)"
+        );
+        let removed = timed("gc delete", self.timeout, tx.execute(&sql, &[&before, &n])).await?;
+        timed("gc commit", self.timeout, tx.commit()).await?;
+        Ok(removed as usize)
+    }
+
+    async fn close(&self) -> Result<(), LedgerError> {
+        // Every acknowledged consumption was committed before its answer.
+        self.pool.close();
+        Ok(())
+    }
+
+    fn backend(&self) -> &'static str {
+        "postgres"
+    }
+}

@@ -1,0 +1,304 @@
+//! Several replicas on one PostgreSQL ledger, as processes on 127.0.0.1:
+//! a cross-process race, fail-closed while the database is unreachable, and
+//! the sled replica-count guard.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::process::{command, spawn};
+use common::*;
+use tokio::net::{TcpListener, TcpStream};
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
+
+fn database_url() -> Option<String> {
+    std::env::var("STATESEAL_TEST_DATABASE_URL")
+        .ok()
+        .filter(|s| !s.is_empty())
+}
+
+macro_rules! require_postgres {
+    () => {
+        match database_url() {
+            Some(u) => u,
+            None => {
+                eprintln!("\n*** SKIPPED: PostgreSQL replica tests (set STATESEAL_TEST_DATABASE_URL) ***\n");
+                return;
+            }
+        }
+    };
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_processes_one_database_each_token_accepted_exactly_once() {
+    let url = require_postgres!();
+    let tmp = tempfile::tempdir().unwrap();
+    let ks = tmp.path().join("keyset.json");
+    assert!(command()
+        .args(["keys", "init"])
+        .arg(&ks)
+        .output()
+        .unwrap()
+        .status
+        .success());
+    let args = [
+        "--ledger",
+        "postgres",
+        "--database-url",
+        url.as_str(),
+        "--keyset",
+        ks.to_str().unwrap(),
+        "--expected-replicas",
+        "3",
+    ];
+    let procs: Vec<_> = (0..3)
+        .map(|i| spawn(&tmp.path().join(format!("d{i}")), &args, &[]))
+        .collect();
+    let mut clients = Vec::new();
+    for p in &procs {
+        clients.push(connect(p.addr).await);
+    }
+    const TOKENS: usize = 1000;
+    const CALLERS: usize = 8;
+    let mut tokens = Vec::with_capacity(TOKENS);
+    for i in 0..TOKENS {
+        let c = &mut clients[i % 3];
+        tokens.push(
+            c.seal(seal_req(b"race", true))
+                .await
+                .unwrap()
+                .into_inner()
+                .request_state,
+        );
+    }
+    let started = Instant::now();
+    let (mut ok, mut replayed, mut other) = (0usize, 0usize, Vec::new());
+    for chunk in tokens.chunks(50) {
+        let mut tasks = Vec::new();
+        for t in chunk {
+            for caller in 0..CALLERS {
+                let mut c = clients[caller % 3].clone();
+                let t = t.clone();
+                tasks.push(tokio::spawn(async move { c.open(open_req(&t)).await }));
+            }
+        }
+        let mut per_token_ok = vec![0; chunk.len()];
+        for (i, task) in tasks.into_iter().enumerate() {
+            match task.await.unwrap() {
+                Ok(r) => {
+                    assert!(r.into_inner().consumed);
+                    ok += 1;
+                    per_token_ok[i / CALLERS] += 1;
+                }
+                Err(e) if reason(&e) == "REPLAYED" => replayed += 1,
+                Err(e) => other.push(reason(&e)),
+            }
+        }
+        assert!(
+            per_token_ok.iter().all(|&n| n == 1),
+            "a token accepted {per_token_ok:?} times"
+        );
+    }
+    let elapsed = started.elapsed();
+    assert!(other.is_empty(), "unexpected: {other:?}");
+    assert_eq!(ok, TOKENS);
+    assert_eq!(replayed, TOKENS * (CALLERS - 1));
+    eprintln!(
+        "race: {} opens over 3 processes in {:.2?}: {ok} accepted, {replayed} REPLAYED",
+        TOKENS * CALLERS,
+        elapsed
+    );
+    for p in procs {
+        let (status, _) = p.terminate();
+        assert!(status.success());
+    }
+}
+
+/// A TCP relay to PostgreSQL that the test can cut and restore.
+struct Relay {
+    port: u16,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Relay {
+    async fn start(port: u16) -> Relay {
+        let listener = TcpListener::bind(("127.0.0.1", port)).await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let task = tokio::spawn(async move {
+            // Dropping the set (when this task is aborted) aborts every relay.
+            let mut conns = tokio::task::JoinSet::new();
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    return;
+                };
+                conns.spawn(async move {
+                    if let Ok(mut outbound) = TcpStream::connect("127.0.0.1:5432").await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+            }
+        });
+        Relay {
+            port,
+            task: Some(task),
+        }
+    }
+
+    async fn cut(&mut self) {
+        if let Some(t) = self.task.take() {
+            t.abort();
+            let _ = t.await;
+        }
+    }
+}
+
+async fn health(addr: std::net::SocketAddr) -> i32 {
+    let ch = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    HealthClient::new(ch)
+        .check(HealthCheckRequest {
+            service: "stateseal.v1.RequestState".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .status
+}
+
+async fn wait_health(addr: std::net::SocketAddr, want: ServingStatus) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while health(addr).await != want as i32 {
+        assert!(Instant::now() < deadline, "health never became {want:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn database_down_fails_closed_and_recovers() {
+    let url = require_postgres!();
+    assert!(
+        url.contains("127.0.0.1:5432"),
+        "this test relays to 127.0.0.1:5432"
+    );
+    let mut relay = Relay::start(0).await;
+    let relayed = url.replace("127.0.0.1:5432", &format!("127.0.0.1:{}", relay.port));
+    let tmp = tempfile::tempdir().unwrap();
+    let p = spawn(
+        tmp.path(),
+        &[
+            "--ledger",
+            "postgres",
+            "--database-url",
+            &relayed,
+            "--db-timeout-ms",
+            "500",
+            "--db-pool-size",
+            "2",
+        ],
+        &[],
+    );
+    let mut c = connect(p.addr).await;
+    wait_health(p.addr, ServingStatus::Serving).await;
+
+    let mut acknowledged = Vec::new();
+    for _ in 0..20 {
+        let t = c
+            .seal(seal_req(b"x", true))
+            .await
+            .unwrap()
+            .into_inner()
+            .request_state;
+        assert!(c.open(open_req(&t)).await.unwrap().into_inner().consumed);
+        acknowledged.push(t);
+    }
+    let pending: Vec<String> = {
+        let mut v = Vec::new();
+        for _ in 0..10 {
+            v.push(
+                c.seal(seal_req(b"y", true))
+                    .await
+                    .unwrap()
+                    .into_inner()
+                    .request_state,
+            );
+        }
+        v
+    };
+
+    relay.cut().await;
+    // While down: single-use opens fail closed, readiness drops, reusable
+    // tokens (no ledger involved) still open, nothing is accepted twice.
+    for t in pending.iter().chain(&acknowledged) {
+        let err = c.open(open_req(t)).await.unwrap_err();
+        assert_eq!(reason(&err), "LEDGER_UNAVAILABLE");
+        assert_eq!(err.code(), tonic::Code::Unavailable);
+    }
+    wait_health(p.addr, ServingStatus::NotServing).await;
+    let reusable = c
+        .seal(seal_req(b"z", false))
+        .await
+        .unwrap()
+        .into_inner()
+        .request_state;
+    c.open(open_req(&reusable)).await.unwrap();
+
+    // Back up on the same port: recovery without a restart.
+    let _relay = Relay::start(relay.port).await;
+    wait_health(p.addr, ServingStatus::Serving).await;
+    for t in &acknowledged {
+        assert_eq!(reason(&c.open(open_req(t)).await.unwrap_err()), "REPLAYED");
+    }
+    for t in &pending {
+        // Never committed while down, so each opens exactly once now.
+        assert!(c.open(open_req(t)).await.unwrap().into_inner().consumed);
+        assert_eq!(reason(&c.open(open_req(t)).await.unwrap_err()), "REPLAYED");
+    }
+    let (status, log) = p.terminate();
+    assert!(status.success());
+    assert!(!log.join("\n").contains(&relayed), "database URL logged");
+}
+
+#[test]
+fn sled_refuses_several_replicas() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = command()
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--expected-replicas",
+            "2",
+            "--data-dir",
+        ])
+        .arg(tmp.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--ledger postgres"));
+}
+
+#[test]
+fn postgres_ledger_needs_a_url() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = command()
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--ledger",
+            "postgres",
+            "--data-dir",
+        ])
+        .arg(tmp.path())
+        .env_remove("STATESEAL_DATABASE_URL")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--database-url"));
+}
