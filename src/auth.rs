@@ -1,26 +1,263 @@
 //! Who is calling: every request gets exactly one [`Tenant`] in its
-//! extensions before it reaches the service, or is refused.
+//! extensions before it reaches the service, or is refused with a fixed
+//! message (`UNAUTHENTICATED`: no or bad credentials; `PERMISSION_DENIED`: a
+//! valid client certificate that maps to no tenant, or to several).
+//!
+//! - `none`: no caller authentication; one implicit tenant. Only on loopback
+//!   unless explicitly allowed (see `config`).
+//! - `bearer`: `authorization: Bearer <secret>`; the tenants file holds the
+//!   SHA-256 of each tenant's secret, compared in constant time against every
+//!   entry (no early exit). The secret itself is never stored or logged.
+//! - `mtls`: the TLS handshake requires a client certificate chaining to the
+//!   configured client CA; the tenant is the tenants-file entry whose `uri`
+//!   equals a URI SAN (e.g. a SPIFFE id) or whose `dns` equals a DNS SAN of
+//!   the leaf certificate.
 
+use std::fmt;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
 use tonic::{Request, Status};
 
 use crate::binding::Tenant;
 
-/// How callers are identified.
+/// One tenant and the identities that map to it.
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantEntry {
+    pub name: String,
+    /// A URI SAN of the client certificate (e.g. `spiffe://…`).
+    #[serde(default)]
+    pub uri: Option<String>,
+    /// A DNS SAN of the client certificate.
+    #[serde(default)]
+    pub dns: Option<String>,
+    /// Hex SHA-256 of the tenant's bearer secret.
+    #[serde(default, deserialize_with = "hex32_opt")]
+    pub bearer_sha256: Option<[u8; 32]>,
+}
+
+impl fmt::Debug for TenantEntry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TenantEntry")
+            .field("name", &self.name)
+            .field("uri", &self.uri)
+            .field("dns", &self.dns)
+            .field("bearer", &self.bearer_sha256.is_some())
+            .finish()
+    }
+}
+
+fn hex32_opt<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<[u8; 32]>, D::Error> {
+    let s: Option<String> = Option::deserialize(d)?;
+    s.map(|s| {
+        let s = s.trim();
+        if s.len() != 64 {
+            return Err(serde::de::Error::custom(
+                "bearer_sha256 must be 64 hex digits",
+            ));
+        }
+        let mut out = [0u8; 32];
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = u8::from_str_radix(&s[2 * i..2 * i + 2], 16)
+                .map_err(|_| serde::de::Error::custom("bearer_sha256 must be 64 hex digits"))?;
+        }
+        Ok(out)
+    })
+    .transpose()
+}
+
+/// The tenants file.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tenants {
+    pub tenants: Vec<TenantEntry>,
+}
+
+impl Tenants {
+    pub fn parse(bytes: &[u8]) -> Result<Self, String> {
+        let t: Tenants = serde_json::from_slice(bytes).map_err(|e| format!("tenants file: {e}"))?;
+        let mut names = std::collections::HashSet::new();
+        for e in &t.tenants {
+            if e.name.is_empty() || e.name.len() > 256 {
+                return Err("tenants file: a name must have 1 to 256 bytes".into());
+            }
+            if !names.insert(e.name.as_str()) {
+                return Err(format!("tenants file: duplicate tenant {:?}", e.name));
+            }
+            if e.uri.is_none() && e.dns.is_none() && e.bearer_sha256.is_none() {
+                return Err(format!("tenants file: tenant {:?} has no identity", e.name));
+            }
+        }
+        Ok(t)
+    }
+
+    /// The tenant of a client certificate's SANs: exactly one entry must match.
+    pub fn by_certificate(&self, uris: &[String], dns: &[String]) -> Option<Tenant> {
+        let mut found = self.tenants.iter().filter(|e| {
+            e.uri.as_ref().is_some_and(|u| uris.contains(u))
+                || e.dns.as_ref().is_some_and(|d| dns.contains(d))
+        });
+        match (found.next(), found.next()) {
+            (Some(e), None) => Some(Tenant::new(e.name.clone())),
+            _ => None,
+        }
+    }
+
+    /// The tenant whose bearer digest matches `secret`, comparing against
+    /// every entry in constant time.
+    pub fn by_bearer(&self, secret: &[u8]) -> Option<Tenant> {
+        let digest: [u8; 32] = Sha256::digest(secret).into();
+        let mut found: Option<&TenantEntry> = None;
+        for e in &self.tenants {
+            if let Some(want) = &e.bearer_sha256 {
+                if bool::from(want.ct_eq(&digest)) {
+                    found = Some(e);
+                }
+            }
+        }
+        found.map(|e| Tenant::new(e.name.clone()))
+    }
+}
+
+/// What the TLS layer learned about the peer, attached to each request.
 #[derive(Clone, Debug)]
+pub enum PeerIdentity {
+    /// Plaintext, or TLS without client certificates.
+    Anonymous,
+    /// A verified client certificate that mapped to this tenant.
+    Tenant(Tenant),
+    /// A verified client certificate that maps to no tenant (or to several).
+    Unmapped,
+}
+
+/// How callers are identified.
+#[derive(Clone)]
 pub enum Authenticator {
     /// No caller authentication: every request belongs to one implicit tenant.
-    /// Allowed only on loopback unless explicitly overridden (see `config`).
     Implicit(Tenant),
+    /// Bearer secrets from the (reloadable) tenants file.
+    Bearer(Arc<ArcSwap<Tenants>>),
+    /// The tenant the TLS layer derived from the client certificate.
+    MutualTls,
+}
+
+impl fmt::Debug for Authenticator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Authenticator::Implicit(_) => "Authenticator::Implicit",
+            Authenticator::Bearer(_) => "Authenticator::Bearer",
+            Authenticator::MutualTls => "Authenticator::MutualTls",
+        })
+    }
 }
 
 impl Authenticator {
     /// Attaches the caller's tenant to the request, or refuses it.
     pub fn authenticate<T>(&self, mut req: Request<T>) -> Result<Request<T>, Status> {
-        match self {
-            Authenticator::Implicit(t) => {
-                req.extensions_mut().insert(t.clone());
-                Ok(req)
+        let tenant = match self {
+            Authenticator::Implicit(t) => t.clone(),
+            Authenticator::Bearer(tenants) => {
+                let header = req
+                    .metadata()
+                    .get("authorization")
+                    .ok_or_else(|| Status::unauthenticated("missing credentials"))?;
+                let secret = header
+                    .as_bytes()
+                    .strip_prefix(b"Bearer ")
+                    .ok_or_else(|| Status::unauthenticated("invalid credentials"))?;
+                tenants
+                    .load()
+                    .by_bearer(secret)
+                    .ok_or_else(|| Status::unauthenticated("invalid credentials"))?
             }
+            Authenticator::MutualTls => match req.extensions().get::<PeerIdentity>() {
+                Some(PeerIdentity::Tenant(t)) => t.clone(),
+                Some(PeerIdentity::Unmapped) => {
+                    return Err(Status::permission_denied(
+                        "client certificate maps to no tenant",
+                    ))
+                }
+                _ => return Err(Status::unauthenticated("client certificate required")),
+            },
+        };
+        req.extensions_mut().insert(tenant);
+        Ok(req)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tenants() -> Tenants {
+        let a = hex(&Sha256::digest(b"secret-a"));
+        let b = hex(&Sha256::digest(b"secret-b"));
+        Tenants::parse(
+            format!(
+                r#"{{"tenants":[
+                    {{"name":"a","uri":"spiffe://t/a","bearer_sha256":"{a}"}},
+                    {{"name":"b","dns":"b.svc","bearer_sha256":"{b}"}}]}}"#
+            )
+            .as_bytes(),
+        )
+        .unwrap()
+    }
+
+    fn hex(b: &[u8]) -> String {
+        b.iter().map(|x| format!("{x:02x}")).collect()
+    }
+
+    #[test]
+    fn bearer_lookup() {
+        let t = tenants();
+        assert_eq!(t.by_bearer(b"secret-a").unwrap().as_str(), "a");
+        assert_eq!(t.by_bearer(b"secret-b").unwrap().as_str(), "b");
+        assert!(t.by_bearer(b"secret-c").is_none());
+        assert!(t.by_bearer(b"").is_none());
+    }
+
+    #[test]
+    fn certificate_lookup_needs_exactly_one_match() {
+        let t = tenants();
+        assert_eq!(
+            t.by_certificate(&["spiffe://t/a".into()], &[])
+                .unwrap()
+                .as_str(),
+            "a"
+        );
+        assert_eq!(
+            t.by_certificate(&[], &["b.svc".into()]).unwrap().as_str(),
+            "b"
+        );
+        assert!(t.by_certificate(&["spiffe://t/c".into()], &[]).is_none());
+        assert!(
+            t.by_certificate(&["spiffe://t/a".into()], &["b.svc".into()])
+                .is_none(),
+            "ambiguous"
+        );
+    }
+
+    #[test]
+    fn bad_tenants_files() {
+        for bad in [
+            r#"{"tenants":[{"name":"a"}]}"#,
+            r#"{"tenants":[{"name":"a","dns":"x"},{"name":"a","dns":"y"}]}"#,
+            r#"{"tenants":[{"name":"a","bearer_sha256":"zz"}]}"#,
+            r#"{"tenants":[{"name":"","dns":"x"}]}"#,
+            r#"{"tenants":[{"name":"a","dns":"x","extra":1}]}"#,
+        ] {
+            assert!(Tenants::parse(bad.as_bytes()).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn debug_hides_bearer_digests() {
+        let t = tenants();
+        let d = format!("{t:?}");
+        assert!(!d.contains(&hex(&Sha256::digest(b"secret-a"))));
     }
 }

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::service::interceptor::InterceptedService;
+use tonic::transport::server::TcpIncoming;
 use tonic::transport::Server;
 
 use crate::auth::Authenticator;
@@ -152,7 +152,12 @@ pub async fn run(
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(service)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(
+            // Without TCP_NODELAY on accepted sockets, a response written in
+            // more than one segment waits for the client's delayed ACK (~40 ms).
+            TcpIncoming::from(listener).with_nodelay(Some(true)),
+            shutdown,
+        )
         .await;
     // Stop the background tasks and wait until they are gone, so that they no
     // longer hold the ledger.

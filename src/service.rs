@@ -47,7 +47,7 @@ fn tenant_of<T>(req: &Request<T>) -> Result<Tenant, Status> {
 
 #[tonic::async_trait]
 impl RequestState for RequestStateService {
-    #[tracing::instrument(name = "seal", skip_all)]
+    #[tracing::instrument(level = "debug", name = "seal", skip_all)]
     async fn seal(
         &self,
         req: Request<proto::SealRequest>,
@@ -82,7 +82,7 @@ impl RequestState for RequestStateService {
         }
     }
 
-    #[tracing::instrument(name = "open", skip_all)]
+    #[tracing::instrument(level = "debug", name = "open", skip_all)]
     async fn open(
         &self,
         req: Request<proto::OpenRequest>,

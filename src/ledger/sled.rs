@@ -1,13 +1,20 @@
 //! The embedded sled ledger, for one replica.
 //!
-//! sled writes to disk only on flush. A consumption is inserted with an atomic
-//! compare-and-swap (absent → present), then waits for a flush that started
-//! after its insert; one flusher thread serves every waiter that queued up
-//! while the previous flush ran (group commit), so N concurrent consumptions
-//! cost one flush, not N. Each flush is followed by `fdatasync` of sled's data
-//! file: sled's own flush uses `sync_file_range`, which survives a killed
-//! process but not a power loss.
+//! sled writes to disk only on flush. One writer thread owns every
+//! consumption: callers hand it their key and wait; it takes everything that
+//! queued up while its previous round ran (group commit), decides each key
+//! (absent from the tree and not earlier in this batch → consumed now;
+//! otherwise consumed before), writes the new keys with one atomic
+//! `apply_batch`, flushes once, `fdatasync`s sled's data file, and only then
+//! answers. N concurrent consumptions cost one batch and one flush, not N.
+//! A single writer makes check-then-insert atomic without a per-key
+//! compare-and-swap (the garbage collector only ever removes records that
+//! expired, which no open can ask about).
+//!
+//! sled's own flush uses `sync_file_range`, which survives a killed process
+//! but not a power loss; the `fdatasync` covers the latter.
 
+use std::collections::HashSet;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -17,7 +24,8 @@ use tokio::sync::oneshot;
 
 use super::{Consumed, Ledger, LedgerError, LedgerKey};
 
-type Waiter = oneshot::Sender<Result<(), String>>;
+/// A consumption to decide (`None`: a durability barrier only).
+type Waiter = (Option<LedgerKey>, oneshot::Sender<Result<Consumed, String>>);
 
 /// Figures a caller may read (batch sizes show group commit at work).
 #[derive(Debug, Default)]
@@ -30,7 +38,7 @@ pub struct FlushStats {
 pub struct SledLedger {
     db: sled::Db,
     tree: sled::Tree,
-    /// `None` only while dropping.
+    /// To the writer thread; `None` only while dropping.
     flusher: Option<mpsc::Sender<Waiter>>,
     flush_thread: Option<std::thread::JoinHandle<()>>,
     healthy: Arc<AtomicBool>,
@@ -63,12 +71,12 @@ impl SledLedger {
         let stats = Arc::new(FlushStats::default());
         let (tx, rx) = mpsc::channel::<Waiter>();
         let flush_thread = {
-            let db = db.clone();
+            let (db, tree) = (db.clone(), tree.clone());
             let healthy = healthy.clone();
             let stats = stats.clone();
             std::thread::Builder::new()
-                .name("stateseal-ledger-flush".into())
-                .spawn(move || flush_loop(&db, &file, &rx, &healthy, &stats))
+                .name("stateseal-ledger".into())
+                .spawn(move || writer_loop(&db, &tree, &file, &rx, &healthy, &stats))
                 .map_err(|e| LedgerError(format!("cannot start flusher: {e}")))?
         };
         Ok(SledLedger {
@@ -86,19 +94,24 @@ impl SledLedger {
         &self.stats
     }
 
-    /// Waits for a flush that starts after this call.
-    async fn durable(&self) -> Result<(), LedgerError> {
+    /// Hands `key` to the writer and waits for its durable answer; with
+    /// `None`, waits for a flush that starts after this call.
+    async fn submit(&self, key: Option<LedgerKey>) -> Result<Consumed, LedgerError> {
         let (tx, rx) = oneshot::channel();
         self.flusher
             .as_ref()
-            .ok_or_else(|| LedgerError("flusher stopped".into()))?
-            .send(tx)
-            .map_err(|_| LedgerError("flusher stopped".into()))?;
+            .ok_or_else(|| LedgerError("ledger writer stopped".into()))?
+            .send((key, tx))
+            .map_err(|_| LedgerError("ledger writer stopped".into()))?;
         match rx.await {
-            Ok(Ok(())) => Ok(()),
+            Ok(Ok(c)) => Ok(c),
             Ok(Err(e)) => Err(LedgerError(e)),
-            Err(_) => Err(LedgerError("flusher stopped".into())),
+            Err(_) => Err(LedgerError("ledger writer stopped".into())),
         }
+    }
+
+    async fn durable(&self) -> Result<(), LedgerError> {
+        self.submit(None).await.map(|_| ())
     }
 }
 
@@ -113,32 +126,69 @@ impl Drop for SledLedger {
     }
 }
 
-fn flush_loop(
+fn writer_loop(
     db: &sled::Db,
+    tree: &sled::Tree,
     file: &File,
     rx: &mpsc::Receiver<Waiter>,
     healthy: &AtomicBool,
     stats: &FlushStats,
 ) {
+    let mut seen = HashSet::new();
     // Ends when the ledger (the only sender) is dropped.
     while let Ok(first) = rx.recv() {
-        let mut batch = vec![first];
-        batch.extend(rx.try_iter());
-        let result = db
-            .flush()
-            .map(|_| ())
-            .map_err(|e| format!("flush failed: {e}"))
-            .and_then(|()| {
-                file.sync_data()
-                    .map_err(|e| format!("fdatasync failed: {e}"))
+        let mut round = vec![first];
+        round.extend(rx.try_iter());
+        seen.clear();
+        let mut batch = sled::Batch::default();
+        let mut decided = Vec::with_capacity(round.len());
+        let mut read_error = None;
+        for (key, _) in &round {
+            let Some(key) = key else {
+                decided.push(Consumed::Before); // a barrier: no record
+                continue;
+            };
+            let k = key.to_bytes();
+            let fresh = match tree.contains_key(k) {
+                Ok(present) => !present && seen.insert(k),
+                Err(e) => {
+                    read_error = Some(format!("read failed: {e}"));
+                    false
+                }
+            };
+            if fresh {
+                batch.insert(&k[..], &[1u8][..]);
+            }
+            decided.push(if fresh {
+                Consumed::Now
+            } else {
+                Consumed::Before
             });
+        }
+        let result = match read_error {
+            Some(e) => Err(e),
+            None => tree
+                .apply_batch(batch)
+                .map_err(|e| format!("insert failed: {e}"))
+                .and_then(|()| {
+                    db.flush()
+                        .map(|_| ())
+                        .map_err(|e| format!("flush failed: {e}"))
+                })
+                .and_then(|()| {
+                    file.sync_data()
+                        .map_err(|e| format!("fdatasync failed: {e}"))
+                }),
+        };
         healthy.store(result.is_ok(), Ordering::Relaxed);
-        let n = batch.len() as u64;
+        let n = round.len() as u64;
         stats.flushes.fetch_add(1, Ordering::Relaxed);
         stats.flushed_waiters.fetch_add(n, Ordering::Relaxed);
         stats.max_batch.fetch_max(n, Ordering::Relaxed);
-        for w in batch {
-            let _ = w.send(result.clone());
+        for ((_, reply), c) in round.into_iter().zip(decided) {
+            // On failure nobody is told "consumed": a key that made it into
+            // the tree stays there, so the token stays burned (fail closed).
+            let _ = reply.send(result.clone().map(|()| c));
         }
     }
 }
@@ -146,24 +196,7 @@ fn flush_loop(
 #[async_trait::async_trait]
 impl Ledger for SledLedger {
     async fn consume(&self, key: &LedgerKey) -> Result<Consumed, LedgerError> {
-        let k = key.to_bytes();
-        match self
-            .tree
-            .compare_and_swap(k, None as Option<&[u8]>, Some(&[1u8][..]))
-        {
-            Ok(Ok(())) => {
-                // Recorded in memory; answer only once it is on disk. If the
-                // flush fails the record stays, so the token stays burned in
-                // this process: fail closed.
-                self.durable().await?;
-                Ok(Consumed::Now)
-            }
-            Ok(Err(_)) => Ok(Consumed::Before),
-            Err(e) => {
-                self.healthy.store(false, Ordering::Relaxed);
-                Err(LedgerError(format!("insert failed: {e}")))
-            }
-        }
+        self.submit(Some(*key)).await
     }
 
     async fn ready(&self) -> bool {
@@ -192,6 +225,14 @@ impl Ledger for SledLedger {
     }
 
     async fn close(&self) -> Result<(), LedgerError> {
+        let flushes = self.stats.flushes.load(Ordering::Relaxed);
+        let waiters = self.stats.flushed_waiters.load(Ordering::Relaxed);
+        tracing::info!(
+            flushes,
+            consumptions = waiters,
+            max_batch = self.stats.max_batch.load(Ordering::Relaxed),
+            "sled ledger group commit"
+        );
         self.durable().await?;
         let _ = self.db.flush_async().await;
         File::open(&self.data_file)

@@ -1,0 +1,539 @@
+//! The load generator: drives a running stateseal (or one it starts on a
+//! temporary data dir) and compares every scenario with a no-op baseline
+//! (`grpc.health.v1.Health/Check` on the same server) measured in the same
+//! run, interleaved round by round so the ratio holds on a noisy machine.
+//!
+//!     cargo bench --bench load -- [--addr HOST:PORT] [--scenarios noop,seal,open,consume,flow]
+//!         [--concurrency 64] [--connections 4] [--duration 3] [--requests N]
+//!         [--state-size 256] [--warmup 1] [--rounds 2] [--json FILE]
+//!         [--server-arg=--ledger --server-arg=postgres …]
+//!
+//! Scenarios, one gRPC call per op unless said:
+//! - noop: Health/Check — the baseline;
+//! - seal: Seal of a reusable token;
+//! - open: Open of a reusable token sealed beforehand;
+//! - consume: Open of a single-use token sealed beforehand (the durable path:
+//!   the consumption is flushed to disk before the answer);
+//! - flow: the MRTR round trip, Seal then Open of a single-use token (two
+//!   calls per op; its ratio is per call).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use hdrhistogram::Histogram;
+use stateseal::proto::request_state_client::RequestStateClient;
+use stateseal::proto::{binding::Params, Binding, OpenRequest, SealRequest};
+use tonic::transport::{Channel, Endpoint};
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
+
+#[derive(Parser, Debug, Clone)]
+#[command(about = "stateseal load generator")]
+struct Args {
+    /// A running stateseal; without it, one is started on a temporary dir.
+    #[arg(long)]
+    addr: Option<String>,
+    /// Comma-separated scenarios (noop always runs as the baseline).
+    #[arg(long, default_value = "seal,open,consume,flow")]
+    scenarios: String,
+    /// Requests in flight.
+    #[arg(long, default_value_t = 64)]
+    concurrency: usize,
+    /// HTTP/2 connections the requests are spread over.
+    #[arg(long, default_value_t = 4)]
+    connections: usize,
+    /// Seconds measured per scenario per round.
+    #[arg(long, default_value_t = 3.0)]
+    duration: f64,
+    /// Stop a scenario after this many ops instead (per round).
+    #[arg(long)]
+    requests: Option<u64>,
+    /// Bytes of state per token.
+    #[arg(long, default_value_t = 256)]
+    state_size: usize,
+    /// Seconds of unmeasured warm-up before each scenario.
+    #[arg(long, default_value_t = 0.5)]
+    warmup: f64,
+    /// Rounds of (noop, scenario, noop, scenario …), interleaved.
+    #[arg(long, default_value_t = 2)]
+    rounds: usize,
+    /// Write the figures as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Extra arguments for the server this bench starts.
+    #[arg(long = "server-arg", allow_hyphen_values = true)]
+    server_args: Vec<String>,
+    /// Ignored: cargo bench passes it.
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Scenario {
+    Noop,
+    Seal,
+    Open,
+    Consume,
+    Flow,
+}
+
+impl Scenario {
+    fn name(self) -> &'static str {
+        match self {
+            Scenario::Noop => "noop",
+            Scenario::Seal => "seal",
+            Scenario::Open => "open",
+            Scenario::Consume => "consume",
+            Scenario::Flow => "flow",
+        }
+    }
+    fn calls_per_op(self) -> f64 {
+        if self == Scenario::Flow {
+            2.0
+        } else {
+            1.0
+        }
+    }
+    fn parse(s: &str) -> Option<Self> {
+        Some(match s.trim() {
+            "noop" => Scenario::Noop,
+            "seal" => Scenario::Seal,
+            "open" => Scenario::Open,
+            "consume" => Scenario::Consume,
+            "flow" => Scenario::Flow,
+            _ => return None,
+        })
+    }
+}
+
+#[derive(Default)]
+struct Totals {
+    ops: u64,
+    secs: f64,
+    hist: Option<Histogram<u64>>,
+    errors: BTreeMap<String, u64>,
+}
+
+impl Totals {
+    fn add(&mut self, r: RunResult) {
+        self.ops += r.ops;
+        self.secs += r.secs;
+        match &mut self.hist {
+            Some(h) => h.add(&r.hist).expect("same histogram bounds"),
+            None => self.hist = Some(r.hist),
+        }
+        for (k, v) in r.errors {
+            *self.errors.entry(k).or_default() += v;
+        }
+    }
+    fn rate(&self) -> f64 {
+        if self.secs > 0.0 {
+            self.ops as f64 / self.secs
+        } else {
+            0.0
+        }
+    }
+}
+
+struct RunResult {
+    ops: u64,
+    secs: f64,
+    hist: Histogram<u64>,
+    errors: BTreeMap<String, u64>,
+}
+
+struct Server {
+    child: std::process::Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Server {
+    fn rss_kib(&self, field: &str) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
+        status
+            .lines()
+            .find(|l| l.starts_with(field))?
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_server(extra: &[String]) -> (Server, String) {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_stateseal"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path())
+        .args(extra)
+        .env("STATESEAL_LOG", "warn,stateseal::server=info")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start stateseal");
+    let stderr = child.stderr.take().expect("stderr");
+    let mut lines = BufReader::new(stderr).lines();
+    let addr = loop {
+        let line = lines
+            .next()
+            .expect("stateseal exited before listening")
+            .expect("read stderr");
+        if let Some(a) = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("addr="))
+        {
+            break a.to_string();
+        }
+    };
+    // Keep draining stderr so the server never blocks on it.
+    std::thread::spawn(move || for _ in lines {});
+    (Server { child, _dir: dir }, addr)
+}
+
+fn binding() -> Binding {
+    Binding {
+        subject: "bench-user".into(),
+        method: "tools/call".into(),
+        params: Some(Params::ParamsDigest(vec![7; 32])),
+    }
+}
+
+fn reason(s: &tonic::Status) -> String {
+    stateseal::status::reason_of(s).unwrap_or_else(|| format!("{:?}", s.code()))
+}
+
+/// Tokens for the scenarios that open pre-sealed tokens.
+#[derive(Clone)]
+enum Tokens {
+    /// Reusable tokens, handed out round-robin.
+    Reusable(Arc<Vec<String>>, Arc<AtomicU64>),
+    /// Single-use tokens, each handed out once.
+    SingleUse(Arc<std::sync::Mutex<Vec<String>>>),
+}
+
+struct Ctx {
+    channels: Vec<Channel>,
+    state: Vec<u8>,
+}
+
+impl Ctx {
+    fn client(&self, i: usize) -> RequestStateClient<Channel> {
+        RequestStateClient::new(self.channels[i % self.channels.len()].clone())
+    }
+
+    async fn seal(&self, i: usize, single_use: bool) -> Result<String, tonic::Status> {
+        self.client(i)
+            .seal(SealRequest {
+                binding: Some(binding()),
+                state: self.state.clone(),
+                ttl_seconds: 0,
+                single_use,
+            })
+            .await
+            .map(|r| r.into_inner().request_state)
+    }
+
+    async fn open(&self, i: usize, token: String) -> Result<(), tonic::Status> {
+        self.client(i)
+            .open(OpenRequest {
+                request_state: token,
+                binding: Some(binding()),
+            })
+            .await
+            .map(|_| ())
+    }
+
+    /// Seals `n` tokens with full concurrency (not measured).
+    async fn preseal(self: &Arc<Self>, n: usize, single_use: bool, conc: usize) -> Vec<String> {
+        let per = n.div_ceil(conc);
+        let tasks: Vec<_> = (0..conc)
+            .map(|w| {
+                let ctx = self.clone();
+                tokio::spawn(async move {
+                    let mut v = Vec::with_capacity(per);
+                    for _ in 0..per {
+                        if let Ok(t) = ctx.seal(w, single_use).await {
+                            v.push(t);
+                        }
+                    }
+                    v
+                })
+            })
+            .collect();
+        let mut all = Vec::with_capacity(n);
+        for t in tasks {
+            all.extend(t.await.expect("preseal task"));
+        }
+        all
+    }
+}
+
+async fn run(
+    ctx: &Arc<Ctx>,
+    scenario: Scenario,
+    args: &Args,
+    measure: Duration,
+    limit: Option<u64>,
+    tokens: Option<Tokens>,
+    progress: bool,
+) -> RunResult {
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let ticker = progress.then(|| {
+        let (stop, done) = (stop.clone(), done.clone());
+        let name = scenario.name();
+        tokio::spawn(async move {
+            let mut last = 0;
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            tick.tick().await;
+            while !stop.load(Ordering::Relaxed) {
+                tick.tick().await;
+                let now = done.load(Ordering::Relaxed);
+                eprintln!("  {name:>8}: {:>8} ops/s", now - last);
+                last = now;
+            }
+        })
+    });
+    let workers: Vec<_> = (0..args.concurrency)
+        .map(|w| {
+            let (ctx, stop, done, tokens) =
+                (ctx.clone(), stop.clone(), done.clone(), tokens.clone());
+            tokio::spawn(async move {
+                let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("bounds");
+                let mut errors: BTreeMap<String, u64> = BTreeMap::new();
+                let mut ops = 0u64;
+                while !stop.load(Ordering::Relaxed) && started.elapsed() < measure {
+                    if let Some(l) = limit {
+                        if done.fetch_add(1, Ordering::Relaxed) >= l {
+                            break;
+                        }
+                    }
+                    let token = match &tokens {
+                        Some(Tokens::Reusable(pool, next)) => Some(
+                            pool[next.fetch_add(1, Ordering::Relaxed) as usize % pool.len()]
+                                .clone(),
+                        ),
+                        Some(Tokens::SingleUse(pool)) => match pool.lock().expect("pool").pop() {
+                            Some(t) => Some(t),
+                            None => break, // pool exhausted: the run ends early
+                        },
+                        None => None,
+                    };
+                    let t0 = Instant::now();
+                    let r = match scenario {
+                        Scenario::Noop => {
+                            let mut h =
+                                HealthClient::new(ctx.channels[w % ctx.channels.len()].clone());
+                            h.check(HealthCheckRequest {
+                                service: String::new(),
+                            })
+                            .await
+                            .map(|_| ())
+                        }
+                        Scenario::Seal => ctx.seal(w, false).await.map(|_| ()),
+                        Scenario::Open | Scenario::Consume => {
+                            ctx.open(w, token.expect("pre-sealed token")).await
+                        }
+                        Scenario::Flow => match ctx.seal(w, true).await {
+                            Ok(t) => ctx.open(w, t).await,
+                            Err(e) => Err(e),
+                        },
+                    };
+                    let us = t0.elapsed().as_micros().max(1) as u64;
+                    hist.saturating_record(us);
+                    match r {
+                        Ok(()) => ops += 1,
+                        Err(e) => *errors.entry(reason(&e)).or_default() += 1,
+                    }
+                    if limit.is_none() {
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                (ops, hist, errors)
+            })
+        })
+        .collect();
+    let mut total = RunResult {
+        ops: 0,
+        secs: 0.0,
+        hist: Histogram::new_with_bounds(1, 60_000_000, 3).expect("bounds"),
+        errors: BTreeMap::new(),
+    };
+    for w in workers {
+        let (ops, hist, errors) = w.await.expect("worker");
+        total.ops += ops;
+        total.hist.add(&hist).expect("same bounds");
+        for (k, v) in errors {
+            *total.errors.entry(k).or_default() += v;
+        }
+    }
+    total.secs = started.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    if let Some(t) = ticker {
+        let _ = t.await;
+    }
+    total
+}
+
+fn main() {
+    let args = Args::parse();
+    let mut scenarios: Vec<Scenario> = args
+        .scenarios
+        .split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| Scenario::parse(s).unwrap_or_else(|| panic!("unknown scenario {s:?}")))
+        .filter(|s| *s != Scenario::Noop)
+        .collect();
+    scenarios.dedup();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let (server, addr) = match &args.addr {
+        Some(a) => (None, a.clone()),
+        None => {
+            let (s, a) = start_server(&args.server_args);
+            (Some(s), a)
+        }
+    };
+    eprintln!(
+        "stateseal load: {addr}, concurrency {}, connections {}, state {} B, {} round(s) × {:.1}s per scenario",
+        args.concurrency, args.connections, args.state_size, args.rounds, args.duration
+    );
+    let results = rt.block_on(async {
+        let mut channels = Vec::new();
+        for _ in 0..args.connections.max(1) {
+            let ch = Endpoint::from_shared(format!("http://{addr}"))
+                .expect("address")
+                .tcp_nodelay(true)
+                .connect()
+                .await
+                .expect("connect to stateseal");
+            channels.push(ch);
+        }
+        let ctx = Arc::new(Ctx {
+            channels,
+            state: vec![0x5a; args.state_size],
+        });
+        let measure = Duration::from_secs_f64(args.duration);
+        let warm = Duration::from_secs_f64(args.warmup);
+        let mut totals: BTreeMap<Scenario, Totals> = BTreeMap::new();
+        // Reusable tokens for `open`.
+        let open_pool = Arc::new(ctx.preseal(1000, false, args.concurrency).await);
+        for round in 0..args.rounds {
+            for &sc in std::iter::once(&Scenario::Noop)
+                .chain(scenarios.iter())
+                .chain(
+                    // noop again after the scenarios, so every scenario sits
+                    // between two baseline runs.
+                    std::iter::once(&Scenario::Noop),
+                )
+            {
+                let pool = match sc {
+                    Scenario::Open => Some(Tokens::Reusable(open_pool.clone(), Arc::default())),
+                    Scenario::Consume => {
+                        // Enough for the warm-up and the measured window at
+                        // up to 40k consumptions/s (a run that drains the
+                        // pool ends early and reports its true duration).
+                        let need = args
+                            .requests
+                            .map(|r| r as usize + (40_000.0 * args.warmup) as usize)
+                            .unwrap_or((40_000.0 * (args.duration + args.warmup)) as usize);
+                        eprintln!("  (pre-sealing {need} single-use tokens)");
+                        let v = ctx.preseal(need, true, args.concurrency).await;
+                        Some(Tokens::SingleUse(Arc::new(std::sync::Mutex::new(v))))
+                    }
+                    _ => None,
+                };
+                if warm > Duration::ZERO {
+                    let _ = run(&ctx, sc, &args, warm, None, pool.clone(), false).await;
+                }
+                eprintln!("round {}/{}: {}", round + 1, args.rounds, sc.name());
+                let r = run(&ctx, sc, &args, measure, args.requests, pool, true).await;
+                totals.entry(sc).or_default().add(r);
+            }
+        }
+        totals
+    });
+
+    let noop_rate = results
+        .get(&Scenario::Noop)
+        .map(Totals::rate)
+        .unwrap_or(0.0);
+    let rss = server.as_ref().and_then(|s| s.rss_kib("VmHWM:"));
+    println!();
+    println!(
+        "{:<8} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>10}  errors",
+        "scenario", "ops/s", "calls/s", "p50 µs", "p90 µs", "p99 µs", "p99.9 µs", "× noop"
+    );
+    let mut json_rows = Vec::new();
+    for (sc, t) in &results {
+        let h = t.hist.as_ref().expect("at least one run");
+        let calls = t.rate() * sc.calls_per_op();
+        let ratio = if noop_rate > 0.0 {
+            calls / noop_rate
+        } else {
+            0.0
+        };
+        let errs: Vec<String> = t.errors.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        println!(
+            "{:<8} {:>10.0} {:>10.0} {:>9} {:>9} {:>9} {:>9} {:>10.2}  {}",
+            sc.name(),
+            t.rate(),
+            calls,
+            h.value_at_quantile(0.5),
+            h.value_at_quantile(0.9),
+            h.value_at_quantile(0.99),
+            h.value_at_quantile(0.999),
+            ratio,
+            if errs.is_empty() {
+                "-".into()
+            } else {
+                errs.join(" ")
+            }
+        );
+        json_rows.push(serde_json::json!({
+            "scenario": sc.name(),
+            "ops_per_sec": t.rate(),
+            "calls_per_sec": calls,
+            "ops": t.ops,
+            "seconds": t.secs,
+            "p50_us": h.value_at_quantile(0.5),
+            "p90_us": h.value_at_quantile(0.9),
+            "p99_us": h.value_at_quantile(0.99),
+            "p999_us": h.value_at_quantile(0.999),
+            "ratio_to_noop": ratio,
+            "errors": t.errors,
+        }));
+    }
+    if let Some(kib) = rss {
+        println!("server peak RSS (VmHWM): {:.1} MiB", kib as f64 / 1024.0);
+    }
+    if let Some(path) = &args.json {
+        let doc = serde_json::json!({
+            "addr": addr,
+            "concurrency": args.concurrency,
+            "connections": args.connections,
+            "state_size": args.state_size,
+            "rounds": args.rounds,
+            "duration_per_round": args.duration,
+            "server_peak_rss_kib": rss,
+            "scenarios": json_rows,
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&doc).expect("json"))
+            .expect("write --json");
+        eprintln!("wrote {}", path.display());
+    }
+}

@@ -1,0 +1,173 @@
+//! Property tests (proptest) of the token and the params digest: round trips
+//! for arbitrary inputs, every kind of mutation rejected, arbitrary bytes
+//! never open, and the digest invariant under key order and whitespace.
+//! Case counts scale with PROPTEST_CASES (the documented long run uses 100000).
+#![allow(clippy::unwrap_used)]
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use proptest::prelude::*;
+use stateseal::binding::{params_digest, Binding, Method, ParamsDigest, Tenant};
+use stateseal::keyring::{KeyId, Keyring, KeysetFile, TenantKeys};
+use stateseal::token::{self, Header, UntrustedToken};
+use std::sync::{Arc, OnceLock};
+
+fn ring() -> &'static Keyring {
+    static RING: OnceLock<Keyring> = OnceLock::new();
+    RING.get_or_init(|| {
+        let mut ks = KeysetFile::generate(0);
+        ks.add_staged(0);
+        Keyring::from_file(&ks).unwrap()
+    })
+}
+
+fn keys(tenant: &str) -> Arc<TenantKeys> {
+    ring().primary().tenant_keys(&Tenant::new(tenant))
+}
+
+fn method() -> impl Strategy<Value = Method> {
+    prop_oneof![
+        Just(Method::ToolsCall),
+        Just(Method::PromptsGet),
+        Just(Method::ResourcesRead)
+    ]
+}
+
+fn binding() -> impl Strategy<Value = Binding> {
+    ("[a-z]{1,8}", ".{1,40}", method(), any::<[u8; 32]>()).prop_map(|(t, s, m, d)| Binding {
+        tenant: Tenant::new(t),
+        subject: s,
+        method: m,
+        params: ParamsDigest(d),
+    })
+}
+
+fn sealed() -> impl Strategy<Value = (Binding, Vec<u8>, Header, String)> {
+    (
+        binding(),
+        proptest::collection::vec(any::<u8>(), 0..512),
+        any::<u32>(),
+        any::<bool>(),
+    )
+        .prop_map(|(b, state, exp, single_use)| {
+            let header = Header {
+                key_id: KeyId(1),
+                expires_at: exp,
+                single_use,
+            };
+            let t = token::seal(&keys(b.tenant.as_str()), header, &b, &state).unwrap();
+            (b, state, header, t)
+        })
+}
+
+fn opens(t: &str, b: &Binding) -> bool {
+    match UntrustedToken::parse(t, 1 << 16) {
+        Ok(u) => match ring().get(u.header().key_id) {
+            Some(k) => u.open(&k.tenant_keys(&b.tenant), b).is_ok(),
+            None => false,
+        },
+        Err(_) => false,
+    }
+}
+
+proptest! {
+    #[test]
+    fn seal_then_open_round_trips((b, state, header, t) in sealed()) {
+        let u = UntrustedToken::parse(&t, 1 << 16).unwrap();
+        prop_assert_eq!(u.header(), header);
+        let opened = u.open(&keys(b.tenant.as_str()), &b).unwrap();
+        prop_assert_eq!(opened.state, state);
+        prop_assert_eq!(t.len(), token::encoded_len(token::OVERHEAD + opened_len(&t)));
+    }
+
+    #[test]
+    fn any_bit_flip_is_rejected((b, _s, _h, t) in sealed(), pos in any::<prop::sample::Index>(), bit in 0u8..8) {
+        let mut raw = URL_SAFE_NO_PAD.decode(&t).unwrap();
+        let i = pos.index(raw.len());
+        raw[i] ^= 1 << bit;
+        prop_assert!(!opens(&URL_SAFE_NO_PAD.encode(&raw), &b));
+    }
+
+    #[test]
+    fn truncation_and_extension_are_rejected((b, _s, _h, t) in sealed(), cut in any::<prop::sample::Index>(),
+                                             extra in proptest::collection::vec(any::<u8>(), 1..64)) {
+        let raw = URL_SAFE_NO_PAD.decode(&t).unwrap();
+        let n = cut.index(raw.len());
+        prop_assert!(!opens(&URL_SAFE_NO_PAD.encode(&raw[..n]), &b));
+        prop_assert!(!opens(&URL_SAFE_NO_PAD.encode([raw.clone(), extra].concat()), &b));
+        // The string form too: any prefix of the token string.
+        let m = cut.index(t.len());
+        prop_assert!(!opens(&t[..m], &b));
+    }
+
+    #[test]
+    fn splicing_two_tokens_is_rejected((b, _s, _h, t1) in sealed(), state2 in proptest::collection::vec(any::<u8>(), 0..512),
+                                       at in any::<prop::sample::Index>()) {
+        let header = Header { key_id: KeyId(1), expires_at: 7, single_use: false };
+        let t2 = token::seal(&keys(b.tenant.as_str()), header, &b, &state2).unwrap();
+        let (r1, r2) = (URL_SAFE_NO_PAD.decode(&t1).unwrap(), URL_SAFE_NO_PAD.decode(&t2).unwrap());
+        let i = at.index(r1.len().min(r2.len()));
+        for spliced in [[&r1[..i], &r2[i..]].concat(), [&r2[..i], &r1[i..]].concat()] {
+            if spliced != r1 && spliced != r2 {
+                prop_assert!(!opens(&URL_SAFE_NO_PAD.encode(&spliced), &b));
+            }
+        }
+    }
+
+    #[test]
+    fn another_binding_never_opens((b, _s, _h, t) in sealed(), other in binding()) {
+        let same = other.tenant == b.tenant && other.subject == b.subject
+            && other.method == b.method && other.params == b.params;
+        prop_assume!(!same);
+        prop_assert!(!opens(&t, &other));
+    }
+
+    #[test]
+    fn arbitrary_strings_never_open_or_panic(s in ".{0,300}", b in binding()) {
+        prop_assert!(!opens(&s, &b));
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_open_or_panic(raw in proptest::collection::vec(any::<u8>(), 0..400), b in binding()) {
+        prop_assert!(!opens(&URL_SAFE_NO_PAD.encode(&raw), &b));
+    }
+
+    #[test]
+    fn digest_ignores_key_order_and_whitespace(members in proptest::collection::btree_map("[a-zA-Z_é😀]{1,6}", json_value(), 0..8),
+                                                seed in any::<u64>()) {
+        let mut pairs: Vec<(String, String)> = members.iter()
+            .map(|(k, v)| (serde_json::to_string(k).unwrap(), serde_json::to_string(v).unwrap()))
+            .collect();
+        let compact = format!("{{{}}}", pairs.iter().map(|(k, v)| format!("{k}:{v}")).collect::<Vec<_>>().join(","));
+        // Another order and spacing, plus round-trip members that must be ignored.
+        let n = pairs.len().max(1);
+        pairs.rotate_left((seed as usize) % n);
+        pairs.reverse();
+        let mut spaced: Vec<String> = pairs.iter().map(|(k, v)| format!("\n  {k} :\t{v} ")).collect();
+        spaced.push("\"_meta\": {\"progressToken\": 1}".into());
+        spaced.push("\"requestState\": \"x\"".into());
+        let other = format!("{{ {} }}", spaced.join(","));
+        prop_assert_eq!(params_digest(&compact).unwrap(), params_digest(&other).unwrap());
+    }
+}
+
+fn opened_len(t: &str) -> usize {
+    URL_SAFE_NO_PAD.decode(t).unwrap().len() - token::OVERHEAD
+}
+
+fn json_value() -> impl Strategy<Value = serde_json::Value> {
+    let leaf = prop_oneof![
+        Just(serde_json::Value::Null),
+        any::<bool>().prop_map(serde_json::Value::Bool),
+        any::<i32>().prop_map(|n| serde_json::json!(n)),
+        (-1e6f64..1e6).prop_map(|f| serde_json::json!(f)),
+        ".{0,12}".prop_map(serde_json::Value::String),
+    ];
+    leaf.prop_recursive(3, 24, 4, |inner| {
+        prop_oneof![
+            proptest::collection::vec(inner.clone(), 0..4).prop_map(serde_json::Value::Array),
+            proptest::collection::btree_map("[a-z]{1,4}", inner, 0..4)
+                .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
