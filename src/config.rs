@@ -8,15 +8,18 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use zeroize::Zeroizing;
 
 use crate::auth::Authenticator;
+use crate::auth::Tenants;
 use crate::binding::Tenant;
 use crate::clock::{Clock, SystemClock};
 use crate::keyring::{Keyring, KeyringHandle, KeysetError, KeysetFile};
 use crate::ledger::postgres::{PgLedger, PgOptions};
 use crate::ledger::sled::SledLedger;
 use crate::ledger::{Ledger, LedgerError};
-use crate::reload::read_with_digest;
+use crate::reload::{digest_files, read_with_digest};
 use crate::sealer::{Limits, Sealer};
 use crate::server::ServeOptions;
+use crate::tls::TlsFiles;
+use arc_swap::ArcSwap;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -32,7 +35,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the gRPC service.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Manage keyset files.
     #[command(subcommand)]
     Keys(KeysCommand),
@@ -67,6 +70,17 @@ pub enum KeysCommand {
     },
     /// List key ids, states and times (never key bytes).
     List { file: PathBuf },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum AuthMode {
+    /// No caller authentication: one implicit tenant `default` (loopback only
+    /// unless --insecure-plaintext).
+    None,
+    /// `authorization: Bearer <secret>`, secrets' SHA-256 in --tenants.
+    Bearer,
+    /// Client certificates from --tls-client-ca, mapped by --tenants.
+    Mtls,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -109,7 +123,27 @@ pub struct ServeArgs {
     /// Seconds ledger records outlive their token, to cover clock skew.
     #[arg(long, env = "STATESEAL_CLOCK_SKEW", default_value_t = 60)]
     pub clock_skew: u64,
-    /// Allow plaintext without caller authentication on a non-loopback address.
+    /// How callers authenticate.
+    #[arg(long, env = "STATESEAL_AUTH", value_enum, default_value = "none")]
+    pub auth: AuthMode,
+    /// Server certificate chain (PEM). With --tls-key, the gRPC port speaks TLS.
+    #[arg(long, env = "STATESEAL_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// Server private key (PEM).
+    #[arg(long, env = "STATESEAL_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// CA (PEM) that client certificates must chain to (with --auth mtls).
+    #[arg(long, env = "STATESEAL_TLS_CLIENT_CA")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// Tenants file (JSON): names and their certificate SANs or bearer digests.
+    #[arg(long, env = "STATESEAL_TENANTS")]
+    pub tenants: Option<PathBuf>,
+    /// Also serve grpc.health.v1 (and only that) in plaintext on this address,
+    /// for probes that cannot present client credentials.
+    #[arg(long, env = "STATESEAL_HEALTH_LISTEN")]
+    pub health_listen: Option<SocketAddr>,
+    /// Allow serving without caller authentication (or bearer secrets without
+    /// TLS) on a non-loopback address.
     #[arg(long, env = "STATESEAL_INSECURE_PLAINTEXT")]
     pub insecure_plaintext: bool,
     /// Where single-use consumptions are recorded.
@@ -188,20 +222,98 @@ impl ServeArgs {
         })
     }
 
-    /// Checks the transport policy: plaintext without caller authentication
-    /// only on loopback, unless explicitly allowed.
-    pub fn authenticator(&self) -> Result<Authenticator, ConfigError> {
-        if !self.listen.ip().is_loopback() {
-            if !self.insecure_plaintext {
-                return Err(ConfigError::Invalid(format!(
-                    "refusing to serve plaintext without caller authentication on non-loopback \
-                     address {}; listen on 127.0.0.1 or ::1, or pass --insecure-plaintext",
-                    self.listen
-                )));
-            }
-            tracing::warn!(listen = %self.listen, "--insecure-plaintext: serving without TLS or caller authentication on a non-loopback address");
+    /// Checks the transport and authentication policy and loads the TLS
+    /// material and tenants: plaintext without caller authentication, or
+    /// bearer secrets without TLS, only on loopback unless explicitly allowed.
+    #[allow(clippy::type_complexity)]
+    pub fn security(
+        &self,
+    ) -> Result<
+        (
+            Authenticator,
+            Option<(TlsFiles, Arc<ArcSwap<rustls::ServerConfig>>)>,
+            Option<(PathBuf, Arc<ArcSwap<Tenants>>)>,
+        ),
+        ConfigError,
+    > {
+        let invalid = |m: String| Err(ConfigError::Invalid(m));
+        let tls_files = match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Some(TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: self.tls_client_ca.clone(),
+            }),
+            _ => None,
+        };
+        if self.tls_client_ca.is_some() && self.auth != AuthMode::Mtls {
+            return invalid("--tls-client-ca is only used with --auth mtls".into());
         }
-        Ok(Authenticator::Implicit(Tenant::new(Tenant::DEFAULT)))
+        let tenants = match &self.tenants {
+            Some(p) => {
+                let bytes = std::fs::read(p).map_err(|source| ConfigError::Io {
+                    path: p.clone(),
+                    source,
+                })?;
+                let t = Tenants::parse(&bytes).map_err(ConfigError::Invalid)?;
+                Some((p.clone(), Arc::new(ArcSwap::from_pointee(t))))
+            }
+            None => None,
+        };
+        let loopback = self.listen.ip().is_loopback();
+        let auth = match self.auth {
+            AuthMode::None => {
+                if !loopback {
+                    if !self.insecure_plaintext {
+                        return invalid(format!(
+                            "refusing to serve plaintext without caller authentication on non-loopback \
+                             address {}; use --auth mtls or --auth bearer, listen on 127.0.0.1 or ::1, \
+                             or pass --insecure-plaintext",
+                            self.listen
+                        ));
+                    }
+                    tracing::warn!(listen = %self.listen, "--insecure-plaintext: serving without caller authentication on a non-loopback address");
+                }
+                Authenticator::Implicit(Tenant::new(Tenant::DEFAULT))
+            }
+            AuthMode::Bearer => {
+                let Some((_, t)) = &tenants else {
+                    return invalid("--auth bearer needs --tenants".into());
+                };
+                if tls_files.is_none() && !loopback {
+                    if !self.insecure_plaintext {
+                        return invalid(format!(
+                            "refusing to accept bearer secrets in plaintext on non-loopback address {}; \
+                             give --tls-cert and --tls-key, or pass --insecure-plaintext",
+                            self.listen
+                        ));
+                    }
+                    tracing::warn!(listen = %self.listen, "--insecure-plaintext: bearer secrets travel in plaintext");
+                }
+                Authenticator::Bearer(t.clone())
+            }
+            AuthMode::Mtls => {
+                if tls_files
+                    .as_ref()
+                    .and_then(|f| f.client_ca.as_ref())
+                    .is_none()
+                    || tenants.is_none()
+                {
+                    return invalid(
+                        "--auth mtls needs --tls-cert, --tls-key, --tls-client-ca and --tenants"
+                            .into(),
+                    );
+                }
+                Authenticator::MutualTls
+            }
+        };
+        let tls = match tls_files {
+            Some(files) => {
+                let config = files.load().map_err(ConfigError::Invalid)?;
+                Some((files, Arc::new(ArcSwap::new(config))))
+            }
+            None => None,
+        };
+        Ok((auth, tls, tenants))
     }
 
     /// Opens the configured ledger.
@@ -248,7 +360,17 @@ impl ServeArgs {
     /// opens the ledger.
     pub async fn prepare(&self) -> Result<Prepared, ConfigError> {
         let limits = self.limits()?;
-        let auth = self.authenticator()?;
+        let (auth, tls, tenants) = self.security()?;
+        let health_listener =
+            match self.health_listen {
+                Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.map_err(
+                    |source| ConfigError::Io {
+                        path: PathBuf::from(addr.to_string()),
+                        source,
+                    },
+                )?),
+                None => None,
+            };
         create_private_dir(&self.data_dir)?;
         let keyset_path = match &self.keyset {
             Some(p) => p.clone(),
@@ -261,10 +383,12 @@ impl ServeArgs {
                 p
             }
         };
-        let (bytes, digest) = read_with_digest(&keyset_path).map_err(|source| ConfigError::Io {
+        let io = |source| ConfigError::Io {
             path: keyset_path.clone(),
             source,
-        })?;
+        };
+        let (bytes, _) = read_with_digest(&keyset_path).map_err(io)?;
+        let digest = digest_files(std::slice::from_ref(&keyset_path)).map_err(io)?;
         let ring = Keyring::from_file(&KeysetFile::parse(&bytes)?)?;
         tracing::info!(keys = ?ring.summary(), "keyset loaded");
         let ledger = self.open_ledger().await?;
@@ -278,6 +402,9 @@ impl ServeArgs {
             sealer: Arc::new(sealer),
             options: ServeOptions {
                 auth,
+                tls,
+                tenants,
+                health_listener,
                 keyset: Some((keyset_path.clone(), digest)),
                 reload_every: std::time::Duration::from_millis(self.reload_interval_ms.max(100)),
                 ..ServeOptions::default()

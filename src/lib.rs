@@ -30,7 +30,7 @@
 //! - [`binding`]: tenant, method, canonical (RFC 8785) params digest.
 //! - [`ledger`]: consume-if-absent trait; [`ledger::sled`] with group commit.
 //! - [`sealer`]: the domain core with limits and expiry.
-//! - [`service`], [`status`], [`auth`], [`server`]: the gRPC face.
+//! - [`service`], [`status`], [`auth`], [`tls`], [`server`]: the gRPC face.
 //! - [`reload`]: hot reload of mounted files (keyset, certificates, tenants).
 //! - [`config`]: command line and environment.
 
@@ -49,6 +49,7 @@ pub mod sealer;
 pub mod server;
 pub mod service;
 pub mod status;
+pub mod tls;
 pub mod token;
 
 /// Generated from `proto/stateseal/v1/stateseal.proto`.

@@ -16,17 +16,15 @@ fn main() -> anyhow::Result<()> {
                 .build()
                 .context("cannot start the async runtime")?;
             runtime.block_on(async move {
+                // Installed before the server says it is listening, so that a
+                // SIGTERM right after start is a graceful stop, not a kill.
+                let shutdown = shutdown_signal()?;
                 let prepared = args.prepare().await?;
                 let listener = tokio::net::TcpListener::bind(args.listen)
                     .await
                     .with_context(|| format!("cannot listen on {}", args.listen))?;
-                stateseal::server::run(
-                    listener,
-                    prepared.sealer,
-                    prepared.options,
-                    shutdown_signal(),
-                )
-                .await?;
+                stateseal::server::run(listener, prepared.sealer, prepared.options, shutdown)
+                    .await?;
                 Ok(())
             })
         }
@@ -111,24 +109,22 @@ fn init_tracing(format: LogFormat) {
     }
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// Completes on SIGTERM or SIGINT; the handlers are registered on return.
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("cannot install the SIGTERM handler")?;
+    #[cfg(unix)]
+    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .context("cannot install the SIGINT handler")?;
+    Ok(async move {
+        #[cfg(unix)]
+        tokio::select! {
+            _ = term.recv() => {},
+            _ = int.recv() => {},
         }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = term => {},
-    }
-    tracing::info!("shutdown signal received; finishing in-flight requests");
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
+        tracing::info!("shutdown signal received; finishing in-flight requests");
+    })
 }

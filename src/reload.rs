@@ -32,12 +32,24 @@ pub fn read_with_digest(path: &std::path::Path) -> std::io::Result<(Zeroizing<Ve
     Ok((bytes, digest))
 }
 
-/// Polls `path` every `every`; when its content differs from the last seen
-/// (`initial` is the digest of what is in force), calls `apply`. `what` names
-/// the file in logs.
+/// The digest of several files together (each length-prefixed).
+pub fn digest_files(paths: &[PathBuf]) -> std::io::Result<[u8; 32]> {
+    let mut h = Sha256::new();
+    for p in paths {
+        let bytes = Zeroizing::new(std::fs::read(p)?);
+        h.update((bytes.len() as u64).to_be_bytes());
+        h.update(&bytes[..]);
+    }
+    Ok(h.finalize().into())
+}
+
+/// Polls `paths` every `every`; when their content differs from the last
+/// seen (`initial` is the digest of what is in force, see [`digest_files`]),
+/// calls `apply` with the bytes of the first path (appliers of several files
+/// re-read them all). `what` names the files in logs.
 pub async fn watch_file<F>(
     what: &'static str,
-    path: PathBuf,
+    paths: Vec<PathBuf>,
     initial: [u8; 32],
     every: Duration,
     stats: Arc<ReloadStats>,
@@ -45,13 +57,15 @@ pub async fn watch_file<F>(
 ) where
     F: Fn(&[u8]) -> Result<(), String> + Send + 'static,
 {
+    let path = paths.first().cloned().unwrap_or_default();
     let mut seen = initial;
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
     loop {
         tick.tick().await;
-        let (bytes, digest) = match read_with_digest(&path) {
+        let read = digest_files(&paths).and_then(|d| read_with_digest(&path).map(|(b, _)| (b, d)));
+        let (bytes, digest) = match read {
             Ok(r) => r,
             Err(e) => {
                 // A missing file mid-swap is not a new version: keep polling.

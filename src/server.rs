@@ -14,17 +14,19 @@ use tonic::transport::server::TcpIncoming;
 use tonic::transport::Server;
 
 use crate::auth::Authenticator;
+use crate::auth::Tenants;
 use crate::ledger::run_gc;
 use crate::proto::request_state_server::RequestStateServer;
-use crate::reload::{keyset_applier, watch_file, ReloadStats};
+use crate::reload::{digest_files, keyset_applier, watch_file, ReloadStats};
 use crate::sealer::Sealer;
 use crate::service::RequestStateService;
+use crate::tls::{self, TlsFiles};
+use arc_swap::ArcSwap;
 
 /// The fully-qualified service name, as health checks name it.
 pub const SERVICE_NAME: &str = "stateseal.v1.RequestState";
 
 /// Server settings that are not limits of the domain.
-#[derive(Clone, Debug)]
 pub struct ServeOptions {
     pub auth: Authenticator,
     /// How often readiness re-checks the ledger.
@@ -33,9 +35,26 @@ pub struct ServeOptions {
     pub gc_every: Duration,
     /// The keyset file to watch, and the digest of the version in force.
     pub keyset: Option<(PathBuf, [u8; 32])>,
+    /// TLS on the gRPC port: the files (watched) and the configuration in force.
+    pub tls: Option<(TlsFiles, Arc<ArcSwap<rustls::ServerConfig>>)>,
+    /// The tenants file (watched) and the tenants in force.
+    pub tenants: Option<(PathBuf, Arc<ArcSwap<Tenants>>)>,
+    /// A separate plaintext listener serving only `grpc.health.v1`, for
+    /// probes that cannot present client credentials.
+    pub health_listener: Option<TcpListener>,
     /// How often watched files are re-read.
     pub reload_every: Duration,
     pub reload_stats: Arc<ReloadStats>,
+}
+
+impl std::fmt::Debug for ServeOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServeOptions")
+            .field("auth", &self.auth)
+            .field("tls", &self.tls.as_ref().map(|(files, _)| files))
+            .field("health_listener", &self.health_listener)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for ServeOptions {
@@ -47,6 +66,9 @@ impl Default for ServeOptions {
             health_every: Duration::from_secs(1),
             gc_every: Duration::from_secs(30),
             keyset: None,
+            tls: None,
+            tenants: None,
+            health_listener: None,
             reload_every: Duration::from_secs(2),
             reload_stats: Arc::default(),
         }
@@ -96,69 +118,118 @@ pub async fn run(
     );
 
     let ledger = sealer.ledger().clone();
-    let health_task = tokio::spawn({
-        let ledger = ledger.clone();
-        let every = opts.health_every;
-        async move {
-            let mut last = None;
-            loop {
-                let ready = ledger.ready().await;
-                if last != Some(ready) {
-                    for name in ["", SERVICE_NAME] {
-                        let status = if ready {
-                            tonic_health::ServingStatus::Serving
-                        } else {
-                            tonic_health::ServingStatus::NotServing
-                        };
-                        health.set_service_status(name, status).await;
-                    }
-                    if ready {
-                        tracing::info!(backend = ledger.backend(), "ledger ready: SERVING");
-                    } else {
-                        tracing::warn!(backend = ledger.backend(), "ledger not ready: NOT_SERVING");
-                    }
-                    last = Some(ready);
-                }
-                tokio::time::sleep(every).await;
-            }
-        }
-    });
-    let gc_task = tokio::spawn(run_gc(
-        ledger.clone(),
-        sealer.clock().clone(),
-        sealer.limits().clock_skew,
-        opts.gc_every,
-        1000,
-    ));
-
-    let mut background = vec![health_task, gc_task];
+    // Registered before the first request can arrive: a probe never sees
+    // "service not registered".
+    let ready = ledger.ready().await;
+    set_health(&health, ready).await;
+    if ready {
+        tracing::info!(backend = ledger.backend(), "ledger ready: SERVING");
+    } else {
+        tracing::warn!(backend = ledger.backend(), "ledger not ready: NOT_SERVING");
+    }
+    let mut background = vec![
+        tokio::spawn(report_readiness(
+            ledger.clone(),
+            health,
+            opts.health_every,
+            Some(ready),
+        )),
+        tokio::spawn(run_gc(
+            ledger.clone(),
+            sealer.clock().clone(),
+            sealer.limits().clock_skew,
+            opts.gc_every,
+            1000,
+        )),
+    ];
     if let Some((path, digest)) = opts.keyset.clone() {
         background.push(tokio::spawn(watch_file(
             "keyset",
-            path,
+            vec![path],
             digest,
             opts.reload_every,
             opts.reload_stats.clone(),
             keyset_applier(sealer.keys().clone()),
         )));
     }
+    if let Some((files, config)) = opts.tls.clone() {
+        let initial = digest_files(&files.paths()).unwrap_or_default();
+        let paths = files.paths();
+        background.push(tokio::spawn(watch_file(
+            "tls",
+            paths,
+            initial,
+            opts.reload_every,
+            opts.reload_stats.clone(),
+            move |_| files.load().map(|c| config.store(c)),
+        )));
+    }
+    if let Some((path, tenants)) = opts.tenants.clone() {
+        let initial = digest_files(std::slice::from_ref(&path)).unwrap_or_default();
+        background.push(tokio::spawn(watch_file(
+            "tenants",
+            vec![path],
+            initial,
+            opts.reload_every,
+            opts.reload_stats.clone(),
+            move |bytes| Tenants::parse(bytes).map(|t| tenants.store(Arc::new(t))),
+        )));
+    }
+
+    // One shutdown signal for the gRPC port and the health port.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let health_server = opts.health_listener.map(|l| {
+        if let Ok(addr) = l.local_addr() {
+            tracing::info!(health_addr = %addr, "health port up (grpc.health.v1 only)");
+        }
+        let (reporter_service, stop) = (health_service.clone(), stopped(stop_rx.clone()));
+        tokio::spawn(
+            Server::builder()
+                .add_service(reporter_service)
+                .serve_with_incoming_shutdown(TcpIncoming::from(l).with_nodelay(Some(true)), stop),
+        )
+    });
 
     if let Ok(addr) = listener.local_addr() {
-        tracing::info!(%addr, backend = ledger.backend(), "listening");
+        tracing::info!(%addr, backend = ledger.backend(), tls = opts.tls.is_some(), auth = ?opts.auth, "listening");
     }
-    let result = Server::builder()
-        .tcp_nodelay(true)
+    let router = Server::builder()
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(service)
-        .serve_with_incoming_shutdown(
-            // Without TCP_NODELAY on accepted sockets, a response written in
-            // more than one segment waits for the client's delayed ACK (~40 ms).
-            TcpIncoming::from(listener).with_nodelay(Some(true)),
-            shutdown,
-        )
-        .await;
+        .add_service(service);
+    let stop = async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    };
+    let result = match &opts.tls {
+        Some((_, config)) => {
+            let tenants = opts.tenants.as_ref().map(|(_, t)| t.clone());
+            router
+                .serve_with_incoming_shutdown(
+                    tls::incoming(listener, config.clone(), tenants),
+                    stop,
+                )
+                .await
+        }
+        None => {
+            router
+                .serve_with_incoming_shutdown(
+                    // Without TCP_NODELAY on accepted sockets, a response written
+                    // in more than one segment waits for the client's delayed
+                    // ACK (~40 ms).
+                    TcpIncoming::from(listener).with_nodelay(Some(true)),
+                    stop,
+                )
+                .await
+        }
+    };
+    if let Some(h) = health_server {
+        let _ = h.await;
+    }
     // Stop the background tasks and wait until they are gone, so that they no
     // longer hold the ledger.
     for task in &background {
@@ -171,4 +242,38 @@ pub async fn run(
     ledger.close().await?;
     result?;
     Ok(())
+}
+
+async fn set_health(health: &tonic_health::server::HealthReporter, ready: bool) {
+    let status = if ready {
+        tonic_health::ServingStatus::Serving
+    } else {
+        tonic_health::ServingStatus::NotServing
+    };
+    for name in ["", SERVICE_NAME] {
+        health.set_service_status(name, status).await;
+    }
+}
+
+/// Keeps `grpc.health.v1` in step with the ledger: SERVING only while it can
+/// take consumptions.
+async fn report_readiness(
+    ledger: Arc<dyn crate::ledger::Ledger>,
+    health: tonic_health::server::HealthReporter,
+    every: Duration,
+    mut last: Option<bool>,
+) {
+    loop {
+        let ready = ledger.ready().await;
+        if last != Some(ready) {
+            set_health(&health, ready).await;
+            if ready {
+                tracing::info!(backend = ledger.backend(), "ledger ready: SERVING");
+            } else {
+                tracing::warn!(backend = ledger.backend(), "ledger not ready: NOT_SERVING");
+            }
+            last = Some(ready);
+        }
+        tokio::time::sleep(every).await;
+    }
 }

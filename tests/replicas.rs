@@ -103,7 +103,25 @@ async fn three_processes_one_database_each_token_accepted_exactly_once() {
         );
     }
     let elapsed = started.elapsed();
-    assert!(other.is_empty(), "unexpected: {other:?}");
+    if !other.is_empty() {
+        for p in &procs {
+            let log = p.log.lock().unwrap();
+            eprintln!(
+                "--- server log ---\n{}",
+                log.iter()
+                    .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+                    .take(5)
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            );
+        }
+        panic!(
+            "{} unexpected: {:?}",
+            other.len(),
+            &other[..other.len().min(3)]
+        );
+    }
     assert_eq!(ok, TOKENS);
     assert_eq!(replayed, TOKENS * (CALLERS - 1));
     eprintln!(
@@ -161,14 +179,15 @@ async fn health(addr: std::net::SocketAddr) -> i32 {
         .connect()
         .await
         .unwrap();
-    HealthClient::new(ch)
+    match HealthClient::new(ch)
         .check(HealthCheckRequest {
             service: "stateseal.v1.RequestState".into(),
         })
         .await
-        .unwrap()
-        .into_inner()
-        .status
+    {
+        Ok(r) => r.into_inner().status,
+        Err(e) => panic!("health check failed: {e:?}"),
+    }
 }
 
 async fn wait_health(addr: std::net::SocketAddr, want: ServingStatus) {

@@ -127,6 +127,20 @@ impl Drop for PgLedger {
     }
 }
 
+fn is_retryable(e: &tokio_postgres::Error) -> bool {
+    use tokio_postgres::error::SqlState;
+    matches!(e.code(), Some(c) if *c == SqlState::T_R_DEADLOCK_DETECTED || *c == SqlState::T_R_SERIALIZATION_FAILURE)
+}
+
+/// An error with its SQLSTATE and server message (which never holds bound
+/// parameter values for these statements).
+fn describe(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} ({})", db.message(), db.code().code()),
+        None => e.to_string(),
+    }
+}
+
 fn db_err(what: &str, e: impl std::fmt::Display) -> LedgerError {
     // tokio-postgres and deadpool errors name the failure, not the URL.
     LedgerError(format!("{what}: {e}"))
@@ -219,20 +233,38 @@ async fn insert_batch(
     batch: &[Waiter],
     limit: Duration,
 ) -> Result<Vec<[u8; 32]>, LedgerError> {
-    let ids: Vec<&[u8]> = batch.iter().map(|(k, _)| &k.id[..]).collect();
-    let expiries: Vec<i64> = batch
+    // Rows go in sorted by id (ORDER BY below), so that concurrent batches on
+    // other replicas take their row locks in the same order and cannot
+    // deadlock on overlapping keys.
+    let mut keys: Vec<(&[u8], i64)> = batch
         .iter()
-        .map(|(k, _)| i64::try_from(k.expires_at).unwrap_or(i64::MAX))
+        .map(|(k, _)| (&k.id[..], i64::try_from(k.expires_at).unwrap_or(i64::MAX)))
         .collect();
+    keys.sort_unstable();
+    keys.dedup_by(|a, b| a.0 == b.0);
+    let ids: Vec<&[u8]> = keys.iter().map(|k| k.0).collect();
+    let expiries: Vec<i64> = keys.iter().map(|k| k.1).collect();
     let client = timed("connect", limit, pool.get()).await?;
     let sql = format!(
         "INSERT INTO {TABLE} (id, expires_at)
-         SELECT * FROM unnest($1::bytea[], $2::bigint[])
+         SELECT id, expires_at FROM unnest($1::bytea[], $2::bigint[]) AS t(id, expires_at)
+         ORDER BY id
          ON CONFLICT (id) DO NOTHING
          RETURNING id"
     );
     let stmt = timed("prepare", limit, client.prepare_cached(&sql)).await?;
-    let rows = timed("insert", limit, client.query(&stmt, &[&ids, &expiries])).await?;
+    let mut attempt = 0;
+    let rows = loop {
+        attempt += 1;
+        match tokio::time::timeout(limit, client.query(&stmt, &[&ids, &expiries])).await {
+            Ok(Ok(rows)) => break rows,
+            // A deadlock or serialization failure rolled the statement back
+            // whole: nothing was committed, so one retry is safe.
+            Ok(Err(e)) if attempt < 3 && is_retryable(&e) => continue,
+            Ok(Err(e)) => return Err(db_err("insert", describe(&e))),
+            Err(_) => return Err(LedgerError(format!("insert: timed out after {limit:?}"))),
+        }
+    };
     rows.iter()
         .map(|r| {
             let id: &[u8] = r.get(0);

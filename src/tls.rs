@@ -1,0 +1,217 @@
+//! TLS for the gRPC port (rustls), with optional client certificates (mTLS).
+//!
+//! The handshake runs in our own accept loop so that (1) the certificate,
+//! key and client CA can be swapped at run time without a restart (each new
+//! connection uses the configuration in force), and (2) the tenant is derived
+//! from the verified client certificate once per connection and handed to
+//! every request on it as a [`PeerIdentity`].
+
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use rustls::server::WebPkiClientVerifier;
+use rustls::ServerConfig;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::server::TlsStream;
+use tokio_rustls::TlsAcceptor;
+use tonic::transport::server::Connected;
+
+use crate::auth::{PeerIdentity, Tenants};
+
+/// Where the TLS material lives (mounted files; re-read on change).
+#[derive(Clone, Debug)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// Require client certificates chaining to this CA (mTLS).
+    pub client_ca: Option<PathBuf>,
+}
+
+impl TlsFiles {
+    pub fn paths(&self) -> Vec<PathBuf> {
+        let mut v = vec![self.cert.clone(), self.key.clone()];
+        v.extend(self.client_ca.clone());
+        v
+    }
+
+    /// Builds a server configuration from the files as they are now. Errors
+    /// name the file, never its content.
+    pub fn load(&self) -> Result<Arc<ServerConfig>, String> {
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&self.cert)
+            .map_err(|e| format!("{}: {e}", self.cert.display()))?
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("{}: {e}", self.cert.display()))?;
+        if certs.is_empty() {
+            return Err(format!("{}: no certificate", self.cert.display()));
+        }
+        let key = PrivateKeyDer::from_pem_file(&self.key)
+            .map_err(|_| format!("{}: no usable private key", self.key.display()))?;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| format!("tls: {e}"))?;
+        let builder = match &self.client_ca {
+            Some(ca) => {
+                let mut roots = rustls::RootCertStore::empty();
+                for c in CertificateDer::pem_file_iter(ca)
+                    .map_err(|e| format!("{}: {e}", ca.display()))?
+                {
+                    let c = c.map_err(|e| format!("{}: {e}", ca.display()))?;
+                    roots.add(c).map_err(|e| format!("{}: {e}", ca.display()))?;
+                }
+                if roots.is_empty() {
+                    return Err(format!("{}: no CA certificate", ca.display()));
+                }
+                let verifier =
+                    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                        .build()
+                        .map_err(|e| format!("{}: {e}", ca.display()))?;
+                builder.with_client_cert_verifier(verifier)
+            }
+            None => builder.with_no_client_auth(),
+        };
+        let mut cfg = builder.with_single_cert(certs, key).map_err(|e| {
+            format!(
+                "{}: certificate and key do not match: {e}",
+                self.cert.display()
+            )
+        })?;
+        cfg.alpn_protocols = vec![b"h2".to_vec()];
+        Ok(Arc::new(cfg))
+    }
+}
+
+/// A TLS connection and what its handshake established about the peer.
+pub struct AuthedStream {
+    inner: TlsStream<TcpStream>,
+    peer: PeerIdentity,
+}
+
+impl Connected for AuthedStream {
+    type ConnectInfo = PeerIdentity;
+    fn connect_info(&self) -> PeerIdentity {
+        self.peer.clone()
+    }
+}
+
+impl AsyncRead for AuthedStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for AuthedStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+/// The URI and DNS subject alternative names of a DER certificate.
+pub fn sans(der: &[u8]) -> (Vec<String>, Vec<String>) {
+    use x509_parser::extensions::GeneralName;
+    let mut uris = Vec::new();
+    let mut dns = Vec::new();
+    if let Ok((_, cert)) = x509_parser::parse_x509_certificate(der) {
+        if let Ok(Some(san)) = cert.subject_alternative_name() {
+            for name in &san.value.general_names {
+                match name {
+                    GeneralName::URI(u) => uris.push((*u).to_owned()),
+                    GeneralName::DNSName(d) => dns.push((*d).to_owned()),
+                    _ => {}
+                }
+            }
+        }
+    }
+    (uris, dns)
+}
+
+/// Accepts TCP connections, runs each handshake (bounded in time) under the
+/// configuration in force, and yields authenticated streams.
+pub fn incoming(
+    listener: TcpListener,
+    config: Arc<ArcSwap<ServerConfig>>,
+    tenants: Option<Arc<ArcSwap<Tenants>>>,
+) -> tokio_stream::wrappers::ReceiverStream<Result<AuthedStream, std::io::Error>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(128);
+    tokio::spawn(async move {
+        loop {
+            let (tcp, peer_addr) = match listener.accept().await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let _ = tcp.set_nodelay(true);
+            let acceptor = TlsAcceptor::from(config.load_full());
+            let (tx, tenants) = (tx.clone(), tenants.clone());
+            tokio::spawn(async move {
+                let stream =
+                    match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await
+                    {
+                        Ok(Ok(s)) => s,
+                        Ok(Err(e)) => {
+                            tracing::info!(peer = %peer_addr, error = %e, "TLS handshake refused");
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::info!(peer = %peer_addr, "TLS handshake timed out");
+                            return;
+                        }
+                    };
+                let peer = match (stream.get_ref().1.peer_certificates(), &tenants) {
+                    (Some([leaf, ..]), Some(tenants)) => {
+                        let (uris, dns) = sans(leaf.as_ref());
+                        match tenants.load().by_certificate(&uris, &dns) {
+                            Some(t) => PeerIdentity::Tenant(t),
+                            None => {
+                                tracing::info!(peer = %peer_addr, ?uris, ?dns, "client certificate maps to no tenant");
+                                PeerIdentity::Unmapped
+                            }
+                        }
+                    }
+                    _ => PeerIdentity::Anonymous,
+                };
+                let _ = tx
+                    .send(Ok(AuthedStream {
+                        inner: stream,
+                        peer,
+                    }))
+                    .await;
+            });
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}

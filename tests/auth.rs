@@ -1,0 +1,380 @@
+//! Caller authentication and tenant isolation with real TLS handshakes:
+//! a throwaway CA and certificates made with rcgen, the real binary, a real
+//! tonic client.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::process::{spawn, ServerProcess};
+use common::*;
+use rcgen::{BasicConstraints, Certificate, CertificateParams, DnType, IsCa, KeyPair, SanType};
+use sha2::{Digest, Sha256};
+use stateseal::proto::request_state_client::RequestStateClient;
+use tonic::transport::{Certificate as TlsCert, Channel, ClientTlsConfig, Identity};
+use tonic::Code;
+
+struct Ca {
+    cert: Certificate,
+    key: KeyPair,
+}
+
+impl Ca {
+    fn new(name: &str) -> Ca {
+        let key = KeyPair::generate().unwrap();
+        let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        p.distinguished_name.push(DnType::CommonName, name);
+        Ca {
+            cert: p.self_signed(&key).unwrap(),
+            key,
+        }
+    }
+    /// (cert PEM, key PEM) for the given SANs.
+    fn issue(&self, sans: Vec<SanType>) -> (String, String) {
+        let key = KeyPair::generate().unwrap();
+        let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.subject_alt_names = sans;
+        p.distinguished_name.push(DnType::CommonName, "leaf");
+        let cert = p.signed_by(&key, &self.cert, &self.key).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+    fn pem(&self) -> String {
+        self.cert.pem()
+    }
+}
+
+fn uri(u: &str) -> SanType {
+    SanType::URI(u.try_into().unwrap())
+}
+
+fn server_sans() -> Vec<SanType> {
+    vec![
+        SanType::DnsName("localhost".try_into().unwrap()),
+        SanType::IpAddress("127.0.0.1".parse().unwrap()),
+    ]
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn write(dir: &Path, name: &str, content: &str) -> String {
+    let p = dir.join(name);
+    let tmp = dir.join(format!(".{name}.tmp"));
+    std::fs::write(&tmp, content).unwrap();
+    std::fs::rename(&tmp, &p).unwrap();
+    p.display().to_string()
+}
+
+struct Pki {
+    dir: tempfile::TempDir,
+    ca: Ca,
+    cert: String,
+    key: String,
+    client_ca: String,
+    tenants: String,
+}
+
+fn pki() -> Pki {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("stateseal test CA");
+    let (scert, skey) = ca.issue(server_sans());
+    let cert = write(dir.path(), "server.pem", &scert);
+    let key = write(dir.path(), "server.key", &skey);
+    let client_ca = write(dir.path(), "client-ca.pem", &ca.pem());
+    let tenants = write(
+        dir.path(),
+        "tenants.json",
+        &format!(
+            r#"{{"tenants":[
+                {{"name":"tenant-a","uri":"spiffe://test/a","bearer_sha256":"{}"}},
+                {{"name":"tenant-b","uri":"spiffe://test/b","bearer_sha256":"{}"}}]}}"#,
+            hex(&Sha256::digest(b"secret-of-a")),
+            hex(&Sha256::digest(b"secret-of-b"))
+        ),
+    );
+    Pki {
+        dir,
+        ca,
+        cert,
+        key,
+        client_ca,
+        tenants,
+    }
+}
+
+fn start_mtls(p: &Pki, extra: &[&str]) -> ServerProcess {
+    let mut args = vec![
+        "--auth",
+        "mtls",
+        "--tls-cert",
+        &p.cert,
+        "--tls-key",
+        &p.key,
+        "--tls-client-ca",
+        &p.client_ca,
+        "--tenants",
+        &p.tenants,
+        "--reload-interval-ms",
+        "100",
+    ];
+    args.extend_from_slice(extra);
+    spawn(&p.dir.path().join("data"), &args, &[])
+}
+
+async fn tls_client(
+    addr: std::net::SocketAddr,
+    server_ca: &str,
+    identity: Option<&(String, String)>,
+) -> Result<RequestStateClient<Channel>, tonic::transport::Error> {
+    let mut tls = ClientTlsConfig::new()
+        .ca_certificate(TlsCert::from_pem(server_ca))
+        .domain_name("localhost");
+    if let Some((c, k)) = identity {
+        tls = tls.identity(Identity::from_pem(c, k));
+    }
+    let ch = Channel::from_shared(format!("https://127.0.0.1:{}", addr.port()))
+        .unwrap()
+        .tls_config(tls)?
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await?;
+    Ok(RequestStateClient::new(ch))
+}
+
+/// Whether a seal succeeds over a fresh connection with this identity.
+async fn can_seal(
+    addr: std::net::SocketAddr,
+    server_ca: &str,
+    identity: Option<&(String, String)>,
+) -> Result<(), String> {
+    let mut c = tls_client(addr, server_ca, identity)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    c.seal(seal_req(b"x", false))
+        .await
+        .map(|_| ())
+        .map_err(|e| format!("{:?}: {}", e.code(), e.message()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mtls_isolates_tenants_and_refuses_strangers() {
+    let p = pki();
+    let s = start_mtls(&p, &[]);
+    let a_id = p.ca.issue(vec![uri("spiffe://test/a")]);
+    let b_id = p.ca.issue(vec![uri("spiffe://test/b")]);
+    let mut a = tls_client(s.addr, &p.ca.pem(), Some(&a_id)).await.unwrap();
+    let mut b = tls_client(s.addr, &p.ca.pem(), Some(&b_id)).await.unwrap();
+
+    // A seals a single-use token; B can neither open nor burn it; A opens it.
+    let t = a
+        .seal(seal_req(b"for tenant a", true))
+        .await
+        .unwrap()
+        .into_inner()
+        .request_state;
+    for _ in 0..3 {
+        let err = b.open(open_req(&t)).await.unwrap_err();
+        assert_eq!(reason(&err), "REJECTED");
+    }
+    let opened = a.open(open_req(&t)).await.unwrap().into_inner();
+    assert_eq!(opened.state, b"for tenant a");
+    assert!(opened.consumed);
+    assert_eq!(reason(&a.open(open_req(&t)).await.unwrap_err()), "REPLAYED");
+
+    // No client certificate: refused.
+    assert!(can_seal(s.addr, &p.ca.pem(), None).await.is_err());
+    // A certificate from another CA: refused.
+    let other = Ca::new("another CA").issue(vec![uri("spiffe://test/a")]);
+    assert!(can_seal(s.addr, &p.ca.pem(), Some(&other)).await.is_err());
+    // A valid certificate that maps to no tenant: PERMISSION_DENIED.
+    let stranger = p.ca.issue(vec![uri("spiffe://test/z")]);
+    let mut c = tls_client(s.addr, &p.ca.pem(), Some(&stranger))
+        .await
+        .unwrap();
+    let err = c.seal(seal_req(b"x", false)).await.unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied);
+    assert_eq!(err.message(), "client certificate maps to no tenant");
+    // A plaintext client gets nothing.
+    let plain = tonic::transport::Channel::from_shared(format!("http://{}", s.addr))
+        .unwrap()
+        .connect()
+        .await;
+    if let Ok(ch) = plain {
+        assert!(RequestStateClient::new(ch)
+            .seal(seal_req(b"x", false))
+            .await
+            .is_err());
+    }
+    s.terminate();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificates_and_client_ca_rotate_without_restart() {
+    let p = pki();
+    let s = start_mtls(&p, &[]);
+    let a_id = p.ca.issue(vec![uri("spiffe://test/a")]);
+    can_seal(s.addr, &p.ca.pem(), Some(&a_id)).await.unwrap();
+
+    // New CA for clients and for the server certificate.
+    let ca2 = Ca::new("rotated CA");
+    let a2_id = ca2.issue(vec![uri("spiffe://test/a")]);
+    assert!(
+        can_seal(s.addr, &p.ca.pem(), Some(&a2_id)).await.is_err(),
+        "not yet trusted"
+    );
+    let (scert, skey) = ca2.issue(server_sans());
+    write(p.dir.path(), "server.key", &skey);
+    write(p.dir.path(), "server.pem", &scert);
+    write(p.dir.path(), "client-ca.pem", &ca2.pem());
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while can_seal(s.addr, &ca2.pem(), Some(&a2_id)).await.is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "rotation not picked up: {:?}",
+            s.log.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The old client CA and the old server certificate are gone.
+    assert!(can_seal(s.addr, &ca2.pem(), Some(&a_id)).await.is_err());
+    assert!(can_seal(s.addr, &p.ca.pem(), Some(&a2_id)).await.is_err());
+    s.terminate();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bearer_secrets() {
+    let p = pki();
+    let s = spawn(
+        &p.dir.path().join("data"),
+        &["--auth", "bearer", "--tenants", &p.tenants],
+        &[],
+    );
+    let ch = tonic::transport::Channel::from_shared(format!("http://{}", s.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let with = |secret: Option<&'static str>| {
+        let ch = ch.clone();
+        RequestStateClient::with_interceptor(ch, move |mut req: tonic::Request<()>| {
+            if let Some(sec) = secret {
+                req.metadata_mut()
+                    .insert("authorization", format!("Bearer {sec}").parse().unwrap());
+            }
+            Ok(req)
+        })
+    };
+    let mut a = with(Some("secret-of-a"));
+    let mut b = with(Some("secret-of-b"));
+    let t = a
+        .seal(seal_req(b"x", true))
+        .await
+        .unwrap()
+        .into_inner()
+        .request_state;
+    assert_eq!(reason(&b.open(open_req(&t)).await.unwrap_err()), "REJECTED");
+    assert!(a.open(open_req(&t)).await.unwrap().into_inner().consumed);
+    for secret in [Some("secret-of-c"), Some(""), None] {
+        let err = with(secret).seal(seal_req(b"x", false)).await.unwrap_err();
+        assert_eq!(err.code(), Code::Unauthenticated, "{secret:?}");
+    }
+    let (_, log) = s.terminate();
+    let log = log.join("\n");
+    for secret in ["secret-of-a", "secret-of-b", "secret-of-c"] {
+        assert!(!log.contains(secret), "a bearer secret was logged");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_health_port_answers_probes_without_credentials_and_nothing_else() {
+    let p = pki();
+    let s = start_mtls(&p, &["--health-listen", "127.0.0.1:0"]);
+    let health_addr: std::net::SocketAddr = {
+        let log = s.log.lock().unwrap();
+        let line = log
+            .iter()
+            .find(|l| l.contains("health_addr="))
+            .expect("health port logged")
+            .clone();
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix("health_addr="))
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let ch = tonic::transport::Channel::from_shared(format!("http://{health_addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let status = tonic_health::pb::health_client::HealthClient::new(ch.clone())
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: "stateseal.v1.RequestState".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .status;
+    assert_eq!(
+        status,
+        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    );
+    let err = RequestStateClient::new(ch)
+        .seal(seal_req(b"x", false))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unimplemented);
+    s.terminate();
+}
+
+#[test]
+fn insecure_configurations_refuse_to_start() {
+    let p = pki();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["--listen", "0.0.0.0:0"], "refusing to serve plaintext"),
+        (
+            vec![
+                "--listen",
+                "0.0.0.0:0",
+                "--auth",
+                "bearer",
+                "--tenants",
+                &p.tenants,
+            ],
+            "bearer secrets in plaintext",
+        ),
+        (
+            vec!["--auth", "mtls", "--tenants", &p.tenants],
+            "--auth mtls needs",
+        ),
+        (vec!["--auth", "bearer"], "--auth bearer needs --tenants"),
+        (
+            vec![
+                "--tls-cert",
+                &p.cert,
+                "--tls-key",
+                &p.key,
+                "--tls-client-ca",
+                &p.client_ca,
+            ],
+            "only used with --auth mtls",
+        ),
+    ];
+    for (args, want) in cases {
+        let out = common::process::command()
+            .arg("serve")
+            .args(&args)
+            .arg("--data-dir")
+            .arg(p.dir.path().join("d"))
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?} started");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}
