@@ -157,7 +157,15 @@ impl fmt::Debug for Authenticator {
 
 impl Authenticator {
     /// Attaches the caller's tenant to the request, or refuses it.
-    pub fn authenticate<T>(&self, mut req: Request<T>) -> Result<Request<T>, Status> {
+    pub fn authenticate<T>(&self, req: Request<T>) -> Result<Request<T>, Status> {
+        let result = self.identify(req);
+        if result.is_err() {
+            crate::metrics::METRICS.auth_failure();
+        }
+        result
+    }
+
+    fn identify<T>(&self, mut req: Request<T>) -> Result<Request<T>, Status> {
         let tenant = match self {
             Authenticator::Implicit(t) => t.clone(),
             Authenticator::Bearer(tenants) => {

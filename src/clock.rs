@@ -9,28 +9,55 @@ pub trait Clock: Send + Sync + 'static {
     fn now_unix(&self) -> u64;
 }
 
-/// The system clock behind a high-water mark: if the wall clock steps
-/// backwards, `now_unix` keeps answering the latest time it has seen, so an
-/// expired token never becomes valid again within one process.
+/// The operating system's wall clock, as is (it may step backwards).
 #[derive(Debug, Default)]
-pub struct SystemClock {
-    high_water: AtomicU64,
-}
+pub struct WallClock;
 
-impl SystemClock {
-    pub fn new() -> Self {
-        Self::default()
+impl Clock for WallClock {
+    fn now_unix(&self) -> u64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0)
     }
 }
 
-impl Clock for SystemClock {
+/// A clock behind a high-water mark: if the inner clock steps backwards,
+/// `now_unix` keeps answering the latest time it has seen. So within one
+/// process an expired token never becomes valid again, and garbage
+/// collection never runs "earlier" and drops a live ledger record.
+#[derive(Debug, Default)]
+pub struct HighWater<C> {
+    inner: C,
+    high_water: AtomicU64,
+}
+
+impl<C: Clock> HighWater<C> {
+    pub fn wrap(inner: C) -> Self {
+        HighWater {
+            inner,
+            high_water: AtomicU64::new(0),
+        }
+    }
+    pub fn inner(&self) -> &C {
+        &self.inner
+    }
+}
+
+impl<C: Clock> Clock for HighWater<C> {
     fn now_unix(&self) -> u64 {
-        let wall = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
-        let seen = self.high_water.fetch_max(wall, Ordering::Relaxed);
-        seen.max(wall)
+        let now = self.inner.now_unix();
+        let seen = self.high_water.fetch_max(now, Ordering::Relaxed);
+        seen.max(now)
+    }
+}
+
+/// The clock the service runs on: the wall clock behind a high-water mark.
+pub type SystemClock = HighWater<WallClock>;
+
+impl SystemClock {
+    pub fn new() -> Self {
+        HighWater::wrap(WallClock)
     }
 }
 
@@ -53,5 +80,11 @@ impl ManualClock {
 impl Clock for ManualClock {
     fn now_unix(&self) -> u64 {
         self.0.load(Ordering::SeqCst)
+    }
+}
+
+impl<C: Clock> Clock for std::sync::Arc<C> {
+    fn now_unix(&self) -> u64 {
+        (**self).now_unix()
     }
 }

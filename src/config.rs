@@ -142,6 +142,9 @@ pub struct ServeArgs {
     /// for probes that cannot present client credentials.
     #[arg(long, env = "STATESEAL_HEALTH_LISTEN")]
     pub health_listen: Option<SocketAddr>,
+    /// Serve Prometheus metrics (GET /metrics) on this address.
+    #[arg(long, env = "STATESEAL_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
     /// Allow serving without caller authentication (or bearer secrets without
     /// TLS) on a non-loopback address.
     #[arg(long, env = "STATESEAL_INSECURE_PLAINTEXT")]
@@ -361,16 +364,8 @@ impl ServeArgs {
     pub async fn prepare(&self) -> Result<Prepared, ConfigError> {
         let limits = self.limits()?;
         let (auth, tls, tenants) = self.security()?;
-        let health_listener =
-            match self.health_listen {
-                Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.map_err(
-                    |source| ConfigError::Io {
-                        path: PathBuf::from(addr.to_string()),
-                        source,
-                    },
-                )?),
-                None => None,
-            };
+        let health_listener = bind_optional(self.health_listen).await?;
+        let metrics_listener = bind_optional(self.metrics_listen).await?;
         create_private_dir(&self.data_dir)?;
         let keyset_path = match &self.keyset {
             Some(p) => p.clone(),
@@ -405,12 +400,28 @@ impl ServeArgs {
                 tls,
                 tenants,
                 health_listener,
+                metrics_listener,
                 keyset: Some((keyset_path.clone(), digest)),
                 reload_every: std::time::Duration::from_millis(self.reload_interval_ms.max(100)),
                 ..ServeOptions::default()
             },
             keyset_path,
         })
+    }
+}
+
+async fn bind_optional(
+    addr: Option<SocketAddr>,
+) -> Result<Option<tokio::net::TcpListener>, ConfigError> {
+    match addr {
+        Some(a) => tokio::net::TcpListener::bind(a)
+            .await
+            .map(Some)
+            .map_err(|source| ConfigError::Io {
+                path: PathBuf::from(a.to_string()),
+                source,
+            }),
+        None => Ok(None),
     }
 }
 

@@ -92,6 +92,9 @@ impl KeyMaterial {
     }
 }
 
+// Its only field is `Zeroizing`: the bytes are wiped when it drops.
+impl zeroize::ZeroizeOnDrop for KeyMaterial {}
+
 impl fmt::Debug for KeyMaterial {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // Deliberately omits the key bytes.
@@ -434,6 +437,10 @@ pub struct TenantKeys {
     pub(crate) aead: XChaCha20Poly1305,
     pub(crate) ledger_id: Zeroizing<[u8; 32]>,
 }
+
+// Both fields wipe themselves on drop (the AEAD key through
+// chacha20poly1305's own ZeroizeOnDrop).
+impl zeroize::ZeroizeOnDrop for TenantKeys {}
 
 impl fmt::Debug for TenantKeys {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -44,6 +44,7 @@ pub mod config;
 pub mod error;
 pub mod keyring;
 pub mod ledger;
+pub mod metrics;
 pub mod reload;
 pub mod sealer;
 pub mod server;

@@ -8,6 +8,7 @@ use crate::clock::Clock;
 use crate::error::Reject;
 use crate::keyring::{KeyId, KeyringHandle};
 use crate::ledger::{Consumed, Ledger, LedgerKey};
+use crate::metrics::METRICS;
 use crate::token::{self, Header, UntrustedToken};
 
 /// Configured bounds. Every input is checked against these before any work
@@ -196,7 +197,14 @@ impl Sealer {
                 expires_at,
                 id: opened.ledger_id,
             };
-            match self.ledger.consume(&key).await {
+            let started = std::time::Instant::now();
+            let outcome = self.ledger.consume(&key).await;
+            METRICS.ledger_consume(
+                started.elapsed(),
+                outcome.is_ok(),
+                matches!(outcome, Ok(Consumed::Now)),
+            );
+            match outcome {
                 Ok(Consumed::Now) => consumed = true,
                 Ok(Consumed::Before) => return Err(Reject::Replayed),
                 Err(e) => {

@@ -42,6 +42,8 @@ pub struct ServeOptions {
     /// A separate plaintext listener serving only `grpc.health.v1`, for
     /// probes that cannot present client credentials.
     pub health_listener: Option<TcpListener>,
+    /// Where to serve Prometheus metrics (`GET /metrics`).
+    pub metrics_listener: Option<TcpListener>,
     /// How often watched files are re-read.
     pub reload_every: Duration,
     pub reload_stats: Arc<ReloadStats>,
@@ -53,6 +55,7 @@ impl std::fmt::Debug for ServeOptions {
             .field("auth", &self.auth)
             .field("tls", &self.tls.as_ref().map(|(files, _)| files))
             .field("health_listener", &self.health_listener)
+            .field("metrics_listener", &self.metrics_listener)
             .finish_non_exhaustive()
     }
 }
@@ -69,6 +72,7 @@ impl Default for ServeOptions {
             tls: None,
             tenants: None,
             health_listener: None,
+            metrics_listener: None,
             reload_every: Duration::from_secs(2),
             reload_stats: Arc::default(),
         }
@@ -173,6 +177,21 @@ pub async fn run(
             opts.reload_every,
             opts.reload_stats.clone(),
             move |bytes| Tenants::parse(bytes).map(|t| tenants.store(Arc::new(t))),
+        )));
+    }
+
+    if let Some(l) = opts.metrics_listener {
+        if let Ok(addr) = l.local_addr() {
+            tracing::info!(metrics_addr = %addr, "metrics at /metrics");
+        }
+        background.push(tokio::spawn(crate::metrics::serve(
+            l,
+            crate::metrics::Sources {
+                keys: sealer.keys().clone(),
+                reload: opts.reload_stats.clone(),
+                flush: ledger.flush_stats(),
+                backend: ledger.backend(),
+            },
         )));
     }
 

@@ -1,6 +1,10 @@
 //! The tonic service: proto → domain → proto. No crypto here.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
+
+use crate::metrics::{Rpc, METRICS};
 
 use tonic::{Request, Response, Status};
 
@@ -37,6 +41,12 @@ impl RequestStateService {
     }
 }
 
+/// A process-unique id for the request's log lines.
+fn next_request_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
 /// The caller's tenant, put there by the authentication layer.
 fn tenant_of<T>(req: &Request<T>) -> Result<Tenant, Status> {
     req.extensions()
@@ -47,16 +57,18 @@ fn tenant_of<T>(req: &Request<T>) -> Result<Tenant, Status> {
 
 #[tonic::async_trait]
 impl RequestState for RequestStateService {
-    #[tracing::instrument(level = "debug", name = "seal", skip_all)]
+    #[tracing::instrument(level = "debug", name = "seal", skip_all, fields(request_id = next_request_id()))]
     async fn seal(
         &self,
         req: Request<proto::SealRequest>,
     ) -> Result<Response<proto::SealResponse>, Status> {
+        let started = Instant::now();
         let tenant = tenant_of(&req)?;
         let r = req.get_ref();
         let result = self
             .binding(&tenant, r.binding.as_ref())
             .and_then(|b| self.sealer.seal(&b, &r.state, r.ttl_seconds, r.single_use));
+        METRICS.request(Rpc::Seal, result.as_ref().err().copied(), started.elapsed());
         match result {
             Ok(s) => {
                 tracing::debug!(
@@ -82,25 +94,20 @@ impl RequestState for RequestStateService {
         }
     }
 
-    #[tracing::instrument(level = "debug", name = "open", skip_all)]
+    #[tracing::instrument(level = "debug", name = "open", skip_all, fields(request_id = next_request_id()))]
     async fn open(
         &self,
         req: Request<proto::OpenRequest>,
     ) -> Result<Response<proto::OpenResponse>, Status> {
+        let started = Instant::now();
         let tenant = tenant_of(&req)?;
         let r = req.into_inner();
-        let binding = match self.binding(&tenant, r.binding.as_ref()) {
-            Ok(b) => b,
-            Err(e) => {
-                tracing::debug!(
-                    tenant = tenant.as_str(),
-                    reason = e.reason(),
-                    "open refused"
-                );
-                return Err(e.into());
-            }
+        let result = match self.binding(&tenant, r.binding.as_ref()) {
+            Ok(binding) => self.sealer.open(&binding, &r.request_state).await,
+            Err(e) => Err(e),
         };
-        match self.sealer.open(&binding, &r.request_state).await {
+        METRICS.request(Rpc::Open, result.as_ref().err().copied(), started.elapsed());
+        match result {
             Ok(o) => {
                 tracing::debug!(
                     tenant = tenant.as_str(),

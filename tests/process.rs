@@ -145,6 +145,15 @@ fn assert_absent(haystack: &str, what: &str, secret: &str) {
     }
 }
 
+fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
@@ -152,7 +161,11 @@ fn hex(b: &[u8]) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn logs_of_a_full_run_hold_no_key_state_or_token_bytes() {
     let dir = tempfile::tempdir().unwrap();
-    let p = spawn(dir.path(), &[], &[("STATESEAL_LOG", "trace")]);
+    let p = spawn(
+        dir.path(),
+        &["--metrics-listen", "127.0.0.1:0"],
+        &[("STATESEAL_LOG", "trace")],
+    );
     let mut c = connect(p.addr).await;
     let state = b"STATE-MARKER-7f3a9c-STATE-MARKER-7f3a9c";
     let mut tokens = Vec::new();
@@ -175,9 +188,37 @@ async fn logs_of_a_full_run_hold_no_key_state_or_token_bytes() {
         tokens.push(t);
     }
     let _ = c.open(open_req("garbage-token-garbage-token")).await;
+    let metrics_addr: std::net::SocketAddr = {
+        let log = p.log.lock().unwrap();
+        let line = log
+            .iter()
+            .find(|l| l.contains("metrics_addr="))
+            .expect("metrics port logged")
+            .clone();
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix("metrics_addr="))
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let metrics = http_get(metrics_addr, "/metrics");
+    assert!(metrics.starts_with("HTTP/1.1 200 OK"), "{metrics}");
+    for want in [
+        "stateseal_requests_total{rpc=\"Seal\",outcome=\"ok\"} 2",
+        "stateseal_requests_total{rpc=\"Open\",outcome=\"REPLAYED\"} 1",
+        "stateseal_requests_total{rpc=\"Open\",outcome=\"REJECTED\"} 4",
+        "stateseal_requests_total{rpc=\"Open\",outcome=\"MALFORMED\"} 1",
+        "stateseal_ledger_consumed_total 1",
+        "stateseal_primary_key_id 1",
+        "stateseal_request_duration_seconds_bucket{rpc=\"Open\",le=\"+Inf\"} 9",
+        "stateseal_ledger_flushes_total ",
+    ] {
+        assert!(metrics.contains(want), "missing {want:?} in\n{metrics}");
+    }
+    assert!(http_get(metrics_addr, "/other").starts_with("HTTP/1.1 404"));
     let (status, log) = p.terminate();
     assert!(status.success());
-    let log = log.join("\n");
+    let log = format!("{}\n{metrics}", log.join("\n"));
     assert!(
         log.contains("sealed") && log.contains("open refused"),
         "trace logs were captured"

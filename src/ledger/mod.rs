@@ -73,6 +73,10 @@ pub trait Ledger: Send + Sync + 'static {
     async fn close(&self) -> Result<(), LedgerError>;
     /// A short backend name for logs and metrics.
     fn backend(&self) -> &'static str;
+    /// Group-commit figures, where the backend keeps them.
+    fn flush_stats(&self) -> Option<Arc<sled::FlushStats>> {
+        None
+    }
 }
 
 /// Garbage collection: every `every`, removes records that expired more than

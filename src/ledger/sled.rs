@@ -243,4 +243,8 @@ impl Ledger for SledLedger {
     fn backend(&self) -> &'static str {
         "sled"
     }
+
+    fn flush_stats(&self) -> Option<Arc<FlushStats>> {
+        Some(self.stats.clone())
+    }
 }

@@ -46,16 +46,38 @@ pub async fn start_in(
     opts: ServeOptions,
 ) -> TestServer {
     let clock = Arc::new(ManualClock::new(T0));
+    let ledger = Arc::new(SledLedger::open(&dir.path().join("ledger")).expect("ledger"));
+    start_custom(
+        dir,
+        keyset,
+        limits,
+        opts,
+        ledger.clone(),
+        ledger,
+        clock.clone(),
+        clock,
+    )
+    .await
+}
+
+/// A server over any ledger and clock: `ledger` and `clock` are what the
+/// sealer uses; `sled` and `manual` are kept in the handle.
+#[allow(clippy::too_many_arguments)]
+pub async fn start_custom(
+    dir: tempfile::TempDir,
+    keyset: KeysetFile,
+    limits: Limits,
+    opts: ServeOptions,
+    sled: Arc<SledLedger>,
+    ledger: Arc<dyn Ledger>,
+    manual: Arc<ManualClock>,
+    clock: Arc<dyn stateseal::clock::Clock>,
+) -> TestServer {
     let keys = Arc::new(KeyringHandle::new(
         Keyring::from_file(&keyset).expect("keyring"),
     ));
-    let ledger = Arc::new(SledLedger::open(&dir.path().join("ledger")).expect("ledger"));
-    let sealer = Arc::new(Sealer::new(
-        keys.clone(),
-        ledger.clone() as Arc<dyn Ledger>,
-        clock.clone(),
-        limits,
-    ));
+    let sealer = Arc::new(Sealer::new(keys.clone(), ledger, clock, limits));
+    let (clock, ledger) = (manual, sled);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
