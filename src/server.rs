@@ -23,8 +23,13 @@ use crate::service::RequestStateService;
 use crate::tls::{self, TlsFiles};
 use arc_swap::ArcSwap;
 
-/// The fully-qualified service name, as health checks name it.
+/// The fully-qualified service name, as health checks name it. Its status
+/// (and that of "") is SERVING only while the ledger can take consumptions:
+/// use it for readiness.
 pub const SERVICE_NAME: &str = "stateseal.v1.RequestState";
+/// A health service name that is SERVING as long as the process serves at
+/// all: use it for liveness (a database outage must not restart pods).
+pub const LIVENESS_NAME: &str = "stateseal.liveness";
 
 /// Server settings that are not limits of the domain.
 pub struct ServeOptions {
@@ -125,6 +130,9 @@ pub async fn run(
     // Registered before the first request can arrive: a probe never sees
     // "service not registered".
     let ready = ledger.ready().await;
+    health
+        .set_service_status(LIVENESS_NAME, tonic_health::ServingStatus::Serving)
+        .await;
     set_health(&health, ready).await;
     if ready {
         tracing::info!(backend = ledger.backend(), "ledger ready: SERVING");

@@ -22,7 +22,17 @@ pub fn command() -> Command {
 /// Starts `stateseal serve --listen 127.0.0.1:0 --data-dir DIR ARGS…` and
 /// waits for its "listening" line.
 pub fn spawn(data_dir: &Path, args: &[&str], envs: &[(&str, &str)]) -> ServerProcess {
-    let mut cmd = command();
+    spawn_as(command(), data_dir, args, envs)
+}
+
+/// Like [`spawn`], with `cmd` as the program (e.g. the binary behind a
+/// privilege-dropping wrapper).
+pub fn spawn_as(
+    mut cmd: Command,
+    data_dir: &Path,
+    args: &[&str],
+    envs: &[(&str, &str)],
+) -> ServerProcess {
     cmd.arg("serve")
         .arg("--listen")
         .arg("127.0.0.1:0")
