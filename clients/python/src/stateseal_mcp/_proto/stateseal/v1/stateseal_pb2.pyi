@@ -1,0 +1,60 @@
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Binding(_message.Message):
+    __slots__ = ("subject", "method", "params_digest", "params_json")
+    SUBJECT_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_JSON_FIELD_NUMBER: _ClassVar[int]
+    subject: str
+    method: str
+    params_digest: bytes
+    params_json: str
+    def __init__(self, subject: _Optional[str] = ..., method: _Optional[str] = ..., params_digest: _Optional[bytes] = ..., params_json: _Optional[str] = ...) -> None: ...
+
+class SealRequest(_message.Message):
+    __slots__ = ("binding", "state", "ttl_seconds", "single_use")
+    BINDING_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SINGLE_USE_FIELD_NUMBER: _ClassVar[int]
+    binding: Binding
+    state: bytes
+    ttl_seconds: int
+    single_use: bool
+    def __init__(self, binding: _Optional[_Union[Binding, _Mapping]] = ..., state: _Optional[bytes] = ..., ttl_seconds: _Optional[int] = ..., single_use: _Optional[bool] = ...) -> None: ...
+
+class SealResponse(_message.Message):
+    __slots__ = ("request_state", "expires_at_unix", "key_id")
+    REQUEST_STATE_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_UNIX_FIELD_NUMBER: _ClassVar[int]
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    request_state: str
+    expires_at_unix: int
+    key_id: str
+    def __init__(self, request_state: _Optional[str] = ..., expires_at_unix: _Optional[int] = ..., key_id: _Optional[str] = ...) -> None: ...
+
+class OpenRequest(_message.Message):
+    __slots__ = ("request_state", "binding")
+    REQUEST_STATE_FIELD_NUMBER: _ClassVar[int]
+    BINDING_FIELD_NUMBER: _ClassVar[int]
+    request_state: str
+    binding: Binding
+    def __init__(self, request_state: _Optional[str] = ..., binding: _Optional[_Union[Binding, _Mapping]] = ...) -> None: ...
+
+class OpenResponse(_message.Message):
+    __slots__ = ("state", "expires_at_unix", "key_id", "consumed")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_UNIX_FIELD_NUMBER: _ClassVar[int]
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    CONSUMED_FIELD_NUMBER: _ClassVar[int]
+    state: bytes
+    expires_at_unix: int
+    key_id: str
+    consumed: bool
+    def __init__(self, state: _Optional[bytes] = ..., expires_at_unix: _Optional[int] = ..., key_id: _Optional[str] = ..., consumed: _Optional[bool] = ...) -> None: ...

@@ -1,0 +1,57 @@
+"""Real parts only: the stateseal binary, MCP servers built with the real
+`mcp` SDK over streamable HTTP on 127.0.0.1, and the real `mcp` client."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def stateseal_bin() -> Path:
+    p = Path(os.environ.get("STATESEAL_BIN", REPO / "target" / "debug" / "stateseal"))
+    if not p.exists():
+        pytest.fail(f"stateseal binary not found at {p}: run `cargo build` first or set STATESEAL_BIN")
+    return p
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.fixture
+def stateseal(tmp_path):
+    """A stateseal process on 127.0.0.1; yields its address."""
+    proc = subprocess.Popen(
+        [str(stateseal_bin()), "serve", "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path / "data")],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "STATESEAL_LOG"},
+    )
+    addr = None
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if "listening" in line and "addr=" in line:
+            addr = next(w for w in line.split() if w.startswith("addr="))[5:]
+            break
+    assert addr, "stateseal did not start"
+    # Keep draining stderr so the process never blocks on a full pipe.
+    threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
+    yield addr
+    proc.terminate()
+    proc.wait(timeout=20)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

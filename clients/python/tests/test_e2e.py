@@ -1,0 +1,189 @@
+"""End to end with the real SDK: two MCP server replicas behind a
+round-robin front, the real client with an elicitation callback."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from contextlib import asynccontextmanager
+from typing import Annotated
+
+import anyio
+import httpx2
+import mcp_types as types
+import pytest
+import uvicorn
+from mcp import Client
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.resolve import Elicit, Resolve
+from mcp.shared.exceptions import MCPError
+from pydantic import BaseModel
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from stateseal_mcp import RequestStateClient, StatesealBoundary, install
+
+from conftest import free_port
+
+pytestmark = pytest.mark.anyio
+
+
+class Confirm(BaseModel):
+    confirm: bool
+
+
+def ask(amount: int) -> Elicit[Confirm]:
+    return Elicit(f"Transfer {amount}?", Confirm)
+
+
+def replica(tag: str, stateseal_addr: str, served: list) -> MCPServer:
+    server = MCPServer("transfer-service")
+
+    @server.tool()
+    async def transfer(amount: int, confirm: Annotated[Confirm, Resolve(ask)]) -> str:
+        return f"transferred {amount}" if confirm.confirm else "cancelled"
+
+    install(server, StatesealBoundary(RequestStateClient(stateseal_addr), audience="transfer-service"))
+
+    async def record(ctx, call_next):
+        if ctx.method == "tools/call":
+            served.append((tag, (ctx.params or {}).get("requestState") is not None))
+        return await call_next(ctx)
+
+    server.middleware.insert(0, record)
+    return server
+
+
+def front(backends: list[str]) -> Starlette:
+    """Round robin over the replicas for every tools/call (as a load balancer
+    would); everything else goes to the first replica."""
+    rr = itertools.cycle(backends)
+    http = httpx2.AsyncClient(timeout=30)
+
+    async def proxy(request: Request) -> Response:
+        body = await request.body()
+        target = backends[0]
+        try:
+            if json.loads(body or b"{}").get("method") == "tools/call":
+                target = next(rr)
+        except (ValueError, AttributeError):
+            pass
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")}
+        r = await http.request(request.method, target + "/mcp", content=body, headers=headers)
+        drop = {"content-length", "transfer-encoding", "connection", "content-encoding"}
+        return Response(r.content, status_code=r.status_code, headers={k: v for k, v in r.headers.items() if k.lower() not in drop})
+
+    return Starlette(routes=[Route("/mcp", proxy, methods=["GET", "POST", "DELETE"])])
+
+
+@asynccontextmanager
+async def deployment(stateseal_addr: str):
+    served: list = []
+    ports = [free_port(), free_port(), free_port()]
+    apps = [
+        replica("A", stateseal_addr, served).streamable_http_app(stateless_http=True, json_response=True),
+        replica("B", stateseal_addr, served).streamable_http_app(stateless_http=True, json_response=True),
+    ]
+    apps.append(front([f"http://127.0.0.1:{ports[0]}", f"http://127.0.0.1:{ports[1]}"]))
+    servers = [
+        uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+        for app, port in zip(apps, ports)
+    ]
+    async with anyio.create_task_group() as tg:
+        for s in servers:
+            tg.start_soon(s.serve)
+        with anyio.fail_after(20):
+            while not all(s.started for s in servers):
+                await anyio.sleep(0.05)
+        try:
+            yield f"http://127.0.0.1:{ports[2]}/mcp", served
+        finally:
+            for s in servers:
+                s.should_exit = True
+
+
+async def accept(context, params):
+    return types.ElicitResult(action="accept", content={"confirm": True})
+
+
+async def test_sdk_retry_loop_completes_across_replicas(stateseal):
+    async with deployment(stateseal) as (url, served):
+        async with Client(url, elicitation_callback=accept) as client:
+            result = await client.call_tool("transfer", {"amount": 42})
+        assert not result.is_error, result
+        assert "transferred 42" in json.dumps(result.model_dump(mode="json"))
+        calls = [s for s in served]
+        assert calls[0][1] is False and calls[1][1] is True, calls
+        # The retry carrying requestState was served by the other replica.
+        assert calls[0][0] != calls[1][0], calls
+
+
+async def first_round(client) -> types.InputRequiredResult:
+    r = await client.session.call_tool("transfer", {"amount": 42}, allow_input_required=True)
+    assert isinstance(r, types.InputRequiredResult), r
+    assert r.request_state
+    return r
+
+
+def answers(r: types.InputRequiredResult) -> dict:
+    return {key: {"action": "accept", "content": {"confirm": True}} for key in r.input_requests}
+
+
+async def test_replayed_state_and_answers_are_rejected(stateseal):
+    async with deployment(stateseal) as (url, _):
+        async with Client(url, elicitation_callback=accept) as client:
+            r = await first_round(client)
+            done = await client.session.call_tool(
+                "transfer", {"amount": 42}, input_responses=answers(r), request_state=r.request_state
+            )
+            assert "transferred 42" in json.dumps(done.model_dump(mode="json"))
+            with pytest.raises(MCPError) as e:
+                await client.session.call_tool(
+                    "transfer", {"amount": 42}, input_responses=answers(r), request_state=r.request_state
+                )
+            assert e.value.error.code == types.INVALID_PARAMS
+            assert e.value.error.message == "Invalid or expired requestState"
+
+
+async def test_changed_arguments_or_modified_state_are_rejected(stateseal):
+    async with deployment(stateseal) as (url, _):
+        async with Client(url, elicitation_callback=accept) as client:
+            r = await first_round(client)
+            tampered = r.request_state[:-2] + ("A" if r.request_state[-2] != "A" else "B") + r.request_state[-1]
+            for args, state in (({"amount": 4200}, r.request_state), ({"amount": 42}, tampered)):
+                with pytest.raises(MCPError) as e:
+                    await client.session.call_tool(
+                        "transfer", args, input_responses=answers(r), request_state=state
+                    )
+                assert e.value.error.code == types.INVALID_PARAMS
+            # Neither attempt burned the token: the genuine retry still completes.
+            done = await client.session.call_tool(
+                "transfer", {"amount": 42}, input_responses=answers(r), request_state=r.request_state
+            )
+            assert "transferred 42" in json.dumps(done.model_dump(mode="json"))
+
+
+async def test_stateseal_unreachable_is_a_retryable_internal_error(tmp_path):
+    # A stateseal address where nothing listens.
+    dead = f"127.0.0.1:{free_port()}"
+    async with deployment(dead) as (url, _):
+        async with Client(url, elicitation_callback=accept) as client:
+            with pytest.raises(MCPError) as e:
+                await client.session.call_tool("transfer", {"amount": 42}, allow_input_required=True)
+            assert e.value.error.code == types.INTERNAL_ERROR
+            assert "Internal error" in e.value.error.message
+
+
+async def test_rejection_reasons_stay_in_the_server_log(stateseal, caplog):
+    async with deployment(stateseal) as (url, _):
+        async with Client(url, elicitation_callback=accept) as client:
+            r = await first_round(client)
+            with pytest.raises(MCPError) as e:
+                await client.session.call_tool(
+                    "transfer", {"amount": 1}, input_responses=answers(r), request_state=r.request_state
+                )
+            # The client sees only the SDK's frozen message; the reason is logged here.
+            assert "REJECTED" not in json.dumps(e.value.error.model_dump(mode="json"))
+            assert any("REJECTED" in rec.getMessage() for rec in caplog.records)
