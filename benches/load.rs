@@ -67,7 +67,8 @@ struct Args {
     /// Extra arguments for the server this bench starts.
     #[arg(long = "server-arg", allow_hyphen_values = true)]
     server_args: Vec<String>,
-    /// Ignored: cargo bench passes it.
+    /// Passed by `cargo bench`. Without it (`cargo test --all-targets` runs
+    /// bench binaries too), the generator does a short smoke run instead.
     #[arg(long, hide = true)]
     bench: bool,
 }
@@ -388,7 +389,16 @@ async fn run(
 }
 
 fn main() {
-    let args = Args::parse();
+    let mut args = Args::parse();
+    if !args.bench {
+        // Under `cargo test`: prove the generator and every scenario work,
+        // briefly. The figures of such a run mean nothing.
+        eprintln!("stateseal load: smoke run (no --bench flag); use `cargo bench --bench load` to measure");
+        args.duration = 0.2;
+        args.warmup = 0.0;
+        args.rounds = 1;
+        args.requests = Some(200);
+    }
     let mut scenarios: Vec<Scenario> = args
         .scenarios
         .split(',')
@@ -520,6 +530,19 @@ fn main() {
     }
     if let Some(kib) = rss {
         println!("server peak RSS (VmHWM): {:.1} MiB", kib as f64 / 1024.0);
+    }
+    if !args.bench {
+        // The smoke run is a test: every scenario must have worked.
+        for (sc, t) in &results {
+            assert!(
+                t.ops > 0 && t.errors.is_empty(),
+                "smoke run: {} had {} ops and errors {:?}",
+                sc.name(),
+                t.ops,
+                t.errors
+            );
+        }
+        println!("load smoke: {} scenarios ran without errors", results.len());
     }
     if let Some(path) = &args.json {
         let doc = serde_json::json!({

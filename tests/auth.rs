@@ -366,15 +366,6 @@ fn insecure_configurations_refuse_to_start() {
         ),
     ];
     for (args, want) in cases {
-        let out = common::process::command()
-            .arg("serve")
-            .args(&args)
-            .arg("--data-dir")
-            .arg(p.dir.path().join("d"))
-            .output()
-            .unwrap();
-        assert!(!out.status.success(), "{args:?} started");
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains(want), "{args:?}: {err}");
+        common::process::assert_refuses(&args, &p.dir.path().join("d"), want);
     }
 }

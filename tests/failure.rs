@@ -58,19 +58,7 @@ impl Ledger for Faulty {
 }
 
 async fn health(addr: std::net::SocketAddr) -> i32 {
-    let ch = tonic::transport::Channel::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    tonic_health::pb::health_client::HealthClient::new(ch)
-        .check(tonic_health::pb::HealthCheckRequest {
-            service: String::new(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .status
+    health_status(addr, "").await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -97,20 +85,7 @@ async fn a_failing_ledger_fails_closed_then_recovers() {
         clock,
     )
     .await;
-    let tokens: Vec<String> = {
-        let mut v = Vec::new();
-        for _ in 0..10 {
-            v.push(
-                s.client
-                    .seal(seal_req(b"x", true))
-                    .await
-                    .unwrap()
-                    .into_inner()
-                    .request_state,
-            );
-        }
-        v
-    };
+    let tokens = seal_tokens(&mut s.client, 10, true).await;
     let reusable = s
         .client
         .seal(seal_req(b"r", false))

@@ -321,17 +321,7 @@ async fn sixty_four_concurrent_opens_of_one_single_use_token_give_one_success() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_consumptions_share_flushes() {
     let mut s = start().await;
-    let mut tokens = Vec::new();
-    for _ in 0..256 {
-        tokens.push(
-            s.client
-                .seal(seal_req(b"x", true))
-                .await
-                .unwrap()
-                .into_inner()
-                .request_state,
-        );
-    }
+    let tokens = seal_tokens(&mut s.client, 256, true).await;
     let before = s
         .ledger
         .stats()

@@ -90,14 +90,11 @@ fn first_start_creates_a_private_keyset_in_the_data_dir() {
 #[test]
 fn non_loopback_plaintext_refuses_to_start() {
     let dir = tempfile::tempdir().unwrap();
-    let out = command()
-        .args(["serve", "--listen", "0.0.0.0:0", "--data-dir"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("refusing to serve plaintext"), "{err}");
+    common::process::assert_refuses(
+        &["--listen", "0.0.0.0:0"],
+        dir.path(),
+        "refusing to serve plaintext",
+    );
 }
 
 #[test]

@@ -11,8 +11,6 @@ use common::process::{command, spawn};
 use common::*;
 use tokio::net::{TcpListener, TcpStream};
 use tonic_health::pb::health_check_response::ServingStatus;
-use tonic_health::pb::health_client::HealthClient;
-use tonic_health::pb::HealthCheckRequest;
 
 fn database_url() -> Option<String> {
     std::env::var("STATESEAL_TEST_DATABASE_URL")
@@ -174,20 +172,7 @@ impl Relay {
 }
 
 async fn health(addr: std::net::SocketAddr) -> i32 {
-    let ch = tonic::transport::Channel::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    match HealthClient::new(ch)
-        .check(HealthCheckRequest {
-            service: "stateseal.v1.RequestState".into(),
-        })
-        .await
-    {
-        Ok(r) => r.into_inner().status,
-        Err(e) => panic!("health check failed: {e:?}"),
-    }
+    health_status(addr, "stateseal.v1.RequestState").await
 }
 
 async fn wait_health(addr: std::net::SocketAddr, want: ServingStatus) {
@@ -286,38 +271,13 @@ async fn database_down_fails_closed_and_recovers() {
 #[test]
 fn sled_refuses_several_replicas() {
     let tmp = tempfile::tempdir().unwrap();
-    let out = command()
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--expected-replicas",
-            "2",
-            "--data-dir",
-        ])
-        .arg(tmp.path())
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--ledger postgres"));
+    let args = ["--listen", "127.0.0.1:0", "--expected-replicas", "2"];
+    common::process::assert_refuses(&args, tmp.path(), "--ledger postgres");
 }
 
 #[test]
 fn postgres_ledger_needs_a_url() {
     let tmp = tempfile::tempdir().unwrap();
-    let out = command()
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--ledger",
-            "postgres",
-            "--data-dir",
-        ])
-        .arg(tmp.path())
-        .env_remove("STATESEAL_DATABASE_URL")
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--database-url"));
+    let args = ["--listen", "127.0.0.1:0", "--ledger", "postgres"];
+    common::process::assert_refuses(&args, tmp.path(), "--database-url");
 }

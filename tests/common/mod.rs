@@ -166,3 +166,40 @@ pub fn open_req(token: &str) -> OpenRequest {
 pub fn reason(s: &tonic::Status) -> String {
     stateseal::status::reason_of(s).unwrap_or_else(|| format!("<no reason: {:?}>", s.code()))
 }
+
+/// Seals `n` tokens of the standard binding, one after another.
+pub async fn seal_tokens(
+    c: &mut RequestStateClient<Channel>,
+    n: usize,
+    single_use: bool,
+) -> Vec<String> {
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        v.push(
+            c.seal(seal_req(b"x", single_use))
+                .await
+                .expect("seal")
+                .into_inner()
+                .request_state,
+        );
+    }
+    v
+}
+
+/// The `grpc.health.v1` status of `service` at `addr` (panics if the check fails).
+pub async fn health_status(addr: std::net::SocketAddr, service: &str) -> i32 {
+    let ch = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+        .expect("url")
+        .connect()
+        .await
+        .expect("connect");
+    match tonic_health::pb::health_client::HealthClient::new(ch)
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: service.into(),
+        })
+        .await
+    {
+        Ok(r) => r.into_inner().status,
+        Err(e) => panic!("health check failed: {e:?}"),
+    }
+}

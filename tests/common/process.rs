@@ -133,3 +133,19 @@ impl Drop for ServerProcess {
         let _ = self.child.wait();
     }
 }
+
+/// Runs `stateseal serve ARGS… --data-dir DIR` and asserts it refuses to
+/// start with a message containing `want`.
+pub fn assert_refuses(args: &[&str], data_dir: &Path, want: &str) {
+    let out = command()
+        .arg("serve")
+        .args(args)
+        .arg("--data-dir")
+        .arg(data_dir)
+        .env_remove("STATESEAL_DATABASE_URL")
+        .output()
+        .expect("run stateseal");
+    assert!(!out.status.success(), "{args:?} started");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(want), "{args:?}: {err}");
+}

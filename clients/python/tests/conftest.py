@@ -26,11 +26,10 @@ def anyio_backend():
     return "asyncio"
 
 
-@pytest.fixture
-def stateseal(tmp_path):
-    """A stateseal process on 127.0.0.1; yields its address."""
+def start_stateseal(tmp_path, *extra: str):
+    """Starts a stateseal process on 127.0.0.1; returns (process, address)."""
     proc = subprocess.Popen(
-        [str(stateseal_bin()), "serve", "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path / "data")],
+        [str(stateseal_bin()), "serve", "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path / "data"), *extra],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -46,6 +45,13 @@ def stateseal(tmp_path):
     assert addr, "stateseal did not start"
     # Keep draining stderr so the process never blocks on a full pipe.
     threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
+    return proc, addr
+
+
+@pytest.fixture
+def stateseal(tmp_path):
+    """A stateseal process on 127.0.0.1; yields its address."""
+    proc, addr = start_stateseal(tmp_path)
     yield addr
     proc.terminate()
     proc.wait(timeout=20)

@@ -25,7 +25,7 @@ from starlette.routing import Route
 
 from stateseal_mcp import RequestStateClient, StatesealBoundary, install
 
-from conftest import free_port
+from conftest import free_port, start_stateseal
 
 pytestmark = pytest.mark.anyio
 
@@ -38,14 +38,15 @@ def ask(amount: int) -> Elicit[Confirm]:
     return Elicit(f"Transfer {amount}?", Confirm)
 
 
-def replica(tag: str, stateseal_addr: str, served: list) -> MCPServer:
+def replica(tag: str, stateseal_addr: str, served: list, bearer: str | None = None) -> MCPServer:
     server = MCPServer("transfer-service")
 
     @server.tool()
     async def transfer(amount: int, confirm: Annotated[Confirm, Resolve(ask)]) -> str:
         return f"transferred {amount}" if confirm.confirm else "cancelled"
 
-    install(server, StatesealBoundary(RequestStateClient(stateseal_addr), audience="transfer-service"))
+    client = RequestStateClient(stateseal_addr, bearer=bearer)
+    install(server, StatesealBoundary(client, audience="transfer-service"))
 
     async def record(ctx, call_next):
         if ctx.method == "tools/call":
@@ -79,12 +80,12 @@ def front(backends: list[str]) -> Starlette:
 
 
 @asynccontextmanager
-async def deployment(stateseal_addr: str):
+async def deployment(stateseal_addr: str, bearer: str | None = None):
     served: list = []
     ports = [free_port(), free_port(), free_port()]
     apps = [
-        replica("A", stateseal_addr, served).streamable_http_app(stateless_http=True, json_response=True),
-        replica("B", stateseal_addr, served).streamable_http_app(stateless_http=True, json_response=True),
+        replica("A", stateseal_addr, served, bearer).streamable_http_app(stateless_http=True, json_response=True),
+        replica("B", stateseal_addr, served, bearer).streamable_http_app(stateless_http=True, json_response=True),
     ]
     apps.append(front([f"http://127.0.0.1:{ports[0]}", f"http://127.0.0.1:{ports[1]}"]))
     servers = [
@@ -187,3 +188,25 @@ async def test_rejection_reasons_stay_in_the_server_log(stateseal, caplog):
             # The client sees only the SDK's frozen message; the reason is logged here.
             assert "REJECTED" not in json.dumps(e.value.error.model_dump(mode="json"))
             assert any("REJECTED" in rec.getMessage() for rec in caplog.records)
+
+
+async def test_bearer_credentials(tmp_path):
+    import hashlib
+
+    tenants = tmp_path / "tenants.json"
+    digest = hashlib.sha256(b"s3cret-of-transfer").hexdigest()
+    tenants.write_text(json.dumps({"tenants": [{"name": "transfer", "bearer_sha256": digest}]}))
+    proc, addr = start_stateseal(tmp_path, "--auth", "bearer", "--tenants", str(tenants))
+    try:
+        async with deployment(addr, bearer="s3cret-of-transfer") as (url, _):
+            async with Client(url, elicitation_callback=accept) as client:
+                result = await client.call_tool("transfer", {"amount": 7})
+            assert "transferred 7" in json.dumps(result.model_dump(mode="json"))
+        async with deployment(addr, bearer="wrong-secret") as (url, _):
+            async with Client(url, elicitation_callback=accept) as client:
+                with pytest.raises(MCPError) as e:
+                    await client.session.call_tool("transfer", {"amount": 7}, allow_input_required=True)
+                assert e.value.error.code == types.INTERNAL_ERROR
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
