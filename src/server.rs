@@ -155,39 +155,24 @@ pub async fn run(
         )),
     ];
     if let Some((path, digest)) = opts.keyset.clone() {
-        background.push(tokio::spawn(watch_file(
+        let apply = keyset_applier(sealer.keys().clone());
+        background.push(spawn_watch(
             "keyset",
             vec![path],
-            digest,
-            opts.reload_every,
-            opts.reload_stats.clone(),
-            keyset_applier(sealer.keys().clone()),
-        )));
+            Some(digest),
+            &opts,
+            apply,
+        ));
     }
     if let Some((files, config)) = opts.tls.clone() {
-        let initial = digest_files(&files.paths()).unwrap_or_default();
         let paths = files.paths();
-        background.push(tokio::spawn(watch_file(
-            "tls",
-            paths,
-            initial,
-            opts.reload_every,
-            opts.reload_stats.clone(),
-            move |_| files.load().map(|c| config.store(c)),
-        )));
+        let apply = move |_: &[u8]| files.load().map(|c| config.store(c));
+        background.push(spawn_watch("tls", paths, None, &opts, apply));
     }
     if let Some((path, tenants)) = opts.tenants.clone() {
-        let initial = digest_files(std::slice::from_ref(&path)).unwrap_or_default();
-        background.push(tokio::spawn(watch_file(
-            "tenants",
-            vec![path],
-            initial,
-            opts.reload_every,
-            opts.reload_stats.clone(),
-            move |bytes| Tenants::parse(bytes).map(|t| tenants.store(Arc::new(t))),
-        )));
+        let apply = move |bytes: &[u8]| Tenants::parse(bytes).map(|t| tenants.store(Arc::new(t)));
+        background.push(spawn_watch("tenants", vec![path], None, &opts, apply));
     }
-
     if let Some(l) = opts.metrics_listener {
         if let Ok(addr) = l.local_addr() {
             tracing::info!(metrics_addr = %addr, "metrics at /metrics");
@@ -280,6 +265,29 @@ async fn set_health(health: &tonic_health::server::HealthReporter, ready: bool) 
     for name in ["", SERVICE_NAME] {
         health.set_service_status(name, status).await;
     }
+}
+
+/// Watches `paths` (see [`watch_file`]); `initial` is the digest of the
+/// version in force, or `None` to take the files as they are now.
+fn spawn_watch<F>(
+    what: &'static str,
+    paths: Vec<PathBuf>,
+    initial: Option<[u8; 32]>,
+    opts: &ServeOptions,
+    apply: F,
+) -> tokio::task::JoinHandle<()>
+where
+    F: Fn(&[u8]) -> Result<(), String> + Send + 'static,
+{
+    let initial = initial.unwrap_or_else(|| digest_files(&paths).unwrap_or_default());
+    tokio::spawn(watch_file(
+        what,
+        paths,
+        initial,
+        opts.reload_every,
+        opts.reload_stats.clone(),
+        apply,
+    ))
 }
 
 /// Keeps `grpc.health.v1` in step with the ledger: SERVING only while it can
