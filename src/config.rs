@@ -15,9 +15,10 @@ use crate::keyring::{Keyring, KeyringHandle, KeysetError, KeysetFile};
 use crate::ledger::postgres::{PgLedger, PgOptions};
 use crate::ledger::sled::SledLedger;
 use crate::ledger::{Ledger, LedgerError};
-use crate::reload::{digest_files, read_with_digest};
+use crate::reload::read_files;
 use crate::sealer::{Limits, Sealer};
 use crate::server::ServeOptions;
+use crate::server::{TenantsInForce, TlsInForce};
 use crate::tls::TlsFiles;
 use arc_swap::ArcSwap;
 
@@ -228,17 +229,9 @@ impl ServeArgs {
     /// Checks the transport and authentication policy and loads the TLS
     /// material and tenants: plaintext without caller authentication, or
     /// bearer secrets without TLS, only on loopback unless explicitly allowed.
-    #[allow(clippy::type_complexity)]
     pub fn security(
         &self,
-    ) -> Result<
-        (
-            Authenticator,
-            Option<(TlsFiles, Arc<ArcSwap<rustls::ServerConfig>>)>,
-            Option<(PathBuf, Arc<ArcSwap<Tenants>>)>,
-        ),
-        ConfigError,
-    > {
+    ) -> Result<(Authenticator, Option<TlsInForce>, Option<TenantsInForce>), ConfigError> {
         let invalid = |m: String| Err(ConfigError::Invalid(m));
         let tls_files = match (&self.tls_cert, &self.tls_key) {
             (Some(cert), Some(key)) => Some(TlsFiles {
@@ -253,12 +246,13 @@ impl ServeArgs {
         }
         let tenants = match &self.tenants {
             Some(p) => {
-                let bytes = std::fs::read(p).map_err(|source| ConfigError::Io {
-                    path: p.clone(),
-                    source,
-                })?;
-                let t = Tenants::parse(&bytes).map_err(ConfigError::Invalid)?;
-                Some((p.clone(), Arc::new(ArcSwap::from_pointee(t))))
+                let (contents, digest) =
+                    read_files(std::slice::from_ref(p)).map_err(|source| ConfigError::Io {
+                        path: p.clone(),
+                        source,
+                    })?;
+                let t = Tenants::parse(&contents[0]).map_err(ConfigError::Invalid)?;
+                Some((p.clone(), Arc::new(ArcSwap::from_pointee(t)), digest))
             }
             None => None,
         };
@@ -279,7 +273,7 @@ impl ServeArgs {
                 Authenticator::Implicit(Tenant::new(Tenant::DEFAULT))
             }
             AuthMode::Bearer => {
-                let Some((_, t)) = &tenants else {
+                let Some((_, t, _)) = &tenants else {
                     return invalid("--auth bearer needs --tenants".into());
                 };
                 if tls_files.is_none() && !loopback {
@@ -311,8 +305,15 @@ impl ServeArgs {
         };
         let tls = match tls_files {
             Some(files) => {
+                // Digest first, load second: a change in between is seen
+                // as a new version at the first poll, never missed.
+                let paths = files.paths();
+                let (_, digest) = read_files(&paths).map_err(|source| ConfigError::Io {
+                    path: paths[0].clone(),
+                    source,
+                })?;
                 let config = files.load().map_err(ConfigError::Invalid)?;
-                Some((files, Arc::new(ArcSwap::new(config))))
+                Some((files, Arc::new(ArcSwap::new(config)), digest))
             }
             None => None,
         };
@@ -382,9 +383,8 @@ impl ServeArgs {
             path: keyset_path.clone(),
             source,
         };
-        let (bytes, _) = read_with_digest(&keyset_path).map_err(io)?;
-        let digest = digest_files(std::slice::from_ref(&keyset_path)).map_err(io)?;
-        let ring = Keyring::from_file(&KeysetFile::parse(&bytes)?)?;
+        let (contents, digest) = read_files(std::slice::from_ref(&keyset_path)).map_err(io)?;
+        let ring = Keyring::from_file(&KeysetFile::parse(&contents[0])?)?;
         tracing::info!(keys = ?ring.summary(), "keyset loaded");
         let ledger = self.open_ledger().await?;
         let sealer = Sealer::new(

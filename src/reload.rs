@@ -25,26 +25,26 @@ pub struct ReloadStats {
     pub failures: AtomicU64,
 }
 
-/// Reads `path` and returns its bytes (zeroized on drop) and their digest.
-pub fn read_with_digest(path: &std::path::Path) -> std::io::Result<(Zeroizing<Vec<u8>>, [u8; 32])> {
-    let bytes = Zeroizing::new(std::fs::read(path)?);
-    let digest = Sha256::digest(&bytes[..]).into();
-    Ok((bytes, digest))
-}
+/// A file's content, zeroized on drop (it may hold key material).
+pub type FileBytes = Zeroizing<Vec<u8>>;
 
-/// The digest of several files together (each length-prefixed).
-pub fn digest_files(paths: &[PathBuf]) -> std::io::Result<[u8; 32]> {
+/// Reads `paths` once: their contents (zeroized on drop) and the digest of
+/// all of them together (each length-prefixed). Whoever loads a version
+/// from these bytes holds exactly the version this digest names.
+pub fn read_files(paths: &[PathBuf]) -> std::io::Result<(Vec<FileBytes>, [u8; 32])> {
     let mut h = Sha256::new();
+    let mut contents = Vec::with_capacity(paths.len());
     for p in paths {
         let bytes = Zeroizing::new(std::fs::read(p)?);
         h.update((bytes.len() as u64).to_be_bytes());
         h.update(&bytes[..]);
+        contents.push(bytes);
     }
-    Ok(h.finalize().into())
+    Ok((contents, h.finalize().into()))
 }
 
 /// Polls `paths` every `every`; when their content differs from the last
-/// seen (`initial` is the digest of what is in force, see [`digest_files`]),
+/// seen (`initial` is the digest of what is in force, see [`read_files`]),
 /// calls `apply` with the bytes of the first path (appliers of several files
 /// re-read them all). `what` names the files in logs.
 pub async fn watch_file<F>(
@@ -64,8 +64,7 @@ pub async fn watch_file<F>(
     tick.tick().await;
     loop {
         tick.tick().await;
-        let read = digest_files(&paths).and_then(|d| read_with_digest(&path).map(|(b, _)| (b, d)));
-        let (bytes, digest) = match read {
+        let (contents, digest) = match read_files(&paths) {
             Ok(r) => r,
             Err(e) => {
                 // A missing file mid-swap is not a new version: keep polling.
@@ -77,7 +76,7 @@ pub async fn watch_file<F>(
             continue;
         }
         seen = digest;
-        match apply(&bytes) {
+        match apply(contents.first().map(|b| &b[..]).unwrap_or_default()) {
             Ok(()) => {
                 stats.reloads.fetch_add(1, Ordering::Relaxed);
                 tracing::info!(file = what, path = %path.display(), "reloaded");

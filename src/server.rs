@@ -17,7 +17,7 @@ use crate::auth::Authenticator;
 use crate::auth::Tenants;
 use crate::ledger::run_gc;
 use crate::proto::request_state_server::RequestStateServer;
-use crate::reload::{digest_files, keyset_applier, watch_file, ReloadStats};
+use crate::reload::{keyset_applier, watch_file, ReloadStats};
 use crate::sealer::Sealer;
 use crate::service::RequestStateService;
 use crate::tls::{self, TlsFiles};
@@ -31,6 +31,13 @@ pub const SERVICE_NAME: &str = "stateseal.v1.RequestState";
 /// all: use it for liveness (a database outage must not restart pods).
 pub const LIVENESS_NAME: &str = "stateseal.liveness";
 
+/// TLS files (watched), the configuration in force, and the digest of the
+/// file versions it was loaded from.
+pub type TlsInForce = (TlsFiles, Arc<ArcSwap<rustls::ServerConfig>>, [u8; 32]);
+/// The tenants file (watched), the tenants in force, and the digest of the
+/// version they were parsed from.
+pub type TenantsInForce = (PathBuf, Arc<ArcSwap<Tenants>>, [u8; 32]);
+
 /// Server settings that are not limits of the domain.
 pub struct ServeOptions {
     pub auth: Authenticator,
@@ -40,10 +47,10 @@ pub struct ServeOptions {
     pub gc_every: Duration,
     /// The keyset file to watch, and the digest of the version in force.
     pub keyset: Option<(PathBuf, [u8; 32])>,
-    /// TLS on the gRPC port: the files (watched) and the configuration in force.
-    pub tls: Option<(TlsFiles, Arc<ArcSwap<rustls::ServerConfig>>)>,
-    /// The tenants file (watched) and the tenants in force.
-    pub tenants: Option<(PathBuf, Arc<ArcSwap<Tenants>>)>,
+    /// TLS on the gRPC port.
+    pub tls: Option<TlsInForce>,
+    /// The tenants file.
+    pub tenants: Option<TenantsInForce>,
     /// A separate plaintext listener serving only `grpc.health.v1`, for
     /// probes that cannot present client credentials.
     pub health_listener: Option<TcpListener>,
@@ -58,7 +65,7 @@ impl std::fmt::Debug for ServeOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ServeOptions")
             .field("auth", &self.auth)
-            .field("tls", &self.tls.as_ref().map(|(files, _)| files))
+            .field("tls", &self.tls.as_ref().map(|(files, _, _)| files))
             .field("health_listener", &self.health_listener)
             .field("metrics_listener", &self.metrics_listener)
             .finish_non_exhaustive()
@@ -156,22 +163,16 @@ pub async fn run(
     ];
     if let Some((path, digest)) = opts.keyset.clone() {
         let apply = keyset_applier(sealer.keys().clone());
-        background.push(spawn_watch(
-            "keyset",
-            vec![path],
-            Some(digest),
-            &opts,
-            apply,
-        ));
+        background.push(spawn_watch("keyset", vec![path], digest, &opts, apply));
     }
-    if let Some((files, config)) = opts.tls.clone() {
+    if let Some((files, config, digest)) = opts.tls.clone() {
         let paths = files.paths();
         let apply = move |_: &[u8]| files.load().map(|c| config.store(c));
-        background.push(spawn_watch("tls", paths, None, &opts, apply));
+        background.push(spawn_watch("tls", paths, digest, &opts, apply));
     }
-    if let Some((path, tenants)) = opts.tenants.clone() {
+    if let Some((path, tenants, digest)) = opts.tenants.clone() {
         let apply = move |bytes: &[u8]| Tenants::parse(bytes).map(|t| tenants.store(Arc::new(t)));
-        background.push(spawn_watch("tenants", vec![path], None, &opts, apply));
+        background.push(spawn_watch("tenants", vec![path], digest, &opts, apply));
     }
     if let Some(l) = opts.metrics_listener {
         if let Ok(addr) = l.local_addr() {
@@ -218,8 +219,8 @@ pub async fn run(
         let _ = stop_tx.send(true);
     };
     let result = match &opts.tls {
-        Some((_, config)) => {
-            let tenants = opts.tenants.as_ref().map(|(_, t)| t.clone());
+        Some((_, config, _)) => {
+            let tenants = opts.tenants.as_ref().map(|(_, t, _)| t.clone());
             router
                 .serve_with_incoming_shutdown(
                     tls::incoming(listener, config.clone(), tenants),
@@ -268,18 +269,17 @@ async fn set_health(health: &tonic_health::server::HealthReporter, ready: bool) 
 }
 
 /// Watches `paths` (see [`watch_file`]); `initial` is the digest of the
-/// version in force, or `None` to take the files as they are now.
+/// version in force.
 fn spawn_watch<F>(
     what: &'static str,
     paths: Vec<PathBuf>,
-    initial: Option<[u8; 32]>,
+    initial: [u8; 32],
     opts: &ServeOptions,
     apply: F,
 ) -> tokio::task::JoinHandle<()>
 where
     F: Fn(&[u8]) -> Result<(), String> + Send + 'static,
 {
-    let initial = initial.unwrap_or_else(|| digest_files(&paths).unwrap_or_default());
     tokio::spawn(watch_file(
         what,
         paths,
