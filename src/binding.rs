@@ -8,9 +8,9 @@
 
 use std::fmt;
 
-use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
-use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
+
+use crate::canon::{self, NumberMode};
 
 use crate::error::Reject;
 
@@ -99,91 +99,18 @@ pub struct Binding {
 // === canonical JSON ===
 
 /// RFC 8785 canonical form of any JSON text. Refuses duplicate keys, lone
-/// surrogates and nesting deeper than serde_json's recursion limit (128).
+/// surrogates, numbers beyond the double range and nesting deeper than
+/// [`canon::MAX_DEPTH`]. Memory is O(input) (see [`canon`]).
 pub fn canonical_json(json: &str) -> Result<Vec<u8>, Reject> {
-    let value = parse_strict(json)?;
-    serde_json_canonicalizer::to_vec(&value).map_err(|_| Reject::Malformed)
+    canon::canonicalize(json, NumberMode::Rfc8785).map_err(|_| Reject::Malformed)
 }
 
 /// The params digest of an MCP request's `params` object.
 pub fn params_digest(params_json: &str) -> Result<ParamsDigest, Reject> {
-    let mut params = match parse_strict(params_json)? {
-        Value::Object(map) => map,
-        _ => return Err(Reject::Malformed),
-    };
-    for key in EXCLUDED_PARAMS {
-        params.remove(key);
-    }
     let canonical =
-        serde_json_canonicalizer::to_vec(&Value::Object(params)).map_err(|_| Reject::Malformed)?;
+        canon::canonicalize_object_without(params_json, NumberMode::Rfc8785, &EXCLUDED_PARAMS)
+            .map_err(|_| Reject::Malformed)?;
     Ok(ParamsDigest(Sha256::digest(&canonical).into()))
-}
-
-fn parse_strict(json: &str) -> Result<Value, Reject> {
-    let mut de = serde_json::Deserializer::from_str(json);
-    let StrictValue(value) = StrictValue::deserialize(&mut de).map_err(|_| Reject::Malformed)?;
-    de.end().map_err(|_| Reject::Malformed)?;
-    Ok(value)
-}
-
-/// A `serde_json::Value` whose objects may not repeat a key.
-struct StrictValue(Value);
-
-impl<'de> Deserialize<'de> for StrictValue {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(StrictVisitor).map(StrictValue)
-    }
-}
-
-struct StrictVisitor;
-
-impl<'de> Visitor<'de> for StrictVisitor {
-    type Value = Value;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a JSON value")
-    }
-    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
-        Ok(Value::Bool(v))
-    }
-    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
-        Ok(Value::from(v))
-    }
-    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
-        Ok(Value::from(v))
-    }
-    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Value, E> {
-        serde_json::Number::from_f64(v)
-            .map(Value::Number)
-            .ok_or_else(|| E::custom("non-finite number"))
-    }
-    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
-        Ok(Value::String(v.to_owned()))
-    }
-    fn visit_string<E>(self, v: String) -> Result<Value, E> {
-        Ok(Value::String(v))
-    }
-    fn visit_unit<E>(self) -> Result<Value, E> {
-        Ok(Value::Null)
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
-        let mut out = Vec::new();
-        while let Some(StrictValue(v)) = seq.next_element()? {
-            out.push(v);
-        }
-        Ok(Value::Array(out))
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
-        let mut out = Map::new();
-        while let Some(key) = map.next_key::<String>()? {
-            if out.contains_key(&key) {
-                return Err(de::Error::custom("duplicate object key"));
-            }
-            let StrictValue(v) = map.next_value()?;
-            out.insert(key, v);
-        }
-        Ok(Value::Object(out))
-    }
 }
 
 #[cfg(test)]

@@ -39,6 +39,7 @@
 
 pub mod auth;
 pub mod binding;
+pub mod canon;
 pub mod clock;
 pub mod config;
 pub mod error;

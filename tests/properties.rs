@@ -149,6 +149,40 @@ proptest! {
         let other = format!("{{ {} }}", spaced.join(","));
         prop_assert_eq!(params_digest(&compact).unwrap(), params_digest(&other).unwrap());
     }
+
+    /// Differential: our streaming canonicalizer against an independent RFC
+    /// 8785 implementation (serde_json_canonicalizer over serde_json values).
+    #[test]
+    fn canonical_form_matches_an_independent_implementation(v in wide_json_value()) {
+        let text = serde_json::to_string_pretty(&v).unwrap();
+        let theirs = serde_json_canonicalizer::to_vec(&v).unwrap();
+        let ours = stateseal::binding::canonical_json(&text).unwrap();
+        prop_assert_eq!(&ours, &theirs, "input {}", text);
+        // Idempotent: the canonical form is its own canonical form.
+        let again = stateseal::binding::canonical_json(std::str::from_utf8(&ours).unwrap()).unwrap();
+        prop_assert_eq!(again, ours);
+    }
+}
+
+/// JSON values with numbers across the whole double range (integers past
+/// 2^53, tiny and huge exponents) and strings with controls and astral
+/// characters.
+fn wide_json_value() -> impl Strategy<Value = serde_json::Value> {
+    let leaf = prop_oneof![
+        Just(serde_json::Value::Null),
+        any::<bool>().prop_map(serde_json::Value::Bool),
+        any::<i64>().prop_map(|n| serde_json::json!(n)),
+        any::<u64>().prop_map(|n| serde_json::json!(n)),
+        any::<f64>().prop_filter("finite", |f| f.is_finite()).prop_map(|f| serde_json::json!(f)),
+        "[\\u{0}-\\u{1f}\"\\\\a-z\\u{7f}-\\u{10ffff}]{0,8}".prop_map(serde_json::Value::String),
+    ];
+    leaf.prop_recursive(4, 32, 5, |inner| {
+        prop_oneof![
+            proptest::collection::vec(inner.clone(), 0..5).prop_map(serde_json::Value::Array),
+            proptest::collection::btree_map("[a-zA-Z\\u{80}-\\u{10ffff}_]{0,4}", inner, 0..5)
+                .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
+        ]
+    })
 }
 
 fn opened_len(t: &str) -> usize {
