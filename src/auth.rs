@@ -128,10 +128,22 @@ impl Tenants {
 pub enum PeerIdentity {
     /// Plaintext, or TLS without client certificates.
     Anonymous,
-    /// A verified client certificate that mapped to this tenant.
-    Tenant(Tenant),
-    /// A verified client certificate that maps to no tenant (or to several).
-    Unmapped,
+    /// A client certificate the handshake verified against the client CA
+    /// in force then. The tenant is mapped from these SANs on *every*
+    /// request, against the tenants file in force at that request, so a
+    /// removed tenant is refused at once on connections that are already
+    /// open; an expired certificate likewise. A replaced client CA reaches
+    /// open connections within the maximum connection age.
+    Certificate(Arc<CertIdentity>),
+}
+
+/// The parts of a verified client certificate that authorization uses.
+#[derive(Debug)]
+pub struct CertIdentity {
+    pub uris: Vec<String>,
+    pub dns: Vec<String>,
+    /// The certificate's notAfter, Unix seconds.
+    pub not_after: i64,
 }
 
 /// How callers are identified.
@@ -141,8 +153,8 @@ pub enum Authenticator {
     Implicit(Tenant),
     /// Bearer secrets from the (reloadable) tenants file.
     Bearer(Arc<ArcSwap<Tenants>>),
-    /// The tenant the TLS layer derived from the client certificate.
-    MutualTls,
+    /// The tenant the client certificate maps to in the tenants file in force.
+    MutualTls(Arc<ArcSwap<Tenants>>),
 }
 
 impl fmt::Debug for Authenticator {
@@ -150,7 +162,7 @@ impl fmt::Debug for Authenticator {
         f.write_str(match self {
             Authenticator::Implicit(_) => "Authenticator::Implicit",
             Authenticator::Bearer(_) => "Authenticator::Bearer",
-            Authenticator::MutualTls => "Authenticator::MutualTls",
+            Authenticator::MutualTls(_) => "Authenticator::MutualTls",
         })
     }
 }
@@ -182,12 +194,17 @@ impl Authenticator {
                     .by_bearer(secret)
                     .ok_or_else(|| Status::unauthenticated("invalid credentials"))?
             }
-            Authenticator::MutualTls => match req.extensions().get::<PeerIdentity>() {
-                Some(PeerIdentity::Tenant(t)) => t.clone(),
-                Some(PeerIdentity::Unmapped) => {
-                    return Err(Status::permission_denied(
-                        "client certificate maps to no tenant",
-                    ))
+            Authenticator::MutualTls(tenants) => match req.extensions().get::<PeerIdentity>() {
+                Some(PeerIdentity::Certificate(cert)) => {
+                    if unix_now() > cert.not_after {
+                        return Err(Status::unauthenticated("client certificate expired"));
+                    }
+                    tenants
+                        .load()
+                        .by_certificate(&cert.uris, &cert.dns)
+                        .ok_or_else(|| {
+                            Status::permission_denied("client certificate maps to no tenant")
+                        })?
                 }
                 _ => return Err(Status::unauthenticated("client certificate required")),
             },
@@ -195,6 +212,13 @@ impl Authenticator {
         req.extensions_mut().insert(tenant);
         Ok(req)
     }
+}
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ use crate::keyring::{Keyring, KeyringHandle, KeysetError, KeysetFile};
 use crate::ledger::postgres::{PgLedger, PgOptions};
 use crate::ledger::sled::SledLedger;
 use crate::ledger::{Ledger, LedgerError};
+use crate::limits::TransportLimits;
 use crate::reload::read_files;
 use crate::sealer::{Limits, Sealer};
 use crate::server::ServeOptions;
@@ -180,6 +181,32 @@ pub struct ServeArgs {
     /// Log format on stderr.
     #[arg(long, env = "STATESEAL_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
+    /// HTTP/2 streams per connection (SETTINGS_MAX_CONCURRENT_STREAMS).
+    #[arg(long, env = "STATESEAL_MAX_STREAMS", default_value_t = 128)]
+    pub max_streams: u32,
+    /// Open connections on the gRPC port; more wait in the backlog.
+    #[arg(long, env = "STATESEAL_MAX_CONNECTIONS", default_value_t = 1024)]
+    pub max_connections: usize,
+    /// Open connections on the health port and on the metrics port, each.
+    #[arg(long, env = "STATESEAL_MAX_AUX_CONNECTIONS", default_value_t = 64)]
+    pub max_aux_connections: usize,
+    /// Bound on handling one request, in milliseconds.
+    #[arg(long, env = "STATESEAL_REQUEST_TIMEOUT_MS", default_value_t = 10_000)]
+    pub request_timeout_ms: u64,
+    /// Connections are closed after this many seconds (and cut 30 s later):
+    /// the bound on how long an open connection outlives a replaced client CA.
+    #[arg(long, env = "STATESEAL_MAX_CONNECTION_AGE_S", default_value_t = 600)]
+    pub max_connection_age_s: u64,
+    /// Request bytes in flight, process-wide; over it, RESOURCE_EXHAUSTED.
+    #[arg(long, env = "STATESEAL_MAX_INFLIGHT_BYTES", default_value_t = 24 * 1024 * 1024)]
+    pub max_inflight_bytes: usize,
+    /// TLS handshakes in progress at once; more connections are dropped.
+    #[arg(long, env = "STATESEAL_MAX_TLS_HANDSHAKES", default_value_t = 64)]
+    pub max_tls_handshakes: usize,
+    /// After SIGTERM, how long in-flight requests may take before they are
+    /// cut, in milliseconds.
+    #[arg(long, env = "STATESEAL_SHUTDOWN_GRACE_MS", default_value_t = 20_000)]
+    pub shutdown_grace_ms: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -224,6 +251,22 @@ impl ServeArgs {
             clock_skew: self.clock_skew,
             ..Limits::default()
         })
+    }
+
+    /// The transport limits from the flags (the rest at their defaults).
+    pub fn transport_limits(&self) -> TransportLimits {
+        use std::time::Duration;
+        TransportLimits {
+            max_concurrent_streams: self.max_streams.max(1),
+            max_connections: self.max_connections.max(1),
+            max_aux_connections: self.max_aux_connections.max(1),
+            request_timeout: Duration::from_millis(self.request_timeout_ms.max(10)),
+            max_connection_age: Duration::from_secs(self.max_connection_age_s.max(1)),
+            max_inflight_bytes: self.max_inflight_bytes,
+            max_tls_handshakes: self.max_tls_handshakes.max(1),
+            shutdown_grace: Duration::from_millis(self.shutdown_grace_ms),
+            ..TransportLimits::default()
+        }
     }
 
     /// Checks the transport and authentication policy and loads the TLS
@@ -289,18 +332,16 @@ impl ServeArgs {
                 Authenticator::Bearer(t.clone())
             }
             AuthMode::Mtls => {
-                if tls_files
-                    .as_ref()
-                    .and_then(|f| f.client_ca.as_ref())
-                    .is_none()
-                    || tenants.is_none()
-                {
+                let (Some(_), Some((_, t, _))) = (
+                    tls_files.as_ref().and_then(|f| f.client_ca.as_ref()),
+                    &tenants,
+                ) else {
                     return invalid(
                         "--auth mtls needs --tls-cert, --tls-key, --tls-client-ca and --tenants"
                             .into(),
                     );
-                }
-                Authenticator::MutualTls
+                };
+                Authenticator::MutualTls(t.clone())
             }
         };
         let tls = match tls_files {
@@ -403,6 +444,7 @@ impl ServeArgs {
                 metrics_listener,
                 keyset: Some((keyset_path.clone(), digest)),
                 reload_every: std::time::Duration::from_millis(self.reload_interval_ms.max(100)),
+                limits: self.transport_limits(),
                 ..ServeOptions::default()
             },
             keyset_path,

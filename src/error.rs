@@ -27,11 +27,13 @@ pub enum Reject {
     Rejected,
     /// The single-use ledger could not answer; the service fails closed.
     LedgerUnavailable,
+    /// The server is at a work bound (canonicalizations queued); retry later.
+    Overloaded,
 }
 
 impl Reject {
     /// Every reason, for documentation checks and metrics.
-    pub const ALL: [Reject; 8] = [
+    pub const ALL: [Reject; 9] = [
         Reject::Malformed,
         Reject::TooLarge,
         Reject::BadMethod,
@@ -40,6 +42,7 @@ impl Reject {
         Reject::UnknownKey,
         Reject::Rejected,
         Reject::LedgerUnavailable,
+        Reject::Overloaded,
     ];
 
     /// The machine-readable reason (`google.rpc.ErrorInfo.reason`).
@@ -53,6 +56,7 @@ impl Reject {
             Reject::UnknownKey => "UNKNOWN_KEY",
             Reject::Rejected => "REJECTED",
             Reject::LedgerUnavailable => "LEDGER_UNAVAILABLE",
+            Reject::Overloaded => "OVERLOADED",
         }
     }
 
@@ -67,6 +71,7 @@ impl Reject {
             Reject::UnknownKey => "token key is unknown or retired",
             Reject::Rejected => "token rejected",
             Reject::LedgerUnavailable => "single-use ledger unavailable",
+            Reject::Overloaded => "server busy; retry later",
         }
     }
 }

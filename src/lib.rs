@@ -45,6 +45,7 @@ pub mod config;
 pub mod error;
 pub mod keyring;
 pub mod ledger;
+pub mod limits;
 pub mod metrics;
 pub mod reload;
 pub mod sealer;

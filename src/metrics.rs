@@ -191,6 +191,11 @@ pub fn render(src: &Sources) -> String {
         let _ = writeln!(out, "# HELP stateseal_ledger_batch_size_max Largest group-commit round.\n# TYPE stateseal_ledger_batch_size_max gauge\nstateseal_ledger_batch_size_max {}", f.max_batch.load(Ordering::Relaxed));
     }
     let _ = writeln!(out, "# HELP stateseal_auth_failures_total Requests refused by caller authentication (UNAUTHENTICATED or PERMISSION_DENIED).\n# TYPE stateseal_auth_failures_total counter\nstateseal_auth_failures_total {}", m.auth_failures.load(Ordering::Relaxed));
+    let l = &crate::limits::LIMIT_STATS;
+    let _ = writeln!(out, "# HELP stateseal_inflight_bytes_refused_total Requests refused because the request-byte budget was full (RESOURCE_EXHAUSTED).\n# TYPE stateseal_inflight_bytes_refused_total counter\nstateseal_inflight_bytes_refused_total {}", l.inflight_refused.load(Ordering::Relaxed));
+    let _ = writeln!(out, "# HELP stateseal_canonicalizations_refused_total Requests refused because the canonicalization queue was full (OVERLOADED).\n# TYPE stateseal_canonicalizations_refused_total counter\nstateseal_canonicalizations_refused_total {}", l.canon_refused.load(Ordering::Relaxed));
+    let _ = writeln!(out, "# HELP stateseal_tls_handshake_failures_total TLS handshakes that failed or timed out.\n# TYPE stateseal_tls_handshake_failures_total counter\nstateseal_tls_handshake_failures_total {}", l.tls_handshakes_failed.load(Ordering::Relaxed));
+    let _ = writeln!(out, "# HELP stateseal_tls_handshakes_dropped_total Connections dropped because too many TLS handshakes were in progress.\n# TYPE stateseal_tls_handshakes_dropped_total counter\nstateseal_tls_handshakes_dropped_total {}", l.tls_handshakes_dropped.load(Ordering::Relaxed));
     let _ = writeln!(out, "# HELP stateseal_reloads_total Watched files (keyset, TLS, tenants) reloaded.\n# TYPE stateseal_reloads_total counter\nstateseal_reloads_total {}", src.reload.reloads.load(Ordering::Relaxed));
     let _ = writeln!(out, "# HELP stateseal_reload_failures_total New versions of watched files rejected.\n# TYPE stateseal_reload_failures_total counter\nstateseal_reload_failures_total {}", src.reload.failures.load(Ordering::Relaxed));
     let ring = src.keys.current();
@@ -199,15 +204,16 @@ pub fn render(src: &Sources) -> String {
     out
 }
 
-/// Serves `GET /metrics` (HTTP/1.1, one request per connection).
-pub async fn serve(listener: TcpListener, src: Sources) {
-    loop {
-        let Ok((mut sock, _)) = listener.accept().await else {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            continue;
-        };
+/// Serves `GET /metrics` (HTTP/1.1, one request per connection), at most
+/// `max_connections` at once.
+pub async fn serve(listener: TcpListener, max_connections: usize, src: Sources) {
+    let permits = Arc::new(tokio::sync::Semaphore::new(max_connections.max(1)));
+    while let Some((mut sock, _, permit)) =
+        crate::limits::accept_limited(&listener, &permits).await
+    {
         let src = src.clone();
         tokio::spawn(async move {
+            let _permit = permit;
             let mut buf = vec![0u8; 4096];
             let mut n = 0;
             let read = tokio::time::timeout(Duration::from_secs(5), async {

@@ -118,26 +118,53 @@ impl Sealer {
         &self.clock
     }
 
-    /// Checks a received binding and computes its params digest.
+    /// Checks a received binding and computes its params digest (inline,
+    /// whatever its size; the service routes big ones through a bounded
+    /// pool with [`Sealer::check_binding`] and [`Sealer::bind`]).
     pub fn binding(&self, tenant: &Tenant, input: BindingInput<'_>) -> Result<Binding, Reject> {
-        if input.subject.len() > self.limits.max_subject {
-            return Err(Reject::TooLarge);
-        }
-        if input.subject.is_empty() {
-            return Err(Reject::Malformed);
-        }
-        let method = Method::parse(input.method)?;
+        self.check_binding(input.subject, input.method)?;
         let params = match input.params {
             None => return Err(Reject::Malformed),
             Some(ParamsInput::Digest(d)) => ParamsDigest::from_slice(d)?,
-            Some(ParamsInput::Json(j)) if j.len() > self.limits.max_params_json => {
-                return Err(Reject::TooLarge)
+            Some(ParamsInput::Json(j)) => {
+                self.check_params_json(j)?;
+                params_digest(j)?
             }
-            Some(ParamsInput::Json(j)) => params_digest(j)?,
         };
+        self.bind(tenant, input.subject, input.method, params)
+    }
+
+    /// The cheap checks of a binding: subject and method.
+    pub fn check_binding(&self, subject: &str, method: &str) -> Result<Method, Reject> {
+        if subject.len() > self.limits.max_subject {
+            return Err(Reject::TooLarge);
+        }
+        if subject.is_empty() {
+            return Err(Reject::Malformed);
+        }
+        Method::parse(method)
+    }
+
+    /// The size bound of `params_json`.
+    pub fn check_params_json(&self, json: &str) -> Result<(), Reject> {
+        if json.len() > self.limits.max_params_json {
+            return Err(Reject::TooLarge);
+        }
+        Ok(())
+    }
+
+    /// A binding from checked parts and a computed digest.
+    pub fn bind(
+        &self,
+        tenant: &Tenant,
+        subject: &str,
+        method: &str,
+        params: ParamsDigest,
+    ) -> Result<Binding, Reject> {
+        let method = self.check_binding(subject, method)?;
         Ok(Binding {
             tenant: tenant.clone(),
-            subject: input.subject.to_owned(),
+            subject: subject.to_owned(),
             method,
             params,
         })
@@ -178,7 +205,27 @@ impl Sealer {
 
     /// Opens a token for `binding`; consumes it first if it is single-use.
     pub async fn open(&self, binding: &Binding, token: &str) -> Result<OpenedState, Reject> {
+        let untrusted = self.precheck(token)?;
+        self.open_checked(binding, untrusted).await
+    }
+
+    /// The checks of a token that need no binding: size, encoding, header,
+    /// and a key in force for its key id. Cheap; run before any work
+    /// proportional to the params.
+    pub fn precheck(&self, token: &str) -> Result<UntrustedToken, Reject> {
         let untrusted = UntrustedToken::parse(token, self.limits.max_state)?;
+        if self.keys.current().get(untrusted.header().key_id).is_none() {
+            return Err(Reject::UnknownKey);
+        }
+        Ok(untrusted)
+    }
+
+    /// Opens a token that passed [`Sealer::precheck`].
+    pub async fn open_checked(
+        &self,
+        binding: &Binding,
+        untrusted: UntrustedToken,
+    ) -> Result<OpenedState, Reject> {
         let key_id = untrusted.header().key_id;
         let tenant_keys = {
             let ring = self.keys.current();

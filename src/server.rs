@@ -10,12 +10,12 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::server::TcpIncoming;
 use tonic::transport::Server;
 
 use crate::auth::Authenticator;
 use crate::auth::Tenants;
 use crate::ledger::run_gc;
+use crate::limits::{limited_incoming, CanonPool, InflightBytesLayer, TransportLimits};
 use crate::proto::request_state_server::RequestStateServer;
 use crate::reload::{keyset_applier, watch_file, ReloadStats};
 use crate::sealer::Sealer;
@@ -59,6 +59,8 @@ pub struct ServeOptions {
     /// How often watched files are re-read.
     pub reload_every: Duration,
     pub reload_stats: Arc<ReloadStats>,
+    /// Transport and work limits on every listener.
+    pub limits: TransportLimits,
 }
 
 impl std::fmt::Debug for ServeOptions {
@@ -87,6 +89,7 @@ impl Default for ServeOptions {
             metrics_listener: None,
             reload_every: Duration::from_secs(2),
             reload_stats: Arc::default(),
+            limits: TransportLimits::default(),
         }
     }
 }
@@ -109,29 +112,62 @@ pub fn max_message_size(sealer: &Sealer) -> usize {
     l.max_params_json + crate::token::encoded_len(crate::token::OVERHEAD + l.max_state) + 64 * 1024
 }
 
-/// Serves on `listener` until `shutdown` completes.
+/// The largest message health and reflection accept: a service name or a
+/// symbol, with room to spare.
+pub const AUX_MAX_MESSAGE: usize = 4 * 1024;
+/// Streams per connection on the health port (probes need one or two).
+const AUX_MAX_STREAMS: u32 = 16;
+
+/// Serves on `listener` until `shutdown` completes; then lets in-flight
+/// requests finish for at most `limits.shutdown_grace`, cuts the rest, and
+/// flushes the ledger.
 pub async fn run(
     listener: TcpListener,
     sealer: Arc<Sealer>,
     opts: ServeOptions,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
+    let lim = opts.limits.clone();
     let (health, health_service) = tonic_health::server::health_reporter();
-    let reflection_v1 = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
-    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
-        .build_v1alpha()?;
+    let health_service = health_service
+        .max_decoding_message_size(AUX_MAX_MESSAGE)
+        .max_encoding_message_size(AUX_MAX_MESSAGE);
+    let auth = opts.auth.clone();
+    // Reflection describes the API: behind caller authentication.
+    let reflection_v1 = InterceptedService::new(
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
+            .build_v1()?
+            .max_decoding_message_size(AUX_MAX_MESSAGE),
+        {
+            let auth = auth.clone();
+            move |req| auth.authenticate(req)
+        },
+    );
+    let reflection_v1alpha = InterceptedService::new(
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
+            .build_v1alpha()?
+            .max_decoding_message_size(AUX_MAX_MESSAGE),
+        {
+            let auth = auth.clone();
+            move |req| auth.authenticate(req)
+        },
+    );
 
     let limit = max_message_size(&sealer);
-    let auth = opts.auth.clone();
+    let canon = Arc::new(CanonPool::new(
+        lim.max_canonicalizations,
+        lim.max_canon_queue,
+    ));
     let service = InterceptedService::new(
-        RequestStateServer::new(RequestStateService::new(sealer.clone()))
+        RequestStateServer::new(RequestStateService::new(sealer.clone(), canon))
             .max_decoding_message_size(limit)
             .max_encoding_message_size(limit),
         move |req| auth.authenticate(req),
     );
+    // One budget of request bytes in flight for every listener.
+    let inflight = InflightBytesLayer::new(lim.max_inflight_bytes);
 
     let ledger = sealer.ledger().clone();
     // Registered before the first request can arrive: a probe never sees
@@ -180,6 +216,7 @@ pub async fn run(
         }
         background.push(tokio::spawn(crate::metrics::serve(
             l,
+            lim.max_aux_connections,
             crate::metrics::Sources {
                 keys: sealer.keys().clone(),
                 reload: opts.reload_stats.clone(),
@@ -199,49 +236,62 @@ pub async fn run(
             tracing::info!(health_addr = %addr, "health port up (grpc.health.v1 only)");
         }
         let (reporter_service, stop) = (health_service.clone(), stopped(stop_rx.clone()));
+        let incoming = limited_incoming(l, lim.max_aux_connections);
         tokio::spawn(
-            Server::builder()
+            lim.apply(Server::builder())
+                .max_concurrent_streams(AUX_MAX_STREAMS)
+                .layer(inflight.clone())
                 .add_service(reporter_service)
-                .serve_with_incoming_shutdown(TcpIncoming::from(l).with_nodelay(Some(true)), stop),
+                .serve_with_incoming_shutdown(incoming, stop),
         )
     });
 
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, backend = ledger.backend(), tls = opts.tls.is_some(), auth = ?opts.auth, "listening");
     }
-    let router = Server::builder()
+    let router = lim
+        .apply(Server::builder())
+        .layer(inflight)
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(service);
-    let stop = async move {
+    let stop = stopped(stop_rx);
+    let serve = async {
+        match &opts.tls {
+            Some((_, config, _)) => {
+                router
+                    .serve_with_incoming_shutdown(tls::incoming(listener, config.clone(), &lim), stop)
+                    .await
+            }
+            None => {
+                router
+                    .serve_with_incoming_shutdown(
+                        limited_incoming(listener, lim.max_connections),
+                        stop,
+                    )
+                    .await
+            }
+        }
+    };
+    // On the signal: stop accepting and let in-flight requests finish, for
+    // at most the grace period; then cut what remains.
+    let deadline = async {
         shutdown.await;
         let _ = stop_tx.send(true);
+        tokio::time::sleep(lim.shutdown_grace).await;
     };
-    let result = match &opts.tls {
-        Some((_, config, _)) => {
-            let tenants = opts.tenants.as_ref().map(|(_, t, _)| t.clone());
-            router
-                .serve_with_incoming_shutdown(
-                    tls::incoming(listener, config.clone(), tenants),
-                    stop,
-                )
-                .await
-        }
-        None => {
-            router
-                .serve_with_incoming_shutdown(
-                    // Without TCP_NODELAY on accepted sockets, a response written
-                    // in more than one segment waits for the client's delayed
-                    // ACK (~40 ms).
-                    TcpIncoming::from(listener).with_nodelay(Some(true)),
-                    stop,
-                )
-                .await
+    let result = tokio::select! {
+        r = serve => r,
+        () = deadline => {
+            tracing::warn!(grace = ?lim.shutdown_grace, "shutdown grace period over; cutting the remaining streams");
+            Ok(())
         }
     };
     if let Some(h) = health_server {
-        let _ = h.await;
+        if tokio::time::timeout(Duration::from_secs(1), h).await.is_err() {
+            tracing::debug!("health port cut at shutdown");
+        }
     }
     // Stop the background tasks and wait until they are gone, so that they no
     // longer hold the ledger.

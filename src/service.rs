@@ -8,36 +8,42 @@ use crate::metrics::{Rpc, METRICS};
 
 use tonic::{Request, Response, Status};
 
-use crate::binding::{Binding, Tenant};
+use crate::binding::{params_digest, Binding, ParamsDigest, Tenant};
+use crate::limits::CanonPool;
 use crate::error::Reject;
 use crate::proto::request_state_server::RequestState;
 use crate::proto::{self, binding::Params};
-use crate::sealer::{BindingInput, ParamsInput, Sealer};
+use crate::sealer::Sealer;
 
 #[derive(Debug, Clone)]
 pub struct RequestStateService {
     sealer: Arc<Sealer>,
+    canon: Arc<CanonPool>,
 }
 
 impl RequestStateService {
-    pub fn new(sealer: Arc<Sealer>) -> Self {
-        RequestStateService { sealer }
+    pub fn new(sealer: Arc<Sealer>, canon: Arc<CanonPool>) -> Self {
+        RequestStateService { sealer, canon }
     }
 
-    fn binding(&self, tenant: &Tenant, b: Option<&proto::Binding>) -> Result<Binding, Reject> {
+    /// Checks a received binding and computes its params digest: the cheap
+    /// checks first, then the digest (big `params_json` on the bounded
+    /// canonicalization pool).
+    async fn binding(&self, tenant: &Tenant, b: Option<proto::Binding>) -> Result<Binding, Reject> {
         let b = b.ok_or(Reject::Malformed)?;
-        let params = b.params.as_ref().map(|p| match p {
-            Params::ParamsDigest(d) => ParamsInput::Digest(d),
-            Params::ParamsJson(j) => ParamsInput::Json(j),
-        });
-        self.sealer.binding(
-            tenant,
-            BindingInput {
-                subject: &b.subject,
-                method: &b.method,
-                params,
-            },
-        )
+        self.sealer.check_binding(&b.subject, &b.method)?;
+        let digest = match b.params {
+            None => return Err(Reject::Malformed),
+            Some(Params::ParamsDigest(d)) => ParamsDigest::from_slice(&d)?,
+            Some(Params::ParamsJson(j)) => {
+                self.sealer.check_params_json(&j)?;
+                self.canon
+                    .run(j, params_digest)
+                    .await
+                    .map_err(|_| Reject::Overloaded)??
+            }
+        };
+        self.sealer.bind(tenant, &b.subject, &b.method, digest)
     }
 }
 
@@ -64,10 +70,11 @@ impl RequestState for RequestStateService {
     ) -> Result<Response<proto::SealResponse>, Status> {
         let started = Instant::now();
         let tenant = tenant_of(&req)?;
-        let r = req.get_ref();
-        let result = self
-            .binding(&tenant, r.binding.as_ref())
-            .and_then(|b| self.sealer.seal(&b, &r.state, r.ttl_seconds, r.single_use));
+        let r = req.into_inner();
+        let result = match self.binding(&tenant, r.binding).await {
+            Ok(b) => self.sealer.seal(&b, &r.state, r.ttl_seconds, r.single_use),
+            Err(e) => Err(e),
+        };
         METRICS.request(Rpc::Seal, result.as_ref().err().copied(), started.elapsed());
         match result {
             Ok(s) => {
@@ -102,8 +109,13 @@ impl RequestState for RequestStateService {
         let started = Instant::now();
         let tenant = tenant_of(&req)?;
         let r = req.into_inner();
-        let result = match self.binding(&tenant, r.binding.as_ref()) {
-            Ok(binding) => self.sealer.open(&binding, &r.request_state).await,
+        // The token's form and key id first: a garbage token costs nothing
+        // proportional to the params.
+        let result = match self.sealer.precheck(&r.request_state) {
+            Ok(untrusted) => match self.binding(&tenant, r.binding).await {
+                Ok(binding) => self.sealer.open_checked(&binding, untrusted).await,
+                Err(e) => Err(e),
+            },
             Err(e) => Err(e),
         };
         METRICS.request(Rpc::Open, result.as_ref().err().copied(), started.elapsed());

@@ -19,6 +19,7 @@ impl Reject {
             Reject::Replayed => Code::AlreadyExists,
             Reject::Rejected => Code::PermissionDenied,
             Reject::LedgerUnavailable => Code::Unavailable,
+            Reject::Overloaded => Code::ResourceExhausted,
         }
     }
 }

@@ -10,7 +10,6 @@ use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use rustls::server::WebPkiClientVerifier;
@@ -23,7 +22,12 @@ use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 use tonic::transport::server::Connected;
 
-use crate::auth::{PeerIdentity, Tenants};
+use std::sync::atomic::Ordering;
+
+use tokio::sync::Semaphore;
+
+use crate::auth::{CertIdentity, PeerIdentity};
+use crate::limits::{accept_limited, Counted, TransportLimits, LIMIT_STATS};
 
 /// Where the TLS material lives (mounted files; re-read on change).
 #[derive(Clone, Debug)]
@@ -90,7 +94,7 @@ impl TlsFiles {
 
 /// A TLS connection and what its handshake established about the peer.
 pub struct AuthedStream {
-    inner: TlsStream<TcpStream>,
+    inner: Counted<TlsStream<TcpStream>>,
     peer: PeerIdentity,
 }
 
@@ -139,10 +143,18 @@ impl AsyncWrite for AuthedStream {
 
 /// The URI and DNS subject alternative names of a DER certificate.
 pub fn sans(der: &[u8]) -> (Vec<String>, Vec<String>) {
+    let c = identity(der);
+    (c.uris, c.dns)
+}
+
+/// The SANs and expiry of a DER certificate (already verified by rustls).
+pub fn identity(der: &[u8]) -> CertIdentity {
     use x509_parser::extensions::GeneralName;
     let mut uris = Vec::new();
     let mut dns = Vec::new();
+    let mut not_after = i64::MIN; // unparseable: treated as expired
     if let Ok((_, cert)) = x509_parser::parse_x509_certificate(der) {
+        not_after = cert.validity().not_after.timestamp();
         if let Ok(Some(san)) = cert.subject_alternative_name() {
             for name in &san.value.general_names {
                 match name {
@@ -153,60 +165,61 @@ pub fn sans(der: &[u8]) -> (Vec<String>, Vec<String>) {
             }
         }
     }
-    (uris, dns)
+    CertIdentity {
+        uris,
+        dns,
+        not_after,
+    }
 }
 
-/// Accepts TCP connections, runs each handshake (bounded in time) under the
-/// configuration in force, and yields authenticated streams.
+/// Accepts TCP connections (at most `limits.max_connections` open), runs
+/// each handshake under the configuration in force — bounded in time, at
+/// most `limits.max_tls_handshakes` at once (more are dropped at once) —
+/// and yields streams with what the handshake established. Failed
+/// handshakes are counted (`stateseal_tls_handshake_failures_total`) and
+/// logged at debug only, so unauthenticated peers cannot flood the log.
 pub fn incoming(
     listener: TcpListener,
     config: Arc<ArcSwap<ServerConfig>>,
-    tenants: Option<Arc<ArcSwap<Tenants>>>,
+    limits: &TransportLimits,
 ) -> tokio_stream::wrappers::ReceiverStream<Result<AuthedStream, std::io::Error>> {
-    let (tx, rx) = tokio::sync::mpsc::channel(128);
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    let connections = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let handshakes = Arc::new(Semaphore::new(limits.max_tls_handshakes.max(1)));
+    let timeout = limits.tls_handshake_timeout;
     tokio::spawn(async move {
-        loop {
-            let (tcp, peer_addr) = match listener.accept().await {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
+        while let Some((tcp, peer_addr, permit)) = accept_limited(&listener, &connections).await {
+            let Ok(slot) = handshakes.clone().try_acquire_owned() else {
+                LIMIT_STATS
+                    .tls_handshakes_dropped
+                    .fetch_add(1, Ordering::Relaxed);
+                continue; // dropped: closes the connection
             };
-            let _ = tcp.set_nodelay(true);
             let acceptor = TlsAcceptor::from(config.load_full());
-            let (tx, tenants) = (tx.clone(), tenants.clone());
+            let tx = tx.clone();
             tokio::spawn(async move {
-                let stream =
-                    match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await
-                    {
-                        Ok(Ok(s)) => s,
-                        Ok(Err(e)) => {
-                            tracing::info!(peer = %peer_addr, error = %e, "TLS handshake refused");
-                            return;
-                        }
-                        Err(_) => {
-                            tracing::info!(peer = %peer_addr, "TLS handshake timed out");
-                            return;
-                        }
-                    };
-                let peer = match (stream.get_ref().1.peer_certificates(), &tenants) {
-                    (Some([leaf, ..]), Some(tenants)) => {
-                        let (uris, dns) = sans(leaf.as_ref());
-                        match tenants.load().by_certificate(&uris, &dns) {
-                            Some(t) => PeerIdentity::Tenant(t),
-                            None => {
-                                tracing::info!(peer = %peer_addr, ?uris, ?dns, "client certificate maps to no tenant");
-                                PeerIdentity::Unmapped
-                            }
-                        }
+                let handshake = tokio::time::timeout(timeout, acceptor.accept(tcp)).await;
+                drop(slot);
+                let stream = match handshake {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(e)) => {
+                        LIMIT_STATS.tls_handshakes_failed.fetch_add(1, Ordering::Relaxed);
+                        tracing::debug!(peer = %peer_addr, error = %e, "TLS handshake refused");
+                        return;
                     }
+                    Err(_) => {
+                        LIMIT_STATS.tls_handshakes_failed.fetch_add(1, Ordering::Relaxed);
+                        tracing::debug!(peer = %peer_addr, "TLS handshake timed out");
+                        return;
+                    }
+                };
+                let peer = match stream.get_ref().1.peer_certificates() {
+                    Some([leaf, ..]) => PeerIdentity::Certificate(Arc::new(identity(leaf.as_ref()))),
                     _ => PeerIdentity::Anonymous,
                 };
                 let _ = tx
                     .send(Ok(AuthedStream {
-                        inner: stream,
+                        inner: Counted::new(stream, permit),
                         peer,
                     }))
                     .await;

@@ -1,0 +1,413 @@
+//! Transport and work limits: what keeps the process bounded in memory and
+//! responsive under hostile load, on every listener.
+//!
+//! - Connections: each listener takes a permit *before* `accept`, so at most
+//!   `max_connections` are open; over that, new connections wait in the
+//!   kernel's backlog instead of costing memory here.
+//! - HTTP/2: streams per connection, header list size, keepalive with a
+//!   timeout, a maximum connection age (which also bounds how long a
+//!   connection outlives a replaced client CA), reset-flood limits, and a
+//!   per-request timeout (see [`TransportLimits::apply`]).
+//! - Request bytes in flight, process-wide: every DATA frame of every
+//!   request takes permits from one byte budget, held until the response is
+//!   produced; a frame that does not fit fails its request at once with
+//!   `RESOURCE_EXHAUSTED` ([`InflightBytesLayer`]).
+//! - Canonicalization of `params_json`: small inputs run inline; larger ones
+//!   on the blocking pool, at most `max_canonicalizations` at once with a
+//!   bounded queue; over the queue, `RESOURCE_EXHAUSTED` at once
+//!   ([`CanonPool`]).
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Body as HttpBody, Frame};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tonic::transport::server::{Connected, TcpConnectInfo};
+
+/// Every limit of the transport, with the defaults the README documents.
+#[derive(Clone, Debug)]
+pub struct TransportLimits {
+    /// HTTP/2 `SETTINGS_MAX_CONCURRENT_STREAMS` on every connection.
+    pub max_concurrent_streams: u32,
+    /// Open connections on the main port.
+    pub max_connections: usize,
+    /// Open connections on the health port and on the metrics port, each.
+    pub max_aux_connections: usize,
+    /// HTTP/2 `SETTINGS_MAX_HEADER_LIST_SIZE`.
+    pub max_header_list_size: u32,
+    /// Bound on handling one request (from its headers to its answer).
+    pub request_timeout: Duration,
+    /// HTTP/2 PING interval, and how long a PING may go unanswered.
+    pub keepalive_interval: Duration,
+    pub keepalive_timeout: Duration,
+    /// Connections are closed (GOAWAY) after this age, and cut after the
+    /// grace period that follows.
+    pub max_connection_age: Duration,
+    pub max_connection_age_grace: Duration,
+    /// Streams a peer may make us reset, and reset streams not yet
+    /// accepted, before the connection is closed (reset floods).
+    pub max_local_error_resets: usize,
+    pub max_pending_accept_resets: usize,
+    /// TLS handshakes: each bounded in time; at most this many at once
+    /// (more are dropped at once and counted).
+    pub tls_handshake_timeout: Duration,
+    pub max_tls_handshakes: usize,
+    /// Request bytes in flight, process-wide.
+    pub max_inflight_bytes: usize,
+    /// Canonicalizations of `params_json` running at once, and waiting.
+    pub max_canonicalizations: usize,
+    pub max_canon_queue: usize,
+    /// After SIGTERM: how long in-flight requests may take before they are
+    /// cut and the process exits (ledger flushed).
+    pub shutdown_grace: Duration,
+}
+
+impl Default for TransportLimits {
+    fn default() -> Self {
+        TransportLimits {
+            max_concurrent_streams: 128,
+            max_connections: 1024,
+            max_aux_connections: 64,
+            max_header_list_size: 16 * 1024,
+            request_timeout: Duration::from_secs(10),
+            keepalive_interval: Duration::from_secs(30),
+            keepalive_timeout: Duration::from_secs(10),
+            max_connection_age: Duration::from_secs(600),
+            max_connection_age_grace: Duration::from_secs(30),
+            max_local_error_resets: 128,
+            max_pending_accept_resets: 32,
+            tls_handshake_timeout: Duration::from_secs(5),
+            max_tls_handshakes: 64,
+            max_inflight_bytes: 24 * 1024 * 1024,
+            max_canonicalizations: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(2)
+                .clamp(1, 8),
+            max_canon_queue: 64,
+            shutdown_grace: Duration::from_secs(20),
+        }
+    }
+}
+
+impl TransportLimits {
+    /// A tonic server builder with these limits.
+    pub fn apply(&self, b: tonic::transport::Server) -> tonic::transport::Server {
+        b.max_concurrent_streams(self.max_concurrent_streams)
+            .http2_max_header_list_size(self.max_header_list_size)
+            .timeout(self.request_timeout)
+            .http2_keepalive_interval(Some(self.keepalive_interval))
+            .http2_keepalive_timeout(Some(self.keepalive_timeout))
+            .max_connection_age(self.max_connection_age)
+            .max_connection_age_grace(self.max_connection_age_grace)
+            .http2_max_local_error_reset_streams(Some(self.max_local_error_resets))
+            .http2_max_pending_accept_reset_streams(Some(self.max_pending_accept_resets))
+            // Per-stream and per-connection receive windows: what a peer may
+            // have in flight before we read it.
+            .initial_stream_window_size(256 * 1024)
+            .initial_connection_window_size(1024 * 1024)
+            .tcp_nodelay(true)
+    }
+}
+
+/// Counters the metrics endpoint exposes.
+#[derive(Debug, Default)]
+pub struct LimitStats {
+    pub inflight_refused: AtomicU64,
+    pub canon_refused: AtomicU64,
+    pub tls_handshakes_failed: AtomicU64,
+    pub tls_handshakes_dropped: AtomicU64,
+}
+
+/// The process-wide counters.
+pub static LIMIT_STATS: LimitStats = LimitStats {
+    inflight_refused: AtomicU64::new(0),
+    canon_refused: AtomicU64::new(0),
+    tls_handshakes_failed: AtomicU64::new(0),
+    tls_handshakes_dropped: AtomicU64::new(0),
+};
+
+// === connections ===
+
+/// A connection that holds one of its listener's permits while it is open.
+pub struct Counted<IO> {
+    inner: IO,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl<IO> Counted<IO> {
+    pub fn new(inner: IO, permit: OwnedSemaphorePermit) -> Self {
+        Counted {
+            inner,
+            _permit: permit,
+        }
+    }
+    pub fn get_ref(&self) -> &IO {
+        &self.inner
+    }
+}
+
+impl Connected for Counted<TcpStream> {
+    type ConnectInfo = TcpConnectInfo;
+    fn connect_info(&self) -> TcpConnectInfo {
+        self.inner.connect_info()
+    }
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Counted<IO> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Counted<IO> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+/// Accepts one connection once a permit is free (the permit is taken
+/// first: a full listener stops accepting). Sets TCP_NODELAY: without it, a
+/// response written in more than one segment waits for the peer's delayed
+/// ACK (~40 ms).
+pub async fn accept_limited(
+    listener: &TcpListener,
+    permits: &Arc<Semaphore>,
+) -> Option<(TcpStream, std::net::SocketAddr, OwnedSemaphorePermit)> {
+    let permit = permits.clone().acquire_owned().await.ok()?;
+    loop {
+        match listener.accept().await {
+            Ok((tcp, addr)) => {
+                let _ = tcp.set_nodelay(true);
+                return Some((tcp, addr, permit));
+            }
+            Err(e) => {
+                // EMFILE and friends: back off instead of spinning.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// Plaintext connections from `listener`, at most `max` open at once.
+pub fn limited_incoming(
+    listener: TcpListener,
+    max: usize,
+) -> tokio_stream::wrappers::ReceiverStream<std::io::Result<Counted<TcpStream>>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    let permits = Arc::new(Semaphore::new(max.max(1)));
+    tokio::spawn(async move {
+        while let Some((tcp, _, permit)) = accept_limited(&listener, &permits).await {
+            if tx.send(Ok(Counted::new(tcp, permit))).await.is_err() {
+                return; // the server stopped
+            }
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+// === request bytes in flight ===
+
+/// A tower layer charging every request's body bytes to one budget.
+#[derive(Clone, Debug)]
+pub struct InflightBytesLayer {
+    budget: Arc<Semaphore>,
+}
+
+impl InflightBytesLayer {
+    pub fn new(max_bytes: usize) -> Self {
+        InflightBytesLayer {
+            budget: Arc::new(Semaphore::new(
+                max_bytes.clamp(64 * 1024, Semaphore::MAX_PERMITS),
+            )),
+        }
+    }
+    /// Bytes currently free in the budget.
+    pub fn available(&self) -> usize {
+        self.budget.available_permits()
+    }
+}
+
+impl<S> tower_layer::Layer<S> for InflightBytesLayer {
+    type Service = InflightBytes<S>;
+    fn layer(&self, inner: S) -> InflightBytes<S> {
+        InflightBytes {
+            inner,
+            budget: self.budget.clone(),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct InflightBytes<S> {
+    inner: S,
+    budget: Arc<Semaphore>,
+}
+
+/// Permits a request holds: shared by its body (while tonic reads it) and
+/// its response future (until the answer exists).
+type Held = Arc<Mutex<Vec<OwnedSemaphorePermit>>>;
+
+impl<S> tower_service::Service<http::Request<tonic::body::Body>> for InflightBytes<S>
+where
+    S: tower_service::Service<http::Request<tonic::body::Body>> + Send,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn std::future::Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
+        let held: Held = Arc::default();
+        let (parts, body) = req.into_parts();
+        let body = tonic::body::Body::new(Metered {
+            inner: body,
+            budget: self.budget.clone(),
+            held: held.clone(),
+        });
+        let fut = self.inner.call(http::Request::from_parts(parts, body));
+        Box::pin(async move {
+            let r = fut.await;
+            drop(held);
+            r
+        })
+    }
+}
+
+pin_project_lite::pin_project! {
+    struct Metered {
+        #[pin]
+        inner: tonic::body::Body,
+        budget: Arc<Semaphore>,
+        held: Held,
+    }
+}
+
+impl HttpBody for Metered {
+    type Data = Bytes;
+    type Error = tonic::Status;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, tonic::Status>>> {
+        let this = self.project();
+        match this.inner.poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    let n = u32::try_from(data.len()).unwrap_or(u32::MAX);
+                    match this.budget.clone().try_acquire_many_owned(n) {
+                        Ok(p) => this.held.lock().unwrap_or_else(|e| e.into_inner()).push(p),
+                        Err(_) => {
+                            LIMIT_STATS.inflight_refused.fetch_add(1, Ordering::Relaxed);
+                            return Poll::Ready(Some(Err(tonic::Status::resource_exhausted(
+                                "server busy: too many request bytes in flight; retry later",
+                            ))));
+                        }
+                    }
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            other => other,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+// === canonicalization ===
+
+/// Runs canonicalizations of `params_json` off the async workers, bounded.
+#[derive(Debug)]
+pub struct CanonPool {
+    running: Arc<Semaphore>,
+    admitted: AtomicUsize,
+    max_admitted: usize,
+}
+
+/// Inputs up to this size are canonicalized inline: a few microseconds,
+/// cheaper than a hand-off to the blocking pool.
+pub const INLINE_CANON_BYTES: usize = 4 * 1024;
+
+/// The pool is full: answer `RESOURCE_EXHAUSTED` at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Busy;
+
+impl CanonPool {
+    pub fn new(running: usize, queue: usize) -> Self {
+        let running = running.max(1);
+        CanonPool {
+            running: Arc::new(Semaphore::new(running)),
+            admitted: AtomicUsize::new(0),
+            max_admitted: running + queue,
+        }
+    }
+
+    /// Runs `f` over `input`: inline when small, else on the blocking pool
+    /// under the bounds. `Err(Busy)` when running and queued are full.
+    pub async fn run<T: Send + 'static>(&self, input: String, f: fn(&str) -> T) -> Result<T, Busy> {
+        if input.len() <= INLINE_CANON_BYTES {
+            return Ok(f(&input));
+        }
+        if self.admitted.fetch_add(1, Ordering::AcqRel) >= self.max_admitted {
+            self.admitted.fetch_sub(1, Ordering::AcqRel);
+            LIMIT_STATS.canon_refused.fetch_add(1, Ordering::Relaxed);
+            return Err(Busy);
+        }
+        struct Admitted<'a>(&'a AtomicUsize);
+        impl Drop for Admitted<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        let _admitted = Admitted(&self.admitted);
+        let permit = self.running.clone().acquire_owned().await.map_err(|_| Busy)?;
+        tokio::task::spawn_blocking(move || {
+            let r = f(&input);
+            drop(permit);
+            r
+        })
+        .await
+        .map_err(|_| Busy)
+    }
+}
