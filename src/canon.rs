@@ -296,7 +296,7 @@ impl<'a> Parser<'a> {
             .windows(2)
             .all(|w| compare_keys(key(&w[0]), key(&w[1])) == Ordering::Less);
         let any_skipped = members.iter().any(|m| m.end == m.key_end);
-        if !(in_order && !any_skipped) {
+        if !in_order || any_skipped {
             members.sort_unstable_by(|a, b| compare_keys(key(a), key(b)));
             if members
                 .windows(2)
@@ -656,13 +656,7 @@ impl BigExp {
 }
 
 impl Decimal {
-    fn from_parts(
-        negative: bool,
-        int: &[u8],
-        frac: &[u8],
-        exp_negative: bool,
-        exp: &[u8],
-    ) -> Self {
+    fn from_parts(negative: bool, int: &[u8], frac: &[u8], exp_negative: bool, exp: &[u8]) -> Self {
         let all: Vec<u8> = int.iter().chain(frac).map(|d| d - b'0').collect();
         let lead = all.iter().position(|d| *d != 0).unwrap_or(all.len());
         let trail = all[lead..].iter().rev().take_while(|d| **d == 0).count();
@@ -803,7 +797,10 @@ mod tests {
             ("0.1", "1e-1"),
             ("9007199254740993", "9007199254740993.000"),
             ("1e400", "10e399"),
-            ("123e100000000000000000000000000000000000", "1230e99999999999999999999999999999999999"),
+            (
+                "123e100000000000000000000000000000000000",
+                "1230e99999999999999999999999999999999999",
+            ),
         ] {
             assert_eq!(x(a), x(b), "{a} vs {b}");
         }
@@ -817,12 +814,20 @@ mod tests {
 
     #[test]
     fn skipping_top_level_members() {
-        let out =
-            canonicalize_object_without(r#"{"z":1,"_meta":{"a":[1]},"a":2}"#, NumberMode::Rfc8785, &["_meta"])
-                .unwrap();
+        let out = canonicalize_object_without(
+            r#"{"z":1,"_meta":{"a":[1]},"a":2}"#,
+            NumberMode::Rfc8785,
+            &["_meta"],
+        )
+        .unwrap();
         assert_eq!(out, br#"{"a":2,"z":1}"#);
         // A skipped member still counts for duplicates.
-        assert!(canonicalize_object_without(r#"{"_meta":1,"_meta":2}"#, NumberMode::Rfc8785, &["_meta"]).is_err());
+        assert!(canonicalize_object_without(
+            r#"{"_meta":1,"_meta":2}"#,
+            NumberMode::Rfc8785,
+            &["_meta"]
+        )
+        .is_err());
         assert!(canonicalize_object_without("[1]", NumberMode::Rfc8785, &[]).is_err());
     }
 

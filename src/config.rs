@@ -197,10 +197,22 @@ pub struct ServeArgs {
     /// the bound on how long an open connection outlives a replaced client CA.
     #[arg(long, env = "STATESEAL_MAX_CONNECTION_AGE_S", default_value_t = 600)]
     pub max_connection_age_s: u64,
+    /// Seconds an aged connection may finish its streams before it is cut.
+    #[arg(
+        long,
+        env = "STATESEAL_MAX_CONNECTION_AGE_GRACE_S",
+        default_value_t = 30
+    )]
+    pub max_connection_age_grace_s: u64,
     /// Request bytes in flight, process-wide; over it, RESOURCE_EXHAUSTED.
-    #[arg(long, env = "STATESEAL_MAX_INFLIGHT_BYTES", default_value_t = 24 * 1024 * 1024)]
+    #[arg(long, env = "STATESEAL_MAX_INFLIGHT_BYTES", default_value_t = 16 * 1024 * 1024)]
     pub max_inflight_bytes: usize,
-    /// TLS handshakes in progress at once; more connections are dropped.
+    /// Bound on a TLS handshake (or, in plaintext, on receiving the HTTP/2
+    /// preface), in milliseconds.
+    #[arg(long, env = "STATESEAL_HANDSHAKE_TIMEOUT_MS", default_value_t = 5_000)]
+    pub handshake_timeout_ms: u64,
+    /// TLS handshakes (or plaintext connections waiting for their HTTP/2
+    /// preface) in progress at once per listener; a new one evicts the oldest.
     #[arg(long, env = "STATESEAL_MAX_TLS_HANDSHAKES", default_value_t = 64)]
     pub max_tls_handshakes: usize,
     /// After SIGTERM, how long in-flight requests may take before they are
@@ -262,8 +274,10 @@ impl ServeArgs {
             max_aux_connections: self.max_aux_connections.max(1),
             request_timeout: Duration::from_millis(self.request_timeout_ms.max(10)),
             max_connection_age: Duration::from_secs(self.max_connection_age_s.max(1)),
+            max_connection_age_grace: Duration::from_secs(self.max_connection_age_grace_s),
             max_inflight_bytes: self.max_inflight_bytes,
             max_tls_handshakes: self.max_tls_handshakes.max(1),
+            tls_handshake_timeout: Duration::from_millis(self.handshake_timeout_ms.max(10)),
             shutdown_grace: Duration::from_millis(self.shutdown_grace_ms),
             ..TransportLimits::default()
         }

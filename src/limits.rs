@@ -54,8 +54,9 @@ pub struct TransportLimits {
     /// accepted, before the connection is closed (reset floods).
     pub max_local_error_resets: usize,
     pub max_pending_accept_resets: usize,
-    /// TLS handshakes: each bounded in time; at most this many at once
-    /// (more are dropped at once and counted).
+    /// TLS handshakes (and, in plaintext, the HTTP/2 preface): each bounded
+    /// in time; at most this many at once per listener (a new one evicts the
+    /// oldest, see [`HandshakeSlots`]).
     pub tls_handshake_timeout: Duration,
     pub max_tls_handshakes: usize,
     /// Request bytes in flight, process-wide.
@@ -84,7 +85,7 @@ impl Default for TransportLimits {
             max_pending_accept_resets: 32,
             tls_handshake_timeout: Duration::from_secs(5),
             max_tls_handshakes: 64,
-            max_inflight_bytes: 24 * 1024 * 1024,
+            max_inflight_bytes: 16 * 1024 * 1024,
             max_canonicalizations: std::thread::available_parallelism()
                 .map(|n| n.get())
                 .unwrap_or(2)
@@ -120,16 +121,16 @@ impl TransportLimits {
 pub struct LimitStats {
     pub inflight_refused: AtomicU64,
     pub canon_refused: AtomicU64,
-    pub tls_handshakes_failed: AtomicU64,
-    pub tls_handshakes_dropped: AtomicU64,
+    pub handshakes_failed: AtomicU64,
+    pub handshakes_evicted: AtomicU64,
 }
 
 /// The process-wide counters.
 pub static LIMIT_STATS: LimitStats = LimitStats {
     inflight_refused: AtomicU64::new(0),
     canon_refused: AtomicU64::new(0),
-    tls_handshakes_failed: AtomicU64::new(0),
-    tls_handshakes_dropped: AtomicU64::new(0),
+    handshakes_failed: AtomicU64::new(0),
+    handshakes_evicted: AtomicU64::new(0),
 };
 
 // === connections ===
@@ -199,11 +200,29 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Counted<IO> {
 /// first: a full listener stops accepting). Sets TCP_NODELAY: without it, a
 /// response written in more than one segment waits for the peer's delayed
 /// ACK (~40 ms).
+///
+/// With `handshakes`: when every permit is taken, the oldest connection
+/// still in its handshake is evicted to make room, so connections that say
+/// nothing cannot keep the listener from accepting.
 pub async fn accept_limited(
     listener: &TcpListener,
     permits: &Arc<Semaphore>,
+    handshakes: Option<&Arc<HandshakeSlots>>,
 ) -> Option<(TcpStream, std::net::SocketAddr, OwnedSemaphorePermit)> {
-    let permit = permits.clone().acquire_owned().await.ok()?;
+    let permit = loop {
+        match permits.clone().try_acquire_owned() {
+            Ok(p) => break p,
+            Err(tokio::sync::TryAcquireError::Closed) => return None,
+            Err(tokio::sync::TryAcquireError::NoPermits) => {}
+        }
+        if handshakes.is_some_and(|h| h.evict_oldest()) {
+            // The evicted connection's task drops it (and its permit) soon.
+            tokio::task::yield_now().await;
+            continue;
+        }
+        // Every permit belongs to an established connection: wait.
+        break permits.clone().acquire_owned().await.ok()?;
+    };
     loop {
         match listener.accept().await {
             Ok((tcp, addr)) => {
@@ -219,16 +238,131 @@ pub async fn accept_limited(
     }
 }
 
-/// Plaintext connections from `listener`, at most `max` open at once.
+/// The HTTP/2 client connection preface (RFC 9113 §3.4).
+const PREFACE_LEN: usize = 24;
+
+/// Waits until the peer has sent the 24-byte HTTP/2 preface (peeked, not
+/// read), for at most `limit`. A connection that sends nothing, or a byte at
+/// a time, is dropped instead of holding a connection slot.
+async fn preface_within(tcp: &TcpStream, limit: Duration) -> bool {
+    let mut buf = [0u8; PREFACE_LEN];
+    tokio::time::timeout(limit, async {
+        loop {
+            match tcp.peek(&mut buf).await {
+                Ok(n) if n >= PREFACE_LEN => return true,
+                Ok(0) | Err(_) => return false, // closed
+                Ok(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
+    })
+    .await
+    .unwrap_or(false)
+}
+
+/// Connections still in their handshake (TLS, or the HTTP/2 preface in
+/// plaintext). At most `max` at once; when a new one arrives and all slots
+/// are taken, the *oldest* is evicted. A flood of peers that connect and say
+/// nothing therefore cannot lock out a real client, which completes its
+/// handshake within a round trip of connecting.
+#[derive(Debug)]
+pub struct HandshakeSlots {
+    max: usize,
+    next: AtomicU64,
+    queue: Mutex<std::collections::VecDeque<(u64, tokio::sync::oneshot::Sender<()>)>>,
+}
+
+/// A connection's place among the handshakes; leaves on drop.
+pub struct HandshakeTicket {
+    id: u64,
+    slots: Arc<HandshakeSlots>,
+    /// Completes when this handshake is evicted.
+    pub evicted: tokio::sync::oneshot::Receiver<()>,
+}
+
+impl Drop for HandshakeTicket {
+    fn drop(&mut self) {
+        let mut q = self.slots.queue.lock().unwrap_or_else(|e| e.into_inner());
+        q.retain(|(id, _)| *id != self.id);
+    }
+}
+
+impl HandshakeSlots {
+    pub fn new(max: usize) -> Arc<Self> {
+        Arc::new(HandshakeSlots {
+            max: max.max(1),
+            next: AtomicU64::new(0),
+            queue: Mutex::default(),
+        })
+    }
+
+    /// Evicts the oldest handshake in progress; false if there is none.
+    pub fn evict_oldest(&self) -> bool {
+        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        match q.pop_front() {
+            Some((_, evict)) => {
+                LIMIT_STATS
+                    .handshakes_evicted
+                    .fetch_add(1, Ordering::Relaxed);
+                let _ = evict.send(());
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Takes a slot, evicting the oldest handshake if all are taken.
+    pub fn admit(self: &Arc<Self>) -> HandshakeTicket {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        while q.len() >= self.max {
+            if let Some((_, evict)) = q.pop_front() {
+                LIMIT_STATS
+                    .handshakes_evicted
+                    .fetch_add(1, Ordering::Relaxed);
+                let _ = evict.send(());
+            }
+        }
+        q.push_back((id, tx));
+        HandshakeTicket {
+            id,
+            slots: self.clone(),
+            evicted: rx,
+        }
+    }
+}
+
+/// Plaintext connections from `listener`, at most `max` open at once; each
+/// must send the HTTP/2 preface within `handshake_timeout`, and at most
+/// `max_handshakes` may be waiting to (see [`HandshakeSlots`]).
 pub fn limited_incoming(
     listener: TcpListener,
     max: usize,
+    max_handshakes: usize,
+    handshake_timeout: Duration,
 ) -> tokio_stream::wrappers::ReceiverStream<std::io::Result<Counted<TcpStream>>> {
     let (tx, rx) = tokio::sync::mpsc::channel(16);
     let permits = Arc::new(Semaphore::new(max.max(1)));
+    let slots = HandshakeSlots::new(max_handshakes);
     tokio::spawn(async move {
-        while let Some((tcp, _, permit)) = accept_limited(&listener, &permits).await {
-            if tx.send(Ok(Counted::new(tcp, permit))).await.is_err() {
+        while let Some((tcp, _, permit)) = accept_limited(&listener, &permits, Some(&slots)).await {
+            let conn_tx = tx.clone();
+            let mut ticket = slots.admit();
+            tokio::spawn(async move {
+                let ok = tokio::select! {
+                    ok = preface_within(&tcp, handshake_timeout) => ok,
+                    _ = &mut ticket.evicted => false,
+                };
+                drop(ticket);
+                if ok {
+                    let _ = conn_tx.send(Ok(Counted::new(tcp, permit))).await;
+                } else {
+                    LIMIT_STATS
+                        .handshakes_failed
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+            });
+            if tx.is_closed() {
                 return; // the server stopped
             }
         }
@@ -334,9 +468,7 @@ impl HttpBody for Metered {
                         Ok(p) => this.held.lock().unwrap_or_else(|e| e.into_inner()).push(p),
                         Err(_) => {
                             LIMIT_STATS.inflight_refused.fetch_add(1, Ordering::Relaxed);
-                            return Poll::Ready(Some(Err(tonic::Status::resource_exhausted(
-                                "server busy: too many request bytes in flight; retry later",
-                            ))));
+                            return Poll::Ready(Some(Err(crate::error::Reject::Overloaded.into())));
                         }
                     }
                 }
@@ -401,7 +533,12 @@ impl CanonPool {
             }
         }
         let _admitted = Admitted(&self.admitted);
-        let permit = self.running.clone().acquire_owned().await.map_err(|_| Busy)?;
+        let permit = self
+            .running
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| Busy)?;
         tokio::task::spawn_blocking(move || {
             let r = f(&input);
             drop(permit);

@@ -194,8 +194,8 @@ pub fn render(src: &Sources) -> String {
     let l = &crate::limits::LIMIT_STATS;
     let _ = writeln!(out, "# HELP stateseal_inflight_bytes_refused_total Requests refused because the request-byte budget was full (RESOURCE_EXHAUSTED).\n# TYPE stateseal_inflight_bytes_refused_total counter\nstateseal_inflight_bytes_refused_total {}", l.inflight_refused.load(Ordering::Relaxed));
     let _ = writeln!(out, "# HELP stateseal_canonicalizations_refused_total Requests refused because the canonicalization queue was full (OVERLOADED).\n# TYPE stateseal_canonicalizations_refused_total counter\nstateseal_canonicalizations_refused_total {}", l.canon_refused.load(Ordering::Relaxed));
-    let _ = writeln!(out, "# HELP stateseal_tls_handshake_failures_total TLS handshakes that failed or timed out.\n# TYPE stateseal_tls_handshake_failures_total counter\nstateseal_tls_handshake_failures_total {}", l.tls_handshakes_failed.load(Ordering::Relaxed));
-    let _ = writeln!(out, "# HELP stateseal_tls_handshakes_dropped_total Connections dropped because too many TLS handshakes were in progress.\n# TYPE stateseal_tls_handshakes_dropped_total counter\nstateseal_tls_handshakes_dropped_total {}", l.tls_handshakes_dropped.load(Ordering::Relaxed));
+    let _ = writeln!(out, "# HELP stateseal_handshake_failures_total Connections closed because their TLS handshake (or HTTP/2 preface) failed or timed out.\n# TYPE stateseal_handshake_failures_total counter\nstateseal_handshake_failures_total {}", l.handshakes_failed.load(Ordering::Relaxed));
+    let _ = writeln!(out, "# HELP stateseal_handshakes_evicted_total Connections closed mid-handshake to make room for a newer one (handshake slots full).\n# TYPE stateseal_handshakes_evicted_total counter\nstateseal_handshakes_evicted_total {}", l.handshakes_evicted.load(Ordering::Relaxed));
     let _ = writeln!(out, "# HELP stateseal_reloads_total Watched files (keyset, TLS, tenants) reloaded.\n# TYPE stateseal_reloads_total counter\nstateseal_reloads_total {}", src.reload.reloads.load(Ordering::Relaxed));
     let _ = writeln!(out, "# HELP stateseal_reload_failures_total New versions of watched files rejected.\n# TYPE stateseal_reload_failures_total counter\nstateseal_reload_failures_total {}", src.reload.failures.load(Ordering::Relaxed));
     let ring = src.keys.current();
@@ -209,7 +209,7 @@ pub fn render(src: &Sources) -> String {
 pub async fn serve(listener: TcpListener, max_connections: usize, src: Sources) {
     let permits = Arc::new(tokio::sync::Semaphore::new(max_connections.max(1)));
     while let Some((mut sock, _, permit)) =
-        crate::limits::accept_limited(&listener, &permits).await
+        crate::limits::accept_limited(&listener, &permits, None).await
     {
         let src = src.clone();
         tokio::spawn(async move {

@@ -236,7 +236,12 @@ pub async fn run(
             tracing::info!(health_addr = %addr, "health port up (grpc.health.v1 only)");
         }
         let (reporter_service, stop) = (health_service.clone(), stopped(stop_rx.clone()));
-        let incoming = limited_incoming(l, lim.max_aux_connections);
+        let incoming = limited_incoming(
+            l,
+            lim.max_aux_connections,
+            lim.max_tls_handshakes,
+            lim.tls_handshake_timeout,
+        );
         tokio::spawn(
             lim.apply(Server::builder())
                 .max_concurrent_streams(AUX_MAX_STREAMS)
@@ -261,13 +266,21 @@ pub async fn run(
         match &opts.tls {
             Some((_, config, _)) => {
                 router
-                    .serve_with_incoming_shutdown(tls::incoming(listener, config.clone(), &lim), stop)
+                    .serve_with_incoming_shutdown(
+                        tls::incoming(listener, config.clone(), &lim),
+                        stop,
+                    )
                     .await
             }
             None => {
                 router
                     .serve_with_incoming_shutdown(
-                        limited_incoming(listener, lim.max_connections),
+                        limited_incoming(
+                            listener,
+                            lim.max_connections,
+                            lim.max_tls_handshakes,
+                            lim.tls_handshake_timeout,
+                        ),
                         stop,
                     )
                     .await
@@ -289,7 +302,10 @@ pub async fn run(
         }
     };
     if let Some(h) = health_server {
-        if tokio::time::timeout(Duration::from_secs(1), h).await.is_err() {
+        if tokio::time::timeout(Duration::from_secs(1), h)
+            .await
+            .is_err()
+        {
             tracing::debug!("health port cut at shutdown");
         }
     }

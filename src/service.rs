@@ -9,8 +9,8 @@ use crate::metrics::{Rpc, METRICS};
 use tonic::{Request, Response, Status};
 
 use crate::binding::{params_digest, Binding, ParamsDigest, Tenant};
-use crate::limits::CanonPool;
 use crate::error::Reject;
+use crate::limits::CanonPool;
 use crate::proto::request_state_server::RequestState;
 use crate::proto::{self, binding::Params};
 use crate::sealer::Sealer;

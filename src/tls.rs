@@ -27,7 +27,7 @@ use std::sync::atomic::Ordering;
 use tokio::sync::Semaphore;
 
 use crate::auth::{CertIdentity, PeerIdentity};
-use crate::limits::{accept_limited, Counted, TransportLimits, LIMIT_STATS};
+use crate::limits::{accept_limited, Counted, HandshakeSlots, TransportLimits, LIMIT_STATS};
 
 /// Where the TLS material lives (mounted files; re-read on change).
 #[derive(Clone, Debug)]
@@ -174,7 +174,7 @@ pub fn identity(der: &[u8]) -> CertIdentity {
 
 /// Accepts TCP connections (at most `limits.max_connections` open), runs
 /// each handshake under the configuration in force — bounded in time, at
-/// most `limits.max_tls_handshakes` at once (more are dropped at once) —
+/// most `limits.max_tls_handshakes` at once (a new one evicts the oldest) —
 /// and yields streams with what the handshake established. Failed
 /// handshakes are counted (`stateseal_tls_handshake_failures_total`) and
 /// logged at debug only, so unauthenticated peers cannot flood the log.
@@ -185,36 +185,42 @@ pub fn incoming(
 ) -> tokio_stream::wrappers::ReceiverStream<Result<AuthedStream, std::io::Error>> {
     let (tx, rx) = tokio::sync::mpsc::channel(16);
     let connections = Arc::new(Semaphore::new(limits.max_connections.max(1)));
-    let handshakes = Arc::new(Semaphore::new(limits.max_tls_handshakes.max(1)));
+    let slots = HandshakeSlots::new(limits.max_tls_handshakes);
     let timeout = limits.tls_handshake_timeout;
     tokio::spawn(async move {
-        while let Some((tcp, peer_addr, permit)) = accept_limited(&listener, &connections).await {
-            let Ok(slot) = handshakes.clone().try_acquire_owned() else {
-                LIMIT_STATS
-                    .tls_handshakes_dropped
-                    .fetch_add(1, Ordering::Relaxed);
-                continue; // dropped: closes the connection
-            };
+        while let Some((tcp, peer_addr, permit)) =
+            accept_limited(&listener, &connections, Some(&slots)).await
+        {
+            let mut ticket = slots.admit();
             let acceptor = TlsAcceptor::from(config.load_full());
             let tx = tx.clone();
             tokio::spawn(async move {
-                let handshake = tokio::time::timeout(timeout, acceptor.accept(tcp)).await;
-                drop(slot);
+                let handshake = tokio::select! {
+                    r = tokio::time::timeout(timeout, acceptor.accept(tcp)) => r,
+                    _ = &mut ticket.evicted => return,
+                };
+                drop(ticket);
                 let stream = match handshake {
                     Ok(Ok(s)) => s,
                     Ok(Err(e)) => {
-                        LIMIT_STATS.tls_handshakes_failed.fetch_add(1, Ordering::Relaxed);
+                        LIMIT_STATS
+                            .handshakes_failed
+                            .fetch_add(1, Ordering::Relaxed);
                         tracing::debug!(peer = %peer_addr, error = %e, "TLS handshake refused");
                         return;
                     }
                     Err(_) => {
-                        LIMIT_STATS.tls_handshakes_failed.fetch_add(1, Ordering::Relaxed);
+                        LIMIT_STATS
+                            .handshakes_failed
+                            .fetch_add(1, Ordering::Relaxed);
                         tracing::debug!(peer = %peer_addr, "TLS handshake timed out");
                         return;
                     }
                 };
                 let peer = match stream.get_ref().1.peer_certificates() {
-                    Some([leaf, ..]) => PeerIdentity::Certificate(Arc::new(identity(leaf.as_ref()))),
+                    Some([leaf, ..]) => {
+                        PeerIdentity::Certificate(Arc::new(identity(leaf.as_ref())))
+                    }
                     _ => PeerIdentity::Anonymous,
                 };
                 let _ = tx

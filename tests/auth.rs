@@ -369,3 +369,70 @@ fn insecure_configurations_refuse_to_start() {
         common::process::assert_refuses(&args, &p.dir.path().join("d"), want);
     }
 }
+
+/// Authorization follows the tenants file and client CA in force, also on
+/// connections that are already open: a removed tenant is refused on its
+/// open channel at the next call; a replaced client CA closes old
+/// connections within `--max-connection-age-s` (+ grace).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revocation_reaches_open_connections() {
+    let p = pki();
+    let s = start_mtls(
+        &p,
+        &[
+            "--max-connection-age-s",
+            "2",
+            "--max-connection-age-grace-s",
+            "1",
+        ],
+    );
+    let a_id = p.ca.issue(vec![uri("spiffe://test/a")]);
+    let b_id = p.ca.issue(vec![uri("spiffe://test/b")]);
+    let mut a = tls_client(s.addr, &p.ca.pem(), Some(&a_id)).await.unwrap();
+    let mut b = tls_client(s.addr, &p.ca.pem(), Some(&b_id)).await.unwrap();
+    a.seal(seal_req(b"x", false)).await.unwrap();
+    b.seal(seal_req(b"x", false)).await.unwrap();
+
+    // Tenant a removed from the tenants file: a's open channel is refused.
+    write(
+        p.dir.path(),
+        "tenants.json",
+        r#"{"tenants":[{"name":"tenant-b","uri":"spiffe://test/b"}]}"#,
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match a.seal(seal_req(b"x", false)).await {
+            Err(e) if e.code() == Code::PermissionDenied => break,
+            _ => {
+                assert!(Instant::now() < deadline, "removed tenant still served");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    // The same channel is refused on every later call; b is untouched.
+    assert_eq!(
+        a.seal(seal_req(b"x", false)).await.unwrap_err().code(),
+        Code::PermissionDenied
+    );
+    b.seal(seal_req(b"x", false)).await.unwrap();
+
+    // The client CA is replaced: b's certificate no longer chains to it.
+    // Its open connection is closed at the maximum connection age, and the
+    // reconnection's handshake fails.
+    let ca2 = Ca::new("replacement CA");
+    write(p.dir.path(), "client-ca.pem", &ca2.pem());
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        match b.seal(seal_req(b"x", false)).await {
+            Err(_) => break,
+            Ok(_) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "a connection under the replaced CA outlived the maximum connection age"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+    s.terminate();
+}

@@ -173,7 +173,9 @@ fn wide_json_value() -> impl Strategy<Value = serde_json::Value> {
         any::<bool>().prop_map(serde_json::Value::Bool),
         any::<i64>().prop_map(|n| serde_json::json!(n)),
         any::<u64>().prop_map(|n| serde_json::json!(n)),
-        any::<f64>().prop_filter("finite", |f| f.is_finite()).prop_map(|f| serde_json::json!(f)),
+        any::<f64>()
+            .prop_filter("finite", |f| f.is_finite())
+            .prop_map(|f| serde_json::json!(f)),
         "[\\u{0}-\\u{1f}\"\\\\a-z\\u{7f}-\\u{10ffff}]{0,8}".prop_map(serde_json::Value::String),
     ];
     leaf.prop_recursive(4, 32, 5, |inner| {

@@ -1,0 +1,489 @@
+//! Hostile load against the real binary on 127.0.0.1: stream floods on the
+//! health port and on reflection, params amplification, a connection flood
+//! and a slow-loris. Each is bounded in count and time, and asserts that the
+//! server's RSS stays under the memory limit `deploy/` gives the pod, that
+//! health answers during the attack, and that legitimate Seal/Open calls
+//! keep succeeding. Peak RSS and health latency are printed for the
+//! closing notes (`cargo test --release --test hostile -- --nocapture`).
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::process::{spawn, ServerProcess};
+use common::{binding, open_req, reason, seal_req};
+use stateseal::proto::request_state_client::RequestStateClient;
+use stateseal::proto::{OpenRequest, SealRequest};
+
+/// The container memory limit in `deploy/base/deployment.yaml`, in bytes.
+fn deploy_memory_limit() -> u64 {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/deploy/base/deployment.yaml"
+    ))
+    .expect("deploy/base/deployment.yaml");
+    let limits = text.split("limits:").nth(1).expect("a limits: block");
+    let mem = limits
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("memory:"))
+        .expect("a memory limit")
+        .trim();
+    let mib: u64 = mem
+        .strip_suffix("Mi")
+        .expect("memory in Mi")
+        .parse()
+        .unwrap();
+    mib * 1024 * 1024
+}
+
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().strip_suffix("kB"))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(|kb| kb * 1024)
+        .unwrap_or(0)
+}
+
+/// Samples the RSS of `pid` every 20 ms until dropped; keeps the peak.
+struct RssSampler {
+    peak: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl RssSampler {
+    fn start(pid: u32) -> Self {
+        let peak = Arc::new(AtomicU64::new(rss_bytes(pid)));
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (peak, stop) = (peak.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    peak.fetch_max(rss_bytes(pid), Ordering::Relaxed);
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            })
+        };
+        RssSampler {
+            peak,
+            stop,
+            thread: Some(thread),
+        }
+    }
+    fn finish(mut self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        self.peak.load(Ordering::Relaxed)
+    }
+}
+
+fn health_addr(s: &ServerProcess) -> SocketAddr {
+    let log = s.log.lock().unwrap();
+    log.iter()
+        .find_map(|l| {
+            l.split_whitespace()
+                .find_map(|w| w.strip_prefix("health_addr="))
+                .and_then(|a| a.parse().ok())
+        })
+        .expect("health port logged")
+}
+
+/// Health checks on `addr` every 100 ms during the attack: every one must
+/// answer; returns the slowest.
+async fn probe_health(addr: SocketAddr, until: Arc<AtomicBool>) -> Duration {
+    let mut worst = Duration::ZERO;
+    while !until.load(Ordering::Relaxed) {
+        let started = Instant::now();
+        let check = async {
+            let ch = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+                .unwrap()
+                .connect()
+                .await?;
+            tonic_health::pb::health_client::HealthClient::new(ch)
+                .check(tonic_health::pb::HealthCheckRequest {
+                    service: String::new(),
+                })
+                .await
+                .map_err(|e| -> Box<dyn std::error::Error + Send + Sync> { Box::new(e) })?;
+            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+        };
+        tokio::time::timeout(Duration::from_secs(10), check)
+            .await
+            .expect("health did not answer within 10 s during the attack")
+            .expect("health check failed during the attack");
+        worst = worst.max(started.elapsed());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    worst
+}
+
+/// A legitimate seal then open of a single-use token, with a fresh client
+/// (a generous liveness bound: this is no timing assertion).
+async fn legit_round_trip(addr: SocketAddr, bearer: Option<&str>) {
+    let rt = async {
+        let ch = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .expect("connect");
+        let token = bearer.map(|b| format!("Bearer {b}"));
+        let mut c = RequestStateClient::with_interceptor(ch, move |mut r: tonic::Request<()>| {
+            if let Some(t) = &token {
+                r.metadata_mut().insert("authorization", t.parse().unwrap());
+            }
+            Ok(r)
+        });
+        let t = c
+            .seal(seal_req(b"legit", true))
+            .await
+            .expect("legitimate seal during the attack")
+            .into_inner()
+            .request_state;
+        let o = c
+            .open(open_req(&t))
+            .await
+            .expect("legitimate open during the attack")
+            .into_inner();
+        assert!(o.consumed);
+    };
+    tokio::time::timeout(Duration::from_secs(30), rt)
+        .await
+        .expect("a legitimate round trip did not finish within 30 s during the attack");
+}
+
+/// Opens `conns` HTTP/2 connections to `addr`, and on each up to `streams`
+/// streams to `path`, each sending a gRPC message header that declares
+/// `declared` bytes followed by `send` bytes, then holding the stream open.
+/// Returns once every stream has been attempted; the connections stay open
+/// until the returned handles are dropped.
+async fn stream_flood(
+    addr: SocketAddr,
+    path: &str,
+    conns: usize,
+    streams: usize,
+    declared: u32,
+    send: usize,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let mut held = Vec::new();
+    for _ in 0..conns {
+        let Ok(tcp) = tokio::net::TcpStream::connect(addr).await else {
+            continue;
+        };
+        let Ok((client, conn)) = h2::client::handshake(tcp).await else {
+            continue;
+        };
+        held.push(tokio::spawn(async move {
+            let _ = conn.await;
+        }));
+        for _ in 0..streams {
+            let client = client.clone();
+            let path = path.to_owned();
+            held.push(tokio::spawn(async move {
+                let Ok(mut c) = client.ready().await else {
+                    return;
+                };
+                let req = http::Request::builder()
+                    .method("POST")
+                    .uri(format!("http://{addr}{path}"))
+                    .header("content-type", "application/grpc")
+                    .header("te", "trailers")
+                    .body(())
+                    .unwrap();
+                let Ok((resp, mut body)) = c.send_request(req, false) else {
+                    return;
+                };
+                let mut frame = vec![0u8];
+                frame.extend_from_slice(&declared.to_be_bytes());
+                frame.resize(5 + send, b'a');
+                let _ = body.send_data(Bytes::from(frame), false);
+                // Hold the stream (and its answer, if any) open.
+                let _ = resp.await;
+                tokio::time::sleep(Duration::from_secs(60)).await;
+                drop(body);
+            }));
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    held
+}
+
+fn report(what: &str, base: u64, peak: u64, worst_health: Duration, limit: u64) {
+    println!(
+        "{what}: RSS {:.1} MiB before, peak {:.1} MiB (limit {} MiB); slowest health check {:?}",
+        base as f64 / 1048576.0,
+        peak as f64 / 1048576.0,
+        limit / 1048576,
+        worst_health
+    );
+    assert!(
+        peak < limit,
+        "{what}: peak RSS {peak} B is over the deployment's memory limit {limit} B"
+    );
+}
+
+/// Runs `attack` against a server started with `args`, probing health and
+/// legitimate calls meanwhile, and checks the memory bound.
+async fn under_attack<F, Fut>(what: &str, args: &[&str], bearer: Option<&str>, attack: F)
+where
+    F: FnOnce(SocketAddr, SocketAddr) -> Fut,
+    Fut: std::future::Future<Output = Vec<tokio::task::JoinHandle<()>>>,
+{
+    let dir = tempfile::tempdir().unwrap();
+    let mut all = vec!["--health-listen", "127.0.0.1:0"];
+    all.extend_from_slice(args);
+    let s = spawn(&dir.path().join("data"), &all, &[]);
+    let (addr, haddr) = (s.addr, health_addr(&s));
+    let pid = s.child.id();
+    legit_round_trip(addr, bearer).await;
+    let base = rss_bytes(pid);
+    let sampler = RssSampler::start(pid);
+    let done = Arc::new(AtomicBool::new(false));
+    let prober = tokio::spawn(probe_health(haddr, done.clone()));
+    let held = attack(addr, haddr).await;
+    for _ in 0..3 {
+        legit_round_trip(addr, bearer).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    done.store(true, Ordering::Relaxed);
+    let worst = prober.await.expect("prober");
+    let peak = sampler.finish();
+    for h in held {
+        h.abort();
+    }
+    report(what, base, peak, worst, deploy_memory_limit());
+    let (status, _) = s.terminate();
+    assert!(status.success(), "{what}: exit {status}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn stream_flood_on_the_health_port() {
+    under_attack("health stream flood", &[], None, |_, haddr| async move {
+        // 8 connections × 100 streams, each declaring a 4 MiB Health/Check.
+        stream_flood(
+            haddr,
+            "/grpc.health.v1.Health/Check",
+            8,
+            100,
+            4 << 20,
+            64 * 1024,
+        )
+        .await
+    })
+    .await;
+}
+
+fn bearer_args(dir: &std::path::Path) -> Vec<String> {
+    use sha2::Digest;
+    let digest: String = sha2::Sha256::digest(b"the-secret")
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let tenants = dir.join("tenants.json");
+    std::fs::write(
+        &tenants,
+        format!(r#"{{"tenants":[{{"name":"t","bearer_sha256":"{digest}"}}]}}"#),
+    )
+    .unwrap();
+    vec![
+        "--auth".into(),
+        "bearer".into(),
+        "--tenants".into(),
+        tenants.display().to_string(),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn stream_flood_on_reflection_without_credentials() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = bearer_args(dir.path());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    under_attack(
+        "reflection stream flood (no credentials)",
+        &args,
+        Some("the-secret"),
+        |addr, _| async move {
+            stream_flood(
+                addr,
+                "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+                8,
+                100,
+                4 << 20,
+                64 * 1024,
+            )
+            .await
+        },
+    )
+    .await;
+}
+
+/// `{"a":[{"":0},{"":0},…]}` of about `bytes` bytes: the shape that costs a
+/// `serde_json::Value` tree ~100× its size.
+fn pathological_params(bytes: usize) -> String {
+    let unit = r#"{"":0},"#;
+    let mut s = String::with_capacity(bytes + 16);
+    s.push_str(r#"{"name":"t","arguments":{"a":["#);
+    while s.len() + unit.len() + 4 < bytes {
+        s.push_str(unit);
+    }
+    s.push_str(r#"{"":0}]}}"#);
+    s
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn params_amplification() {
+    under_attack("params amplification", &[], None, |addr, _| async move {
+        let params = Arc::new(pathological_params(1000 * 1024));
+        let mut tasks = Vec::new();
+        for i in 0..32 {
+            let params = params.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut c = common::connect(addr).await;
+                let b = binding("mallory", "tools/call", &params);
+                if i % 2 == 0 {
+                    // A garbage token: refused before the params are read
+                    // (or, when the request-byte budget is full, at once).
+                    let err = c
+                        .open(OpenRequest {
+                            request_state: "garbage".into(),
+                            binding: Some(b),
+                        })
+                        .await
+                        .unwrap_err();
+                    let r = reason(&err);
+                    assert!(r == "MALFORMED" || r == "OVERLOADED", "{err:?}");
+                } else {
+                    // A seal must canonicalize: bounded, or refused at once.
+                    match c
+                        .seal(SealRequest {
+                            binding: Some(b),
+                            state: b"x".to_vec(),
+                            ttl_seconds: 0,
+                            single_use: true,
+                        })
+                        .await
+                    {
+                        Ok(_) => {}
+                        Err(e) => {
+                            assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+                            assert_eq!(reason(&e), "OVERLOADED");
+                        }
+                    }
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.expect("attack task");
+        }
+        Vec::new()
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn connection_flood() {
+    under_attack(
+        "connection flood",
+        &["--max-connections", "256", "--handshake-timeout-ms", "1000"],
+        None,
+        |addr, haddr| async move {
+            // 2,000 connections that never send the HTTP/2 preface, half of
+            // them on the health port.
+            let mut socks = Vec::new();
+            for i in 0..2000 {
+                let target = if i % 2 == 0 { addr } else { haddr };
+                if let Ok(Ok(s)) = tokio::time::timeout(
+                    Duration::from_millis(200),
+                    tokio::net::TcpStream::connect(target),
+                )
+                .await
+                {
+                    socks.push(s);
+                }
+            }
+            let holder = tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_secs(60)).await;
+                drop(socks);
+            });
+            vec![holder]
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn slow_loris() {
+    under_attack(
+        "slow-loris",
+        &["--request-timeout-ms", "3000"],
+        None,
+        |addr, _| async move {
+            // 16 connections × 100 streams of Seal, each declaring 900 KiB
+            // and sending 16 KiB, then stalling.
+            stream_flood(
+                addr,
+                "/stateseal.v1.RequestState/Seal",
+                16,
+                100,
+                900 * 1024,
+                16 * 1024,
+            )
+            .await
+        },
+    )
+    .await;
+}
+
+/// SIGTERM with a stream that never finishes: the process cuts it after
+/// `--shutdown-grace-ms`, exits 0, and the ledger was flushed (a token
+/// consumed before the signal is still consumed after a restart).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn shutdown_has_a_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let args = [
+        "--shutdown-grace-ms",
+        "1000",
+        "--request-timeout-ms",
+        "600000",
+    ];
+    let s = spawn(&data, &args, &[]);
+    let mut c = common::connect(s.addr).await;
+    let t = c
+        .seal(seal_req(b"x", true))
+        .await
+        .unwrap()
+        .into_inner()
+        .request_state;
+    assert!(c.open(open_req(&t)).await.unwrap().into_inner().consumed);
+    // A Seal whose message never completes.
+    let held = stream_flood(s.addr, "/stateseal.v1.RequestState/Seal", 1, 1, 1000, 10).await;
+    let started = Instant::now();
+    let (status, log) = s.terminate();
+    assert!(status.success(), "exit {status}");
+    assert!(
+        log.iter().any(|l| l.contains("grace period over")),
+        "the stalled stream was not cut: {log:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "shutdown took {:?}",
+        started.elapsed()
+    );
+    for h in held {
+        h.abort();
+    }
+    let s = spawn(&data, &[], &[]);
+    let mut c = common::connect(s.addr).await;
+    assert_eq!(reason(&c.open(open_req(&t)).await.unwrap_err()), "REPLAYED");
+    s.terminate();
+}
