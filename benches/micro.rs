@@ -45,7 +45,7 @@ impl Ours {
     fn seal(&self, m: &[u8]) -> String {
         token::seal(&self.keys, self.header, &self.binding, m).expect("seal")
     }
-    fn open(&self, t: &str) -> Vec<u8> {
+    fn open(&self, t: &str) -> zeroize::Zeroizing<Vec<u8>> {
         UntrustedToken::parse(t, 1 << 20)
             .expect("parse")
             .open(&self.keys, &self.binding)

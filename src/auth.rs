@@ -51,21 +51,31 @@ impl fmt::Debug for TenantEntry {
     }
 }
 
+/// 64 hex digits → 32 bytes; works on bytes, so no input can make it slice
+/// inside a multibyte character.
+pub fn parse_hex32(s: &str) -> Option<[u8; 32]> {
+    let b = s.trim().as_bytes();
+    if b.len() != 64 {
+        return None;
+    }
+    let nibble = |c: u8| match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        b'A'..=b'F' => Some(c - b'A' + 10),
+        _ => None,
+    };
+    let mut out = [0u8; 32];
+    for (o, pair) in out.iter_mut().zip(b.chunks_exact(2)) {
+        *o = (nibble(pair[0])? << 4) | nibble(pair[1])?;
+    }
+    Some(out)
+}
+
 fn hex32_opt<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<[u8; 32]>, D::Error> {
     let s: Option<String> = Option::deserialize(d)?;
     s.map(|s| {
-        let s = s.trim();
-        if s.len() != 64 {
-            return Err(serde::de::Error::custom(
-                "bearer_sha256 must be 64 hex digits",
-            ));
-        }
-        let mut out = [0u8; 32];
-        for (i, o) in out.iter_mut().enumerate() {
-            *o = u8::from_str_radix(&s[2 * i..2 * i + 2], 16)
-                .map_err(|_| serde::de::Error::custom("bearer_sha256 must be 64 hex digits"))?;
-        }
-        Ok(out)
+        parse_hex32(&s)
+            .ok_or_else(|| serde::de::Error::custom("bearer_sha256 must be 64 hex digits"))
     })
     .transpose()
 }
@@ -78,9 +88,23 @@ pub struct Tenants {
 }
 
 impl Tenants {
+    /// Parses and validates a tenants file. Errors are fixed messages with at
+    /// most a position and a tenant name: never a digest or other value.
     pub fn parse(bytes: &[u8]) -> Result<Self, String> {
-        let t: Tenants = serde_json::from_slice(bytes).map_err(|e| format!("tenants file: {e}"))?;
+        let t: Tenants = serde_json::from_slice(bytes).map_err(|e| {
+            format!(
+                "tenants file: not valid (at line {}, column {}: {})",
+                e.line(),
+                e.column(),
+                match e.classify() {
+                    serde_json::error::Category::Syntax | serde_json::error::Category::Eof =>
+                        "invalid JSON",
+                    _ => "unexpected member or value",
+                }
+            )
+        })?;
         let mut names = std::collections::HashSet::new();
+        let mut identities = std::collections::HashSet::new();
         for e in &t.tenants {
             if e.name.is_empty() || e.name.len() > 256 {
                 return Err("tenants file: a name must have 1 to 256 bytes".into());
@@ -90,6 +114,27 @@ impl Tenants {
             }
             if e.uri.is_none() && e.dns.is_none() && e.bearer_sha256.is_none() {
                 return Err(format!("tenants file: tenant {:?} has no identity", e.name));
+            }
+            // Every identity maps to exactly one tenant: a second entry with
+            // the same digest or SAN would silently remap a caller.
+            let ids = [
+                e.uri.as_ref().map(|u| format!("uri:{u}")),
+                e.dns.as_ref().map(|d| format!("dns:{d}")),
+                e.bearer_sha256.map(|h| {
+                    format!(
+                        "bearer:{}",
+                        h.iter().map(|b| format!("{b:02x}")).collect::<String>()
+                    )
+                }),
+            ];
+            for id in ids.into_iter().flatten() {
+                if !identities.insert(id.clone()) {
+                    let kind = id.split(':').next().unwrap_or("identity");
+                    return Err(format!(
+                        "tenants file: tenant {:?} repeats a {kind} identity of an earlier tenant",
+                        e.name
+                    ));
+                }
             }
         }
         Ok(t)
@@ -283,6 +328,50 @@ mod tests {
             r#"{"tenants":[{"name":"a","dns":"x","extra":1}]}"#,
         ] {
             assert!(Tenants::parse(bad.as_bytes()).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn hex_digests_with_multibyte_characters_are_refused_not_a_panic() {
+        // 64 bytes, with a 2-byte character straddling a hex pair boundary.
+        let bad = format!("a{}é{}", "0".repeat(30), "0".repeat(31));
+        assert_eq!(bad.len(), 64);
+        let file = format!(r#"{{"tenants":[{{"name":"a","bearer_sha256":"{bad}"}}]}}"#);
+        assert!(Tenants::parse(file.as_bytes()).is_err());
+        assert_eq!(parse_hex32(&"ab".repeat(32)), Some([0xab; 32]));
+        assert_eq!(parse_hex32(&"AB".repeat(32)), Some([0xab; 32]));
+        assert_eq!(parse_hex32(&"g0".repeat(32)), None);
+    }
+
+    #[test]
+    fn an_identity_maps_to_one_tenant_only() {
+        let a = hex(&Sha256::digest(b"secret-a"));
+        for dup in [
+            format!(
+                r#"{{"tenants":[{{"name":"a","bearer_sha256":"{a}"}},{{"name":"b","bearer_sha256":"{}"}}]}}"#,
+                a.to_uppercase()
+            ),
+            r#"{"tenants":[{"name":"a","uri":"spiffe://x"},{"name":"b","uri":"spiffe://x"}]}"#
+                .to_string(),
+            r#"{"tenants":[{"name":"a","dns":"x.svc"},{"name":"b","dns":"x.svc"}]}"#.to_string(),
+        ] {
+            let err = Tenants::parse(dup.as_bytes()).unwrap_err();
+            assert!(err.contains("repeats"), "{err}");
+            assert!(!err.contains(&a), "{err}");
+        }
+    }
+
+    #[test]
+    fn errors_never_echo_values() {
+        let secret = "0123456789abcdef-not-hex-but-secret-looking-value-0123456789abcd";
+        for bad in [
+            format!(r#"{{"tenants":[{{"name":"a","bearer_sha256":"{secret}"}}]}}"#),
+            format!(r#"{{"tenants":[{{"name":"a","dns":1,"x":"{secret}"}}]}}"#),
+            format!(r#"{{"tenants":[{{"name":"a","{secret}":1}}]}}"#),
+            format!(r#"{{"tenants":[{{"name":{{"{secret}":1}}}}]}}"#),
+        ] {
+            let err = Tenants::parse(bad.as_bytes()).unwrap_err();
+            assert!(!err.contains("secret-looking"), "{err}");
         }
     }
 

@@ -49,8 +49,18 @@ pub enum KeysCommand {
     Init { file: PathBuf },
     /// Add a new staged key (opens only) and print its id.
     Add { file: PathBuf },
-    /// Make a staged key primary; the old primary becomes staged.
-    Promote { file: PathBuf, id: u32 },
+    /// Make a staged key primary; the old primary becomes staged. Refused
+    /// until the key has been in the file for --rollout seconds.
+    Promote {
+        file: PathBuf,
+        id: u32,
+        /// Seconds a written keyset may take to reach every replica.
+        #[arg(long, default_value_t = 120)]
+        rollout: u64,
+        /// Promote even if replicas may not have loaded the key yet.
+        #[arg(long)]
+        force: bool,
+    },
     /// Retire a staged key once no unexpired token can carry it
     /// (demotion + rollout + max TTL + clock skew).
     Retire {
@@ -181,6 +191,10 @@ pub struct ServeArgs {
     /// Log format on stderr.
     #[arg(long, env = "STATESEAL_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
+    /// Leave core dumps on. By default the process sets RLIMIT_CORE to 0 and
+    /// PR_SET_DUMPABLE to 0 at start: a core would hold keys and state.
+    #[arg(long, env = "STATESEAL_ALLOW_CORE_DUMPS")]
+    pub allow_core_dumps: bool,
     /// HTTP/2 streams per connection (SETTINGS_MAX_CONCURRENT_STREAMS).
     #[arg(long, env = "STATESEAL_MAX_STREAMS", default_value_t = 128)]
     pub max_streams: u32,

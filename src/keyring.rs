@@ -22,6 +22,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use chacha20poly1305::{KeyInit, XChaCha20Poly1305};
 use hkdf::Hkdf;
+use hmac::Hmac;
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
@@ -214,9 +215,19 @@ impl KeysetFile {
 
     pub fn parse(bytes: &[u8]) -> Result<Self, KeysetError> {
         let file: KeysetFile = serde_json::from_slice(bytes).map_err(|e| {
-            // serde_json's message names the position and the expectation, and
-            // our KeyMaterial visitor never echoes input.
-            KeysetError::Parse(e.to_string())
+            // A fixed message with the position only: serde's own messages
+            // quote values ("invalid type: string \"…\""), and key material
+            // pasted into the wrong member would end up in a log.
+            KeysetError::Parse(format!(
+                "{} at line {}, column {}",
+                match e.classify() {
+                    serde_json::error::Category::Syntax | serde_json::error::Category::Eof =>
+                        "invalid JSON",
+                    _ => "unexpected member, type or value",
+                },
+                e.line(),
+                e.column()
+            ))
         })?;
         file.validate()?;
         Ok(file)
@@ -258,12 +269,28 @@ impl KeysetFile {
         Ok(())
     }
 
-    /// Serializes into a zeroize-on-drop buffer.
+    /// Serializes into a zeroize-on-drop buffer allocated once at its exact
+    /// size (measured by a first pass that writes nowhere), so no
+    /// reallocation leaves a copy of key material in freed memory.
     pub fn to_json(&self) -> Result<Zeroizing<Vec<u8>>, KeysetError> {
-        let mut out = Zeroizing::new(Vec::with_capacity(512));
+        struct Count(usize);
+        impl std::io::Write for Count {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0 += b.len();
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let mut n = Count(0);
+        serde_json::to_writer_pretty(&mut n, self)
+            .map_err(|_| KeysetError::Invalid("keyset cannot be serialized"))?;
+        let mut out = Zeroizing::new(Vec::with_capacity(n.0 + 1));
         serde_json::to_writer_pretty(&mut *out, self)
-            .map_err(|e| KeysetError::Parse(e.to_string()))?;
+            .map_err(|_| KeysetError::Invalid("keyset cannot be serialized"))?;
         out.push(b'\n');
+        debug_assert_eq!(out.len(), out.capacity());
         Ok(out)
     }
 
@@ -334,10 +361,27 @@ impl KeysetFile {
     }
 
     /// Makes a staged key primary; the old primary becomes staged (it keeps
-    /// opening the tokens it sealed).
-    pub fn promote(&mut self, id: u32, now: u64) -> Result<(), KeysetError> {
-        match self.find_mut(id)?.state {
-            KeyState::Staged => {}
+    /// opening the tokens it sealed). Unless `force`, the key must have been
+    /// in the file for `rollout` seconds: a replica that has not yet reloaded
+    /// the keyset that added it could not open what it seals.
+    pub fn promote(
+        &mut self,
+        id: u32,
+        now: u64,
+        rollout: u64,
+        force: bool,
+    ) -> Result<(), KeysetError> {
+        let k = self.find_mut(id)?;
+        match k.state {
+            KeyState::Staged => {
+                let ready_at = k.created_at.saturating_add(rollout);
+                if now < ready_at && !force && k.promoted_at.is_none() {
+                    return Err(KeysetError::Refused(format!(
+                        "key {id} was added less than {rollout} s ago; replicas may not have \
+                         loaded it yet (promote at or after unix time {ready_at}, or pass --force)"
+                    )));
+                }
+            }
             KeyState::Primary => {
                 return Err(KeysetError::Refused(format!("key {id} is already primary")))
             }
@@ -365,13 +409,14 @@ impl KeysetFile {
     /// `rollout` bounds how long the last replica may keep sealing with the
     /// key after its demotion was written (the time a new keyset takes to
     /// reach every replica). A key that was never primary sealed nothing and
-    /// can go at once.
+    /// can go at once. `None`: no safe time can be known (the key is primary,
+    /// or a hand-edited file says it was promoted but never demoted).
     pub fn safe_retire_at(&self, id: u32, policy: RetirePolicy) -> Option<u64> {
         let k = self.keys.iter().find(|k| k.id == id)?;
         match (k.promoted_at, k.demoted_at) {
-            (None, _) => Some(0),
-            (Some(_), Some(d)) => Some(d + policy.rollout + policy.max_ttl + policy.clock_skew),
-            (Some(_), None) => None, // still primary
+            (None, None) => Some(0),
+            (_, Some(d)) => Some(d + policy.rollout + policy.max_ttl + policy.clock_skew),
+            (Some(_), None) => None,
         }
     }
 
@@ -397,13 +442,20 @@ impl KeysetFile {
             }
             KeyState::Staged => {}
         }
-        if let Some(at) = safe_at {
-            if now < at && !force {
+        match safe_at {
+            Some(at) if now < at && !force => {
                 return Err(KeysetError::Refused(format!(
                     "key {id} may still carry unexpired tokens until unix time {at} \
                      (demotion + rollout + max TTL + clock skew); pass --force to retire it anyway"
-                )));
+                )))
             }
+            None if !force => {
+                return Err(KeysetError::Refused(format!(
+                    "key {id} was primary but has no demotion time, so no safe retirement \
+                     time is known; pass --force to retire it anyway"
+                )))
+            }
+            _ => {}
         }
         k.state = KeyState::Retired;
         k.retired_at = Some(now);
@@ -435,12 +487,62 @@ fn open_private(path: &Path) -> std::io::Result<std::fs::File> {
 /// Subkeys of one root key for one tenant.
 pub struct TenantKeys {
     pub(crate) aead: XChaCha20Poly1305,
-    pub(crate) ledger_id: Zeroizing<[u8; 32]>,
+    /// HMAC-SHA256 keyed with the ledger-id subkey (its keyed inner and
+    /// outer states, computed once): a token's ledger id is this over its
+    /// nonce.
+    pub(crate) ledger_mac: Wiped<Hmac<Sha256>>,
 }
 
 // Both fields wipe themselves on drop (the AEAD key through
-// chacha20poly1305's own ZeroizeOnDrop).
+// chacha20poly1305's own ZeroizeOnDrop, the HMAC state through `Wiped`).
 impl zeroize::ZeroizeOnDrop for TenantKeys {}
+
+/// A value of a type that keeps derived secrets in plain fields and has no
+/// zeroizing drop of its own (the HMAC and HKDF states of the `hmac` and
+/// `hkdf` crates). On drop it is overwritten in place with a value derived
+/// from no secret, and the write is kept from being optimised away with
+/// `black_box`. Safe Rust cannot wipe the crates' own stack temporaries;
+/// `Wiped` covers every such state this crate stores or creates.
+pub struct Wiped<T: Blank>(pub T);
+
+/// A value of the type that holds no secret.
+pub trait Blank {
+    fn blank() -> Self;
+}
+
+impl Blank for Hmac<Sha256> {
+    fn blank() -> Self {
+        <Hmac<Sha256> as hmac::Mac>::new_from_slice(&[]).expect("HMAC takes keys of any length")
+    }
+}
+
+impl Blank for Hkdf<Sha256> {
+    fn blank() -> Self {
+        Hkdf::<Sha256>::from_prk(&[0u8; 32]).expect("32 bytes is a valid PRK length")
+    }
+}
+
+impl<T: Blank> Wiped<T> {
+    /// Overwrites the value now (as drop does).
+    pub fn wipe(&mut self) {
+        self.0 = T::blank();
+        std::hint::black_box(&self.0);
+    }
+}
+
+impl<T: Blank> Drop for Wiped<T> {
+    fn drop(&mut self) {
+        self.wipe();
+    }
+}
+
+impl<T: Blank> zeroize::ZeroizeOnDrop for Wiped<T> {}
+
+impl<T: Blank> fmt::Debug for Wiped<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Wiped(..)")
+    }
+}
 
 impl fmt::Debug for TenantKeys {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -492,7 +594,12 @@ impl RootKey {
     }
 
     fn derive(&self, tenant: &Tenant) -> TenantKeys {
-        let hk = Hkdf::<Sha256>::new(Some(labels::SALT), self.material.expose());
+        // The HKDF state holds the PRK: wiped when it goes out of scope.
+        let hk = Wiped(Hkdf::<Sha256>::new(
+            Some(labels::SALT),
+            self.material.expose(),
+        ));
+        let hk = &hk.0;
         let kid = self.id.0.to_be_bytes();
         let t = tenant.as_str().as_bytes();
         let tlen = (t.len() as u32).to_be_bytes();
@@ -504,7 +611,10 @@ impl RootKey {
             .expect("32 bytes is a valid HKDF-SHA256 output length");
         TenantKeys {
             aead: XChaCha20Poly1305::new((&*aead_key).into()),
-            ledger_id,
+            ledger_mac: Wiped(
+                <Hmac<Sha256> as hmac::Mac>::new_from_slice(&ledger_id[..])
+                    .expect("HMAC takes keys of any length"),
+            ),
         }
     }
 }

@@ -43,6 +43,7 @@ pub mod canon;
 pub mod clock;
 pub mod config;
 pub mod error;
+pub mod hardening;
 pub mod keyring;
 pub mod ledger;
 pub mod limits;
@@ -62,4 +63,60 @@ pub mod proto {
     /// The encoded descriptor set, for server reflection.
     pub const FILE_DESCRIPTOR_SET: &[u8] =
         include_bytes!(concat!(env!("OUT_DIR"), "/stateseal_descriptor.bin"));
+
+    // Redacting Debug: lengths and non-secret fields only, never the state,
+    // a token, a subject or params.
+    use std::fmt;
+
+    impl fmt::Debug for Binding {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            let params = match &self.params {
+                Some(binding::Params::ParamsDigest(d)) => format!("digest({} bytes)", d.len()),
+                Some(binding::Params::ParamsJson(j)) => format!("json({} bytes)", j.len()),
+                None => "none".into(),
+            };
+            f.debug_struct("Binding")
+                .field("subject_len", &self.subject.len())
+                .field("method", &self.method)
+                .field("params", &params)
+                .finish()
+        }
+    }
+    impl fmt::Debug for SealRequest {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.debug_struct("SealRequest")
+                .field("binding", &self.binding)
+                .field("state_len", &self.state.len())
+                .field("ttl_seconds", &self.ttl_seconds)
+                .field("single_use", &self.single_use)
+                .finish()
+        }
+    }
+    impl fmt::Debug for SealResponse {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.debug_struct("SealResponse")
+                .field("request_state_len", &self.request_state.len())
+                .field("expires_at_unix", &self.expires_at_unix)
+                .field("key_id", &self.key_id)
+                .finish()
+        }
+    }
+    impl fmt::Debug for OpenRequest {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.debug_struct("OpenRequest")
+                .field("request_state_len", &self.request_state.len())
+                .field("binding", &self.binding)
+                .finish()
+        }
+    }
+    impl fmt::Debug for OpenResponse {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.debug_struct("OpenResponse")
+                .field("state_len", &self.state.len())
+                .field("expires_at_unix", &self.expires_at_unix)
+                .field("key_id", &self.key_id)
+                .field("consumed", &self.consumed)
+                .finish()
+        }
+    }
 }

@@ -6,11 +6,38 @@ use stateseal::clock::{Clock, SystemClock};
 use stateseal::config::{Cli, Command, KeysCommand, LogFormat};
 use stateseal::keyring::{KeysetFile, RetirePolicy};
 
-fn main() -> anyhow::Result<()> {
+/// Errors end the process with exit code 1 and one line: the error and its
+/// causes, never a backtrace (whatever RUST_BACKTRACE says).
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("Error: {e:#}");
+            std::process::ExitCode::from(1)
+        }
+    }
+}
+
+fn run() -> anyhow::Result<()> {
+    // A panic message may quote the value it tripped on (a slice of a
+    // parsed file, say): report where, never what.
+    std::panic::set_hook(Box::new(|info| {
+        let at = info
+            .location()
+            .map(|l| format!("{}:{}", l.file(), l.line()))
+            .unwrap_or_default();
+        eprintln!("stateseal: internal error (panic) at {at}; details withheld");
+    }));
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => {
             init_tracing(args.log_format);
+            if args.allow_core_dumps {
+                tracing::warn!("--allow-core-dumps: a crash may write keys and state to disk");
+            } else {
+                stateseal::hardening::disable_core_dumps()
+                    .context("cannot disable core dumps (pass --allow-core-dumps to run anyway)")?;
+            }
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()
@@ -45,9 +72,14 @@ fn keys(cmd: KeysCommand) -> anyhow::Result<()> {
             ks.write(&file, false)?;
             println!("added staged key {id}");
         }
-        KeysCommand::Promote { file, id } => {
+        KeysCommand::Promote {
+            file,
+            id,
+            rollout,
+            force,
+        } => {
             let mut ks = KeysetFile::read(&file)?;
-            ks.promote(id, now)?;
+            ks.promote(id, now, rollout, force)?;
             ks.write(&file, false)?;
             println!("key {id} is primary");
         }
@@ -96,9 +128,11 @@ fn init_tracing(format: LogFormat) {
     use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_env("STATESEAL_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
-        // sled's debug and trace output dumps its pages (ledger record keys);
-        // it never goes past warnings, whatever STATESEAL_LOG says.
-        .add_directive("sled=warn".parse().expect("static directive"));
+        // sled's debug and trace output dumps its pages (ledger record keys),
+        // and tokio_postgres's logs each statement's parameters (ledger ids
+        // and expiries): capped, whatever STATESEAL_LOG says.
+        .add_directive("sled=warn".parse().expect("static directive"))
+        .add_directive("tokio_postgres=info".parse().expect("static directive"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::stderr().is_terminal())

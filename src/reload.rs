@@ -76,14 +76,19 @@ pub async fn watch_file<F>(
             continue;
         }
         seen = digest;
-        match apply(contents.first().map(|b| &b[..]).unwrap_or_default()) {
+        // A panic while loading (a parser bug) must not end the watcher:
+        // every later version — a revocation among them — would be ignored.
+        let bytes = contents.first().map(|b| &b[..]).unwrap_or_default();
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| apply(bytes)))
+            .unwrap_or_else(|_| Err("the loader failed unexpectedly".to_owned()));
+        match outcome {
             Ok(()) => {
                 stats.reloads.fetch_add(1, Ordering::Relaxed);
                 tracing::info!(file = what, path = %path.display(), "reloaded");
             }
             Err(e) => {
                 stats.failures.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(file = what, path = %path.display(), error = %e, "rejected a new version; the previous one stays in force");
+                tracing::error!(file = what, path = %path.display(), error = %e, "rejected a new version; the previous one stays in force");
             }
         }
     }

@@ -3,6 +3,8 @@
 
 use std::sync::Arc;
 
+use zeroize::Zeroizing;
+
 use crate::binding::{params_digest, Binding, Method, ParamsDigest, Tenant};
 use crate::clock::Clock;
 use crate::error::Reject;
@@ -58,20 +60,41 @@ pub struct BindingInput<'a> {
     pub params: Option<ParamsInput<'a>>,
 }
 
-#[derive(Debug)]
 pub struct Sealed {
     pub token: String,
     pub expires_at: u64,
     pub key_id: KeyId,
 }
 
-#[derive(Debug)]
+impl std::fmt::Debug for Sealed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sealed")
+            .field("token_len", &self.token.len())
+            .field("expires_at", &self.expires_at)
+            .field("key_id", &self.key_id)
+            .finish()
+    }
+}
+
+/// What Open returns. The state is zeroized on drop, up to the gRPC edge
+/// (where it moves into the response message).
 pub struct OpenedState {
-    pub state: Vec<u8>,
+    pub state: Zeroizing<Vec<u8>>,
     pub expires_at: u64,
     pub key_id: KeyId,
     /// This call consumed a single-use token.
     pub consumed: bool,
+}
+
+impl std::fmt::Debug for OpenedState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenedState")
+            .field("state_len", &self.state.len())
+            .field("expires_at", &self.expires_at)
+            .field("key_id", &self.key_id)
+            .field("consumed", &self.consumed)
+            .finish()
+    }
 }
 
 pub struct Sealer {

@@ -120,7 +120,7 @@ impl RequestState for RequestStateService {
         };
         METRICS.request(Rpc::Open, result.as_ref().err().copied(), started.elapsed());
         match result {
-            Ok(o) => {
+            Ok(mut o) => {
                 tracing::debug!(
                     tenant = tenant.as_str(),
                     key_id = o.key_id.0,
@@ -128,7 +128,8 @@ impl RequestState for RequestStateService {
                     "opened"
                 );
                 Ok(Response::new(proto::OpenResponse {
-                    state: o.state,
+                    // Moved, not copied: the allocation goes to prost.
+                    state: std::mem::take(&mut *o.state),
                     expires_at_unix: o.expires_at as i64,
                     key_id: o.key_id.to_string(),
                     consumed: o.consumed,

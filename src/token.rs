@@ -20,12 +20,12 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use chacha20poly1305::aead::AeadInPlace;
 use chacha20poly1305::XNonce;
-use hmac::{Hmac, Mac};
-use sha2::Sha256;
+use hmac::Mac;
+use zeroize::Zeroizing;
 
 use crate::binding::Binding;
 use crate::error::Reject;
-use crate::keyring::{KeyId, TenantKeys};
+use crate::keyring::{KeyId, TenantKeys, Wiped};
 
 pub const VERSION: u8 = 1;
 pub const HEADER_LEN: usize = 9;
@@ -132,8 +132,9 @@ pub fn seal(
 
 /// A token as received: parsed and bounds-checked, but NOT authenticated.
 /// Anything read from it is untrusted until [`UntrustedToken::open`] succeeds.
+/// Its buffer is decrypted in place and becomes the state: zeroized on drop.
 pub struct UntrustedToken {
-    bytes: Vec<u8>,
+    bytes: Zeroizing<Vec<u8>>,
     raw_header: [u8; HEADER_LEN],
     header: Header,
 }
@@ -147,13 +148,22 @@ impl std::fmt::Debug for UntrustedToken {
     }
 }
 
-/// A token that opened: authentic, for this binding.
-#[derive(Debug)]
+/// A token that opened: authentic, for this binding. The state is zeroized
+/// on drop; `Debug` shows neither it nor the ledger id.
 pub struct Opened {
     pub header: Header,
-    pub state: Vec<u8>,
+    pub state: Zeroizing<Vec<u8>>,
     /// The id under which a single-use token is recorded in the ledger.
     pub ledger_id: [u8; 32],
+}
+
+impl std::fmt::Debug for Opened {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Opened")
+            .field("header", &self.header)
+            .field("state_len", &self.state.len())
+            .finish_non_exhaustive()
+    }
 }
 
 impl UntrustedToken {
@@ -164,9 +174,11 @@ impl UntrustedToken {
         }
         // Strict: rejects padding, other alphabets and non-zero trailing bits,
         // so each token has exactly one string form.
-        let bytes = URL_SAFE_NO_PAD
-            .decode(token)
-            .map_err(|_| Reject::Malformed)?;
+        let bytes = Zeroizing::new(
+            URL_SAFE_NO_PAD
+                .decode(token)
+                .map_err(|_| Reject::Malformed)?,
+        );
         if bytes.len() < OVERHEAD {
             return Err(Reject::Malformed);
         }
@@ -204,7 +216,10 @@ impl UntrustedToken {
                 (&tag).into(),
             )
             .map_err(|_| Reject::Rejected)?;
-        let state = self.bytes.split_off(HEADER_LEN + NONCE_LEN);
+        // The plaintext moves to the front of the same allocation, which
+        // becomes the state: no unwiped copy is left behind.
+        self.bytes.drain(..HEADER_LEN + NONCE_LEN);
+        let state = Zeroizing::new(std::mem::take(&mut *self.bytes));
         Ok(Opened {
             header: self.header,
             state,
@@ -213,11 +228,13 @@ impl UntrustedToken {
     }
 }
 
-fn ledger_id(keys: &TenantKeys, nonce: &[u8; NONCE_LEN]) -> [u8; 32] {
-    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&keys.ledger_id[..])
-        .expect("HMAC takes keys of any length");
-    mac.update(nonce);
-    mac.finalize().into_bytes().into()
+/// HMAC-SHA256 of the nonce under the tenant's ledger-id key. The keyed
+/// state is cloned into a [`Wiped`] and finalized in place, so no copy of
+/// it outlives this call unwiped.
+pub fn ledger_id(keys: &TenantKeys, nonce: &[u8; NONCE_LEN]) -> [u8; 32] {
+    let mut mac = Wiped(keys.ledger_mac.0.clone());
+    mac.0.update(nonce);
+    mac.0.finalize_reset().into_bytes().into()
 }
 
 #[cfg(test)]

@@ -129,7 +129,7 @@ fn generate() -> Value {
                 .unwrap()
                 .open(&keys, &binding)
                 .unwrap();
-            assert_eq!(opened.state, v.state);
+            assert_eq!(&opened.state[..], v.state);
             json!({
                 "name": v.name,
                 "root_key_hex": hex(&root_key(v.key_id)),

@@ -217,7 +217,8 @@ async fn full_rotation_under_load_fails_no_open() {
 
     // 2. Promote key 2: A first, B a moment later. In between, A seals with
     //    key 2 (staged on B) and B with key 1 (staged on A).
-    keys(&["promote", "2"], &master);
+    // The test has seen both replicas load key 2: no rollout wait needed.
+    keys(&["promote", "2", "--rollout", "0"], &master);
     let (ra, rb) = (reloads(&a), reloads(&b));
     publish_plain(&master, &a_file);
     wait_reload(&a, ra);

@@ -18,8 +18,12 @@ fn rotation_moves() {
     let mut k = ks();
     let id = k.add_staged(2000);
     assert_eq!(id, 2);
-    assert!(k.promote(1, 2000).is_err(), "already primary");
-    k.promote(2, 3000).unwrap();
+    assert!(k.promote(1, 2000, 0, false).is_err(), "already primary");
+    assert!(
+        k.promote(2, 2050, 100, false).is_err(),
+        "staged for less than the rollout time"
+    );
+    k.promote(2, 3000, 100, false).unwrap();
     assert_eq!(k.keys[0].state, KeyState::Staged);
     assert_eq!(k.keys[0].demoted_at, Some(3000));
     assert_eq!(k.keys[1].state, KeyState::Primary);
@@ -39,7 +43,7 @@ fn rotation_moves() {
         "material is erased on retirement"
     );
     assert!(
-        k.promote(1, 9999).is_err(),
+        k.promote(1, 9999, 0, true).is_err(),
         "a retired key never comes back"
     );
     assert!(k.retire(1, 9999, p, false).is_err(), "already retired");
@@ -58,9 +62,77 @@ fn a_never_promoted_key_retires_at_once_and_force_overrides() {
     let p = RetirePolicy::default();
     k.retire(id, 2000, p, false).unwrap();
     let id = k.add_staged(2000);
-    k.promote(id, 2000).unwrap();
+    k.promote(id, 2000, 120, true).unwrap();
     assert!(k.retire(1, 2001, p, false).is_err());
     k.retire(1, 2001, p, true).unwrap();
+}
+
+#[test]
+fn promote_right_after_add_is_refused_without_force() {
+    let mut k = ks();
+    let id = k.add_staged(5000);
+    let err = k.promote(id, 5001, 120, false).unwrap_err().to_string();
+    assert!(err.contains("--force"), "{err}");
+    k.promote(id, 5120, 120, false).unwrap();
+    // A demoted key going back to primary was staged long ago: no wait.
+    k.promote(1, 5121, 120, false).unwrap();
+}
+
+#[test]
+fn a_staged_key_promoted_but_never_demoted_is_not_retired_without_force() {
+    // A hand-edited file: staged, with promoted_at and no demoted_at.
+    let mut k = ks();
+    let id = k.add_staged(1000);
+    k.keys[1].promoted_at = Some(1500);
+    k.validate().unwrap();
+    let p = RetirePolicy::default();
+    assert_eq!(k.safe_retire_at(id, p), None);
+    let err = k.retire(id, 999_999, p, false).unwrap_err().to_string();
+    assert!(err.contains("no demotion time"), "{err}");
+    k.retire(id, 999_999, p, true).unwrap();
+}
+
+#[test]
+fn parse_errors_never_echo_values() {
+    let good = ks().to_json().unwrap();
+    let mut v: serde_json::Value = serde_json::from_slice(&good).unwrap();
+    let material = v["keys"][0]["material"].as_str().unwrap().to_owned();
+    // Key material pasted into the wrong member, of the wrong type.
+    v["keys"][0]["id"] = material.clone().into();
+    let err = KeysetFile::parse(v.to_string().as_bytes())
+        .unwrap_err()
+        .to_string();
+    assert!(!err.contains(&material), "{err}");
+    // As an unknown member name.
+    let mut v: serde_json::Value = serde_json::from_slice(&good).unwrap();
+    v["keys"][0][material.as_str()] = 1.into();
+    let err = KeysetFile::parse(v.to_string().as_bytes())
+        .unwrap_err()
+        .to_string();
+    assert!(!err.contains(&material), "{err}");
+    // As the format string.
+    let mut v: serde_json::Value = serde_json::from_slice(&good).unwrap();
+    v["format"] = 7.into();
+    v["keys"][0]["state"] = material.clone().into();
+    let err = KeysetFile::parse(v.to_string().as_bytes())
+        .unwrap_err()
+        .to_string();
+    assert!(!err.contains(&material), "{err}");
+}
+
+#[test]
+fn to_json_allocates_once_at_the_exact_size() {
+    let mut k = ks();
+    for t in 0..20 {
+        k.add_staged(t);
+    }
+    let out = k.to_json().unwrap();
+    assert_eq!(
+        out.len(),
+        out.capacity(),
+        "no spare capacity, no reallocation"
+    );
+    assert_eq!(KeysetFile::parse(&out).unwrap().keys.len(), 21);
 }
 
 #[test]
@@ -154,9 +226,34 @@ fn subkeys_differ_by_tenant_and_key() {
     let a1 = ring.get(KeyId(1)).unwrap().tenant_keys(&Tenant::new("a"));
     let b1 = ring.get(KeyId(1)).unwrap().tenant_keys(&Tenant::new("b"));
     let a2 = ring.get(KeyId(2)).unwrap().tenant_keys(&Tenant::new("a"));
-    assert_ne!(*a1.ledger_id, *b1.ledger_id);
-    assert_ne!(*a1.ledger_id, *a2.ledger_id);
+    let n = [7u8; 24];
+    let id = |k: &TenantKeys| crate::token::ledger_id(k, &n);
+    assert_ne!(id(&a1), id(&b1));
+    assert_ne!(id(&a1), id(&a2));
     // Cached: the same Arc comes back.
     let again = ring.get(KeyId(1)).unwrap().tenant_keys(&Tenant::new("a"));
     assert!(Arc::ptr_eq(&a1, &again));
+}
+
+#[test]
+fn wiped_states_are_overwritten_with_a_secret_free_value() {
+    use hmac::Mac;
+    let keyed = |k: &[u8]| <Hmac<Sha256> as Mac>::new_from_slice(k).unwrap();
+    let tag = |m: &Hmac<Sha256>| m.clone().finalize().into_bytes().to_vec();
+    let mut w = Wiped(keyed(b"a secret ledger-id key"));
+    assert_ne!(tag(&w.0), tag(&keyed(&[])));
+    w.wipe();
+    // After the wipe (what drop does) the state is that of the empty key.
+    assert_eq!(tag(&w.0), tag(&keyed(&[])));
+
+    let prk_out = |h: &Hkdf<Sha256>| {
+        let mut o = [0u8; 32];
+        h.expand(b"x", &mut o).unwrap();
+        o
+    };
+    let mut h = Wiped(Hkdf::<Sha256>::new(Some(b"salt"), b"root key"));
+    let blank = Hkdf::<Sha256>::from_prk(&[0u8; 32]).unwrap();
+    assert_ne!(prk_out(&h.0), prk_out(&blank));
+    h.wipe();
+    assert_eq!(prk_out(&h.0), prk_out(&blank));
 }

@@ -94,5 +94,5 @@ fn other_tenant_keys_do_not_open() {
         .unwrap()
         .open(&a, &bind)
         .unwrap();
-    assert_eq!(opened.state, b"x");
+    assert_eq!(&opened.state[..], b"x");
 }
