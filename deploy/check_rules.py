@@ -81,9 +81,39 @@ def check_common(name, docs):
             ks_path = env.get("STATESEAL_KEYSET", "")
             if keyset and not ks_path.startswith(keyset[0]["mountPath"].rstrip("/") + "/"):
                 err(cw, "STATESEAL_KEYSET must be a file inside the keyset directory mount")
+            tenants = [m for m in mounts if m["name"] == "tenants"]
+            if tenants and "secret" not in volumes.get("tenants", {}):
+                err(cw, "the tenants file (bearer digests) must come from a Secret")
             writable = {m["mountPath"] for m in mounts if not m.get("readOnly")}
             if not {"/tmp", env.get("STATESEAL_DATA_DIR")} <= writable:
                 err(cw, "the data dir and /tmp must be the writable mounts")
+
+
+def check_network_policy(name, docs):
+    """No rule admits every pod, and no peer can be satisfied by a pod
+    labelling itself: each peer needs a namespaceSelector with labels (set by
+    cluster operators), and an ipBlock must not be the whole internet."""
+    policies = [d for d in docs if d.get("kind") == "NetworkPolicy"]
+    for d in policies:
+        where = f"{name}/NetworkPolicy/{d['metadata']['name']}"
+        spec = d["spec"]
+        for direction, key in (("ingress", "from"), ("egress", "to")):
+            for i, rule in enumerate(spec.get(direction, [])):
+                peers = rule.get(key)
+                if not peers:
+                    err(where, f"{direction}[{i}] has no {key}: it admits every peer")
+                    continue
+                for peer in peers:
+                    if "ipBlock" in peer:
+                        if peer["ipBlock"].get("cidr") in ("0.0.0.0/0", "::/0"):
+                            err(where, f"{direction}[{i}] admits the whole internet")
+                        continue
+                    ns = peer.get("namespaceSelector")
+                    if ns is None:
+                        err(where, f"{direction}[{i}]: a peer without namespaceSelector; "
+                                   "scope it to labelled namespaces")
+                    elif not ns.get("matchLabels") and not ns.get("matchExpressions"):
+                        err(where, f"{direction}[{i}]: namespaceSelector {{}} admits every namespace")
 
 
 def config_env(docs):
@@ -95,6 +125,7 @@ def config_env(docs):
 
 def check_base(docs):
     check_common("base", docs)
+    check_network_policy("base", docs)
     kinds = {d["kind"] for d in docs}
     for k in ("Deployment", "PodDisruptionBudget", "HorizontalPodAutoscaler", "NetworkPolicy"):
         if k not in kinds:
@@ -113,6 +144,7 @@ def check_base(docs):
 
 def check_single(docs):
     check_common("single-node", docs)
+    check_network_policy("single-node", docs)
     kinds = [d["kind"] for d in docs]
     if "HorizontalPodAutoscaler" in kinds or "Deployment" in kinds:
         err("single-node", "must have no HPA and no Deployment")
