@@ -1,0 +1,34 @@
+//! The params canonicalizer. Differential oracle: whatever we accept, an
+//! independent RFC 8785 implementation (serde_json_canonicalizer over
+//! serde_json) writes identically. Properties: both modes are idempotent,
+//! and the exact mode differs from RFC 8785 only in numbers.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use stateseal::canon::{canonicalize, NumberMode};
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let ours = canonicalize(text, NumberMode::Rfc8785);
+    if let Ok(ours) = &ours {
+        if let Ok(v) = serde_json::from_str::<serde_json::Value>(text) {
+            let theirs = serde_json_canonicalizer::to_vec(&v).expect("their canonical form");
+            assert_eq!(ours, &theirs, "differs from the reference implementation");
+        }
+        let again = canonicalize(std::str::from_utf8(ours).expect("utf-8"), NumberMode::Rfc8785)
+            .expect("canonical form re-parses");
+        assert_eq!(&again, ours, "not idempotent");
+    }
+    if let Ok(exact) = canonicalize(text, NumberMode::Exact) {
+        let again = canonicalize(std::str::from_utf8(&exact).expect("utf-8"), NumberMode::Exact)
+            .expect("exact form re-parses");
+        assert_eq!(again, exact, "exact mode not idempotent");
+        if let Ok(ours) = &ours {
+            if !exact.contains(&b'E') {
+                assert_eq!(&exact, ours, "exact mode changed a non-number");
+            }
+        }
+    }
+});
