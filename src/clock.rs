@@ -2,6 +2,7 @@
 //! without sleeping (rustls's `decrypt_at(…, now)` habit).
 
 use std::sync::atomic::{AtomicU64, Ordering};
+
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// A source of Unix time in whole seconds.
@@ -22,42 +23,17 @@ impl Clock for WallClock {
     }
 }
 
-/// A clock behind a high-water mark: if the inner clock steps backwards,
-/// `now_unix` keeps answering the latest time it has seen. So within one
-/// process an expired token never becomes valid again, and garbage
-/// collection never runs "earlier" and drops a live ledger record.
-#[derive(Debug, Default)]
-pub struct HighWater<C> {
-    inner: C,
-    high_water: AtomicU64,
-}
+/// The clock the service runs on: the wall clock as is. A step is not
+/// hidden here (a high-water mark would latch a forward step and seal tokens
+/// that outlive --max-ttl by the step's size); it is caught by the clock
+/// guard (`timeguard`), which stops the replica from sealing, opening and
+/// collecting while the wall clock disagrees with the reference, and by the
+/// ledgers' horizon, which never lets a collected record be consumed afresh.
+pub type SystemClock = WallClock;
 
-impl<C: Clock> HighWater<C> {
-    pub fn wrap(inner: C) -> Self {
-        HighWater {
-            inner,
-            high_water: AtomicU64::new(0),
-        }
-    }
-    pub fn inner(&self) -> &C {
-        &self.inner
-    }
-}
-
-impl<C: Clock> Clock for HighWater<C> {
-    fn now_unix(&self) -> u64 {
-        let now = self.inner.now_unix();
-        let seen = self.high_water.fetch_max(now, Ordering::Relaxed);
-        seen.max(now)
-    }
-}
-
-/// The clock the service runs on: the wall clock behind a high-water mark.
-pub type SystemClock = HighWater<WallClock>;
-
-impl SystemClock {
+impl WallClock {
     pub fn new() -> Self {
-        HighWater::wrap(WallClock)
+        WallClock
     }
 }
 

@@ -20,6 +20,7 @@ use crate::reload::read_files;
 use crate::sealer::{Limits, Sealer};
 use crate::server::ServeOptions;
 use crate::server::{TenantsInForce, TlsInForce};
+use crate::timeguard::TimeGuard;
 use crate::tls::TlsFiles;
 use arc_swap::ArcSwap;
 
@@ -195,6 +196,9 @@ pub struct ServeArgs {
     /// PR_SET_DUMPABLE to 0 at start: a core would hold keys and state.
     #[arg(long, env = "STATESEAL_ALLOW_CORE_DUMPS")]
     pub allow_core_dumps: bool,
+    /// How often expired ledger records are collected, in milliseconds.
+    #[arg(long, env = "STATESEAL_GC_INTERVAL_MS", default_value_t = 30_000)]
+    pub gc_interval_ms: u64,
     /// HTTP/2 streams per connection (SETTINGS_MAX_CONCURRENT_STREAMS).
     #[arg(long, env = "STATESEAL_MAX_STREAMS", default_value_t = 128)]
     pub max_streams: u32,
@@ -423,6 +427,7 @@ impl ServeArgs {
                 let opts = PgOptions {
                     pool_size: self.db_pool_size.clamp(1, 256),
                     timeout: std::time::Duration::from_millis(self.db_timeout_ms.max(10)),
+                    skew: self.clock_skew,
                 };
                 Ok(Arc::new(PgLedger::connect(&url, opts).await?))
             }
@@ -456,12 +461,20 @@ impl ServeArgs {
         let ring = Keyring::from_file(&KeysetFile::parse(&contents[0])?)?;
         tracing::info!(keys = ?ring.summary(), "keyset loaded");
         let ledger = self.open_ledger().await?;
+        let guard = TimeGuard::new(self.clock_skew, ledger.stored_high_water());
+        if !guard.synced() {
+            tracing::error!(
+                "the wall clock is behind the time an earlier run recorded: not serving until \
+                 it catches up (see docs/operations.md, Clocks)"
+            );
+        }
         let sealer = Sealer::new(
             Arc::new(KeyringHandle::new(ring)),
             ledger,
             Arc::new(SystemClock::new()),
             limits,
-        );
+        )
+        .with_guard(guard);
         Ok(Prepared {
             sealer: Arc::new(sealer),
             options: ServeOptions {
@@ -473,6 +486,7 @@ impl ServeArgs {
                 keyset: Some((keyset_path.clone(), digest)),
                 reload_every: std::time::Duration::from_millis(self.reload_interval_ms.max(100)),
                 limits: self.transport_limits(),
+                gc_every: std::time::Duration::from_millis(self.gc_interval_ms.max(50)),
                 ..ServeOptions::default()
             },
             keyset_path,

@@ -29,11 +29,14 @@ pub enum Reject {
     LedgerUnavailable,
     /// The server is at a work bound (canonicalizations queued); retry later.
     Overloaded,
+    /// This replica's clock disagrees with the reference by more than the
+    /// skew allowance: it neither seals nor opens until they agree.
+    ClockUnsynced,
 }
 
 impl Reject {
     /// Every reason, for documentation checks and metrics.
-    pub const ALL: [Reject; 9] = [
+    pub const ALL: [Reject; 10] = [
         Reject::Malformed,
         Reject::TooLarge,
         Reject::BadMethod,
@@ -43,6 +46,7 @@ impl Reject {
         Reject::Rejected,
         Reject::LedgerUnavailable,
         Reject::Overloaded,
+        Reject::ClockUnsynced,
     ];
 
     /// The machine-readable reason (`google.rpc.ErrorInfo.reason`).
@@ -57,6 +61,7 @@ impl Reject {
             Reject::Rejected => "REJECTED",
             Reject::LedgerUnavailable => "LEDGER_UNAVAILABLE",
             Reject::Overloaded => "OVERLOADED",
+            Reject::ClockUnsynced => "CLOCK_UNSYNCED",
         }
     }
 
@@ -72,6 +77,7 @@ impl Reject {
             Reject::Rejected => "token rejected",
             Reject::LedgerUnavailable => "single-use ledger unavailable",
             Reject::Overloaded => "server busy; retry later",
+            Reject::ClockUnsynced => "server clock out of agreement; retry on another replica",
         }
     }
 }

@@ -53,6 +53,7 @@ pub mod sealer;
 pub mod server;
 pub mod service;
 pub mod status;
+pub mod timeguard;
 pub mod tls;
 pub mod token;
 

@@ -11,6 +11,7 @@ use crate::error::Reject;
 use crate::keyring::{KeyId, KeyringHandle};
 use crate::ledger::{Consumed, Ledger, LedgerKey};
 use crate::metrics::METRICS;
+use crate::timeguard::TimeGuard;
 use crate::token::{self, Header, UntrustedToken};
 
 /// Configured bounds. Every input is checked against these before any work
@@ -102,6 +103,7 @@ pub struct Sealer {
     ledger: Arc<dyn Ledger>,
     clock: Arc<dyn Clock>,
     limits: Limits,
+    guard: Arc<TimeGuard>,
 }
 
 impl std::fmt::Debug for Sealer {
@@ -125,7 +127,19 @@ impl Sealer {
             ledger,
             clock,
             limits,
+            guard: TimeGuard::always_synced(),
         }
+    }
+
+    /// Refuses to seal and open while `guard` says the clock disagrees with
+    /// the reference.
+    pub fn with_guard(mut self, guard: Arc<TimeGuard>) -> Self {
+        self.guard = guard;
+        self
+    }
+
+    pub fn guard(&self) -> &Arc<TimeGuard> {
+        &self.guard
     }
 
     pub fn limits(&self) -> &Limits {
@@ -204,6 +218,9 @@ impl Sealer {
         if state.len() > self.limits.max_state {
             return Err(Reject::TooLarge);
         }
+        if !self.guard.synced() {
+            return Err(Reject::ClockUnsynced);
+        }
         let ttl = match ttl_seconds {
             0 => self.limits.default_ttl,
             t if t > self.limits.max_ttl => return Err(Reject::TooLarge),
@@ -249,6 +266,9 @@ impl Sealer {
         binding: &Binding,
         untrusted: UntrustedToken,
     ) -> Result<OpenedState, Reject> {
+        if !self.guard.synced() {
+            return Err(Reject::ClockUnsynced);
+        }
         let key_id = untrusted.header().key_id;
         let tenant_keys = {
             let ring = self.keys.current();
@@ -275,8 +295,15 @@ impl Sealer {
                 matches!(outcome, Ok(Consumed::Now)),
             );
             match outcome {
+                // Re-checked after the ledger decided: a decision that came
+                // late (a stalled disk or database) is not an acceptance.
+                Ok(Consumed::Now) if self.clock.now_unix() >= expires_at => {
+                    tracing::warn!("consumption decided after the token expired; refused");
+                    return Err(Reject::Expired);
+                }
                 Ok(Consumed::Now) => consumed = true,
                 Ok(Consumed::Before) => return Err(Reject::Replayed),
+                Ok(Consumed::PastHorizon) => return Err(Reject::Expired),
                 Err(e) => {
                     tracing::warn!(error = %e, backend = self.ledger.backend(), "ledger failed; failing closed");
                     return Err(Reject::LedgerUnavailable);

@@ -172,7 +172,8 @@ pub async fn run(
     let ledger = sealer.ledger().clone();
     // Registered before the first request can arrive: a probe never sees
     // "service not registered".
-    let ready = ledger.ready().await;
+    let guard = sealer.guard().clone();
+    let ready = ledger.ready().await && guard.synced();
     health
         .set_service_status(LIVENESS_NAME, tonic_health::ServingStatus::Serving)
         .await;
@@ -185,6 +186,7 @@ pub async fn run(
     let mut background = vec![
         tokio::spawn(report_readiness(
             ledger.clone(),
+            guard.clone(),
             health,
             opts.health_every,
             Some(ready),
@@ -192,9 +194,16 @@ pub async fn run(
         tokio::spawn(run_gc(
             ledger.clone(),
             sealer.clock().clone(),
+            sealer.guard().clone(),
             sealer.limits().clock_skew,
             opts.gc_every,
             1000,
+        )),
+        tokio::spawn(crate::timeguard::run(
+            sealer.guard().clone(),
+            ledger.clone(),
+            opts.health_every,
+            Duration::from_secs(10).min(opts.gc_every),
         )),
     ];
     if let Some((path, digest)) = opts.keyset.clone() {
@@ -294,10 +303,27 @@ pub async fn run(
         let _ = stop_tx.send(true);
         tokio::time::sleep(lim.shutdown_grace).await;
     };
+    // A ledger that failed for good (sled after a failed fsync) ends the
+    // process with an error, for the orchestrator to restart it.
+    let fatal = {
+        let ledger = ledger.clone();
+        let every = opts.health_every;
+        async move {
+            while !ledger.failed_for_good() {
+                tokio::time::sleep(every.min(Duration::from_millis(200))).await;
+            }
+        }
+    };
+    let mut failed = false;
     let result = tokio::select! {
         r = serve => r,
         () = deadline => {
             tracing::warn!(grace = ?lim.shutdown_grace, "shutdown grace period over; cutting the remaining streams");
+            Ok(())
+        }
+        () = fatal => {
+            tracing::error!("the ledger failed and cannot recover in this process; exiting for a restart");
+            failed = true;
             Ok(())
         }
     };
@@ -316,6 +342,11 @@ pub async fn run(
     }
     for task in background {
         let _ = task.await;
+    }
+    if failed {
+        return Err(ServeError::Ledger(crate::ledger::LedgerError(
+            "failed for good (see the error above); restart the process".into(),
+        )));
     }
     tracing::info!("server stopped; flushing ledger");
     ledger.close().await?;
@@ -360,12 +391,13 @@ where
 /// take consumptions.
 async fn report_readiness(
     ledger: Arc<dyn crate::ledger::Ledger>,
+    guard: Arc<crate::timeguard::TimeGuard>,
     health: tonic_health::server::HealthReporter,
     every: Duration,
     mut last: Option<bool>,
 ) {
     loop {
-        let ready = ledger.ready().await;
+        let ready = ledger.ready().await && guard.synced();
         if last != Some(ready) {
             set_health(&health, ready).await;
             if ready {

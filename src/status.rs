@@ -18,7 +18,7 @@ impl Reject {
             Reject::Expired | Reject::UnknownKey => Code::FailedPrecondition,
             Reject::Replayed => Code::AlreadyExists,
             Reject::Rejected => Code::PermissionDenied,
-            Reject::LedgerUnavailable => Code::Unavailable,
+            Reject::LedgerUnavailable | Reject::ClockUnsynced => Code::Unavailable,
             Reject::Overloaded => Code::ResourceExhausted,
         }
     }

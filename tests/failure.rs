@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use common::process::spawn;
 use common::*;
 use rand::Rng;
-use stateseal::clock::{Clock, HighWater, ManualClock};
+use stateseal::clock::{Clock, ManualClock};
 use stateseal::keyring::KeysetFile;
 use stateseal::ledger::sled::SledLedger;
 use stateseal::ledger::{Consumed, Ledger, LedgerError, LedgerKey};
@@ -140,7 +140,9 @@ async fn a_clock_going_backwards_neither_reopens_expired_tokens_nor_drops_live_r
     let dir = tempfile::tempdir().unwrap();
     let sled = Arc::new(SledLedger::open(&dir.path().join("ledger")).unwrap());
     let manual = Arc::new(ManualClock::new(T0));
-    let clock: Arc<dyn Clock> = Arc::new(HighWater::wrap(manual.clone()));
+    // The plain manual clock: no high-water mark; the ledger's horizon is
+    // what keeps a collected record from being consumed afresh.
+    let clock: Arc<dyn Clock> = manual.clone();
     let limits = Limits {
         clock_skew: 60,
         ..Limits::default()

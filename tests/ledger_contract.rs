@@ -71,16 +71,20 @@ async fn concurrent_distinct_keys(l: Arc<dyn Ledger>) {
 }
 
 async fn gc_removes_expired_and_only_those(l: Arc<dyn Ledger>) {
-    // Expiries in a band no other test uses.
-    let base = 1_000_000 + u64::from(rand::random::<u16>()) * 100;
-    let old: Vec<_> = (0..30).map(|i| key(base + i)).collect();
-    let live: Vec<_> = (0..30).map(|i| key(base + 50 + i)).collect();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let old: Vec<_> = (0..30).map(|_| key(now + 1)).collect();
+    let live: Vec<_> = (0..30).map(|_| key(now + 1000)).collect();
     for k in old.iter().chain(&live) {
         assert_eq!(l.consume(k).await.unwrap(), Consumed::Now);
     }
+    // Past the old keys' expiry by every clock (the database's too).
+    tokio::time::sleep(std::time::Duration::from_millis(2200)).await;
     let mut removed = 0;
     loop {
-        let n = l.remove_expired(base + 50, 7).await.unwrap();
+        let n = l.remove_expired(now + 2, 7).await.unwrap();
         removed += n;
         if n == 0 {
             break;
@@ -97,10 +101,30 @@ async fn gc_removes_expired_and_only_those(l: Arc<dyn Ledger>) {
     for k in &old {
         assert_eq!(
             l.consume(k).await.unwrap(),
-            Consumed::Now,
-            "an expired record was kept"
+            Consumed::PastHorizon,
+            "a key below the horizon must never be consumed afresh"
         );
     }
+}
+
+/// The horizon survives a restart (sled keeps it in its meta tree).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sled_horizon_survives_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let k = key(1_000_000);
+    {
+        let l = SledLedger::open(dir.path()).unwrap();
+        assert_eq!(l.consume(&k).await.unwrap(), Consumed::Now);
+        l.remove_expired(2_000_000, 100).await.unwrap();
+        l.close().await.unwrap();
+    }
+    let l = SledLedger::open(dir.path()).unwrap();
+    assert_eq!(l.consume(&k).await.unwrap(), Consumed::PastHorizon);
+    assert_eq!(
+        l.consume(&key(2_000_001)).await.unwrap(),
+        Consumed::Now,
+        "above the horizon"
+    );
 }
 
 async fn sled() -> (Arc<dyn Ledger>, tempfile::TempDir) {
@@ -116,7 +140,15 @@ async fn postgres() -> Option<Arc<dyn Ledger>> {
         return None;
     };
     Some(Arc::new(
-        PgLedger::connect(&url, PgOptions::default()).await.unwrap(),
+        PgLedger::connect(
+            &url,
+            PgOptions {
+                skew: 0,
+                ..PgOptions::default()
+            },
+        )
+        .await
+        .unwrap(),
     ))
 }
 
@@ -187,6 +219,7 @@ async fn a_bad_database_url_never_shows_its_password() {
         PgOptions {
             pool_size: 1,
             timeout: std::time::Duration::from_millis(300),
+            skew: 60,
         },
     )
     .await

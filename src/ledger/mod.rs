@@ -7,12 +7,19 @@
 //!   once the record is durable;
 //! - when the backend cannot answer it returns [`LedgerError`], and the
 //!   service turns that into `LEDGER_UNAVAILABLE`: it fails closed;
-//! - records are removed only after `expires_at + clock skew`.
+//! - records are removed only after `expires_at + clock skew`, judged by
+//!   the reference clock (the database's for PostgreSQL; the guarded local
+//!   clock for sled, see `timeguard`);
+//! - before a record can be removed, the ledger raises its *horizon*
+//!   durably: from then on it answers [`Consumed::PastHorizon`] for any key
+//!   that expired before it, so a removed record can never be consumed
+//!   afresh, whatever a clock says later.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::clock::Clock;
+use crate::timeguard::Vouch;
 
 pub mod postgres;
 pub mod sled;
@@ -52,6 +59,9 @@ pub enum Consumed {
     Now,
     /// The token was consumed before.
     Before,
+    /// The token expired before the ledger's horizon: its record may have
+    /// been collected, so it is refused (as `EXPIRED`).
+    PastHorizon,
 }
 
 /// The ledger could not answer. The detail is for logs only (it never holds
@@ -66,7 +76,9 @@ pub trait Ledger: Send + Sync + 'static {
     async fn consume(&self, key: &LedgerKey) -> Result<Consumed, LedgerError>;
     /// Whether the ledger can take consumptions now (readiness).
     async fn ready(&self) -> bool;
-    /// Removes up to `limit` records whose expiry is before `before_unix`;
+    /// Raises the horizon to `before_unix` (capped, where the ledger has a
+    /// clock of its own, at that clock minus the skew), durably, then
+    /// removes up to `limit` records that expired before the horizon;
     /// returns how many it removed.
     async fn remove_expired(&self, before_unix: u64, limit: usize) -> Result<usize, LedgerError>;
     /// Makes everything recorded so far durable (at shutdown).
@@ -77,13 +89,35 @@ pub trait Ledger: Send + Sync + 'static {
     fn flush_stats(&self) -> Option<Arc<sled::FlushStats>> {
         None
     }
+    /// The reference clock, where the ledger has one (the database's time,
+    /// Unix seconds); `None` for a ledger without a clock of its own.
+    async fn reference_now(&self) -> Result<Option<u64>, LedgerError> {
+        Ok(None)
+    }
+    /// Records durably the latest time seen on a synced clock (sled keeps it
+    /// to check the clock against at the next start).
+    async fn record_high_water(&self, _now_unix: u64) -> Result<(), LedgerError> {
+        Ok(())
+    }
+    /// The high-water mark recorded by an earlier run, if any.
+    fn stored_high_water(&self) -> Option<u64> {
+        None
+    }
+    /// Whether the ledger failed in a way it cannot recover from in this
+    /// process (sled after a failed flush or fdatasync): the process must
+    /// exit and be restarted.
+    fn failed_for_good(&self) -> bool {
+        false
+    }
 }
 
 /// Garbage collection: every `every`, removes records that expired more than
-/// `skew` seconds ago, in batches of `batch`.
+/// `skew` seconds ago, in batches of `batch` — only while the clock guard
+/// says the local clock agrees with the reference.
 pub async fn run_gc(
     ledger: Arc<dyn Ledger>,
     clock: Arc<dyn Clock>,
+    guard: Arc<crate::timeguard::TimeGuard>,
     skew: u64,
     every: Duration,
     batch: usize,
@@ -92,7 +126,17 @@ pub async fn run_gc(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let before = clock.now_unix().saturating_sub(skew);
+        // Judged afresh for this round: a step between two guard ticks must
+        // not reach the horizon.
+        let now = match guard.vouch(&*ledger).await {
+            Vouch::Trusted(wall) => clock.now_unix().min(wall),
+            Vouch::Unwatched => clock.now_unix(),
+            Vouch::Unsynced => {
+                tracing::debug!("clock not in agreement with the reference: not collecting");
+                continue;
+            }
+        };
+        let before = now.saturating_sub(skew);
         let mut removed = 0usize;
         loop {
             match ledger.remove_expired(before, batch).await {

@@ -12,9 +12,18 @@
 //!   gets an error (`LEDGER_UNAVAILABLE`): an unknown outcome is never
 //!   reported as a consumption.
 //! - Expiry is stored as Unix seconds (UTC) from the token's authenticated
-//!   header and compared with this service's clock, never the database's.
+//!   header. The horizon — below which a record may be deleted, and so below
+//!   which no new record is accepted — is judged by the *database's* clock
+//!   (`statement_timestamp()` minus the skew), the one reference every
+//!   replica shares: a replica whose own clock runs ahead can neither delete
+//!   live rows nor have its late inserts accepted after a deletion.
 //! - Expired rows are deleted in small batches by one replica at a time,
 //!   under a transaction-scoped advisory lock.
+//! - Every session runs with `statement_timeout` and `lock_timeout` below the
+//!   client-side timeout and with `synchronous_commit = on` (checked at
+//!   start: the service refuses to start when a pooler or the server
+//!   overrides it). A statement that passes the client timeout is cancelled
+//!   on the server and its connection is discarded, never reused.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -42,6 +51,8 @@ pub struct PgOptions {
     pub pool_size: usize,
     /// Bound on connecting, waiting for a connection, and each statement.
     pub timeout: Duration,
+    /// Seconds records outlive their token (the service's clock skew).
+    pub skew: u64,
 }
 
 impl Default for PgOptions {
@@ -49,6 +60,7 @@ impl Default for PgOptions {
         PgOptions {
             pool_size: 8,
             timeout: Duration::from_secs(2),
+            skew: 60,
         }
     }
 }
@@ -60,6 +72,7 @@ pub struct PgLedger {
     tx: mpsc::UnboundedSender<Waiter>,
     healthy: Arc<AtomicBool>,
     timeout: Duration,
+    skew: i64,
     batcher: tokio::task::JoinHandle<()>,
 }
 
@@ -86,11 +99,26 @@ impl PgLedger {
         if cfg.get_application_name().is_none() {
             cfg.application_name("stateseal");
         }
+        // Server-side bounds below the client's, so a statement the client
+        // gives up on is also given up on by the server; and durability of
+        // every commit, whatever the database default says.
+        let ms = opts.timeout.as_millis().max(10) as u64;
+        let session = format!(
+            "-c statement_timeout={} -c lock_timeout={} -c synchronous_commit=on",
+            (ms * 3 / 4).max(5),
+            (ms / 2).max(5)
+        );
+        let options = match cfg.get_options() {
+            Some(o) if !o.is_empty() => format!("{o} {session}"),
+            _ => session,
+        };
+        cfg.options(&options);
         let mgr = Manager::from_config(
             cfg,
             NoTls,
             ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
+                // A connection is checked before it is handed out again.
+                recycling_method: RecyclingMethod::Verified,
             },
         );
         let pool = Pool::builder(mgr)
@@ -102,20 +130,24 @@ impl PgLedger {
             .build()
             .map_err(|e| LedgerError(format!("cannot build the connection pool: {e}")))?;
         migrate(&pool, opts.timeout).await?;
+        check_session(&pool, opts.timeout).await?;
         let healthy = Arc::new(AtomicBool::new(true));
         let (tx, rx) = mpsc::unbounded_channel();
+        let skew = i64::try_from(opts.skew).unwrap_or(i64::MAX);
         let batcher = tokio::spawn(run_batcher(
             pool.clone(),
             rx,
             healthy.clone(),
             opts.timeout,
             opts.pool_size.max(1),
+            skew,
         ));
         Ok(PgLedger {
             pool,
             tx,
             healthy,
             timeout: opts.timeout,
+            skew,
             batcher,
         })
     }
@@ -180,12 +212,46 @@ async fn migrate(pool: &Pool, limit: Duration) -> Result<(), LedgerError> {
     Ok(())
 }
 
+/// Refuses to run on sessions that would not make each consumption durable
+/// before its answer (e.g. a pooler that drops startup options, or a role
+/// that forces `synchronous_commit = off`).
+async fn check_session(pool: &Pool, limit: Duration) -> Result<(), LedgerError> {
+    let client = timed("connect", limit, pool.get()).await?;
+    let row = timed(
+        "session check",
+        limit,
+        client.query_one(
+            "SELECT current_setting('synchronous_commit'), current_setting('statement_timeout')",
+            &[],
+        ),
+    )
+    .await?;
+    let sync: String = row.get(0);
+    let stmt: String = row.get(1);
+    if !matches!(sync.as_str(), "on" | "remote_apply") {
+        return Err(LedgerError(format!(
+            "PostgreSQL sessions run with synchronous_commit = {sync}; stateseal needs on (or \
+             remote_apply) so that a consumption is durable before its answer. Connect without \
+             a pooler that drops startup options, or allow the role to set synchronous_commit"
+        )));
+    }
+    if stmt == "0" {
+        return Err(LedgerError(
+            "PostgreSQL sessions ignore the statement_timeout stateseal sets; connect without a \
+             pooler that drops startup options"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
 async fn run_batcher(
     pool: Pool,
     mut rx: mpsc::UnboundedReceiver<Waiter>,
     healthy: Arc<AtomicBool>,
     limit: Duration,
     in_flight: usize,
+    skew: i64,
 ) {
     let slots = Arc::new(Semaphore::new(in_flight));
     while let Some(first) = rx.recv().await {
@@ -204,18 +270,26 @@ async fn run_batcher(
         let pool = pool.clone();
         let healthy = healthy.clone();
         tokio::spawn(async move {
-            let result = insert_batch(&pool, &batch, limit).await;
+            let result = insert_batch(&pool, &batch, limit, skew).await;
             healthy.store(result.is_ok(), Ordering::Relaxed);
             drop(permit);
             match result {
-                Ok(inserted) => {
+                Ok((inserted, horizon)) => {
                     let mut fresh: HashMap<[u8; 32], bool> =
                         inserted.into_iter().map(|id| (id, true)).collect();
                     for (key, reply) in batch {
                         // The first waiter of an inserted id gets Now; any
-                        // later waiter of the same id in this batch, Before.
+                        // later waiter of the same id in this batch, Before;
+                        // a key below the database's horizon, PastHorizon.
                         let now = fresh.get_mut(&key.id).map(std::mem::take).unwrap_or(false);
-                        let _ = reply.send(Ok(if now { Consumed::Now } else { Consumed::Before }));
+                        let c = if now {
+                            Consumed::Now
+                        } else if i64::try_from(key.expires_at).unwrap_or(i64::MAX) < horizon {
+                            Consumed::PastHorizon
+                        } else {
+                            Consumed::Before
+                        };
+                        let _ = reply.send(Ok(c));
                     }
                 }
                 Err(e) => {
@@ -228,11 +302,15 @@ async fn run_batcher(
     }
 }
 
+/// Inserts the batch; returns the ids inserted now and the database's
+/// horizon for this statement (keys that expired before it are not
+/// inserted).
 async fn insert_batch(
     pool: &Pool,
     batch: &[Waiter],
     limit: Duration,
-) -> Result<Vec<[u8; 32]>, LedgerError> {
+    skew: i64,
+) -> Result<(Vec<[u8; 32]>, i64), LedgerError> {
     // Rows go in sorted by id (ORDER BY below), so that concurrent batches on
     // other replicas take their row locks in the same order and cannot
     // deadlock on overlapping keys.
@@ -245,32 +323,60 @@ async fn insert_batch(
     let ids: Vec<&[u8]> = keys.iter().map(|k| k.0).collect();
     let expiries: Vec<i64> = keys.iter().map(|k| k.1).collect();
     let client = timed("connect", limit, pool.get()).await?;
+    // One statement: the horizon by the database's clock, the insert of
+    // every key at or above it, and the horizon itself as the last row.
     let sql = format!(
-        "INSERT INTO {TABLE} (id, expires_at)
-         SELECT id, expires_at FROM unnest($1::bytea[], $2::bigint[]) AS t(id, expires_at)
-         ORDER BY id
-         ON CONFLICT (id) DO NOTHING
-         RETURNING id"
+        "WITH h AS (SELECT extract(epoch FROM statement_timestamp())::bigint - $3 AS horizon),
+              ins AS (
+                INSERT INTO {TABLE} (id, expires_at)
+                SELECT t.id, t.expires_at
+                  FROM unnest($1::bytea[], $2::bigint[]) AS t(id, expires_at), h
+                 WHERE t.expires_at >= h.horizon
+                 ORDER BY t.id
+                ON CONFLICT (id) DO NOTHING
+                RETURNING id)
+         SELECT id, NULL::bigint FROM ins
+         UNION ALL SELECT NULL::bytea, horizon FROM h"
     );
     let stmt = timed("prepare", limit, client.prepare_cached(&sql)).await?;
     let mut attempt = 0;
     let rows = loop {
         attempt += 1;
-        match tokio::time::timeout(limit, client.query(&stmt, &[&ids, &expiries])).await {
+        match tokio::time::timeout(limit, client.query(&stmt, &[&ids, &expiries, &skew])).await {
             Ok(Ok(rows)) => break rows,
             // A deadlock or serialization failure rolled the statement back
             // whole: nothing was committed, so one retry is safe.
             Ok(Err(e)) if attempt < 3 && is_retryable(&e) => continue,
             Ok(Err(e)) => return Err(db_err("insert", describe(&e))),
-            Err(_) => return Err(LedgerError(format!("insert: timed out after {limit:?}"))),
+            Err(_) => {
+                abandon(client);
+                return Err(LedgerError(format!("insert: timed out after {limit:?}")));
+            }
         }
     };
-    rows.iter()
-        .map(|r| {
-            let id: &[u8] = r.get(0);
-            <[u8; 32]>::try_from(id).map_err(|_| LedgerError("unexpected id length".into()))
-        })
-        .collect()
+    let mut inserted = Vec::with_capacity(rows.len());
+    let mut horizon = None;
+    for r in &rows {
+        match r.get::<_, Option<&[u8]>>(0) {
+            Some(id) => inserted.push(
+                <[u8; 32]>::try_from(id).map_err(|_| LedgerError("unexpected id length".into()))?,
+            ),
+            None => horizon = r.get::<_, Option<i64>>(1),
+        }
+    }
+    let horizon = horizon.ok_or_else(|| LedgerError("no horizon row".into()))?;
+    Ok((inserted, horizon))
+}
+
+/// A connection whose statement passed the client timeout: the statement is
+/// cancelled on the server, and the connection is taken out of the pool (it
+/// closes when the last handle drops), never handed to the next caller.
+fn abandon(client: deadpool_postgres::Object) {
+    let cancel = client.cancel_token();
+    tokio::spawn(async move {
+        let _ = cancel.cancel_query(NoTls).await;
+    });
+    drop(deadpool_postgres::Object::take(client));
 }
 
 #[async_trait::async_trait]
@@ -295,6 +401,18 @@ impl Ledger for PgLedger {
         ok
     }
 
+    async fn reference_now(&self) -> Result<Option<u64>, LedgerError> {
+        let client = timed("connect", self.timeout, self.pool.get()).await?;
+        let row = timed(
+            "clock",
+            self.timeout,
+            client.query_one("SELECT extract(epoch FROM clock_timestamp())::bigint", &[]),
+        )
+        .await?;
+        let t: i64 = row.get(0);
+        Ok(u64::try_from(t).ok())
+    }
+
     async fn remove_expired(&self, before_unix: u64, limit: usize) -> Result<usize, LedgerError> {
         let before = i64::try_from(before_unix).unwrap_or(i64::MAX);
         let n = i64::try_from(limit).unwrap_or(i64::MAX);
@@ -310,11 +428,21 @@ impl Ledger for PgLedger {
         if !locked {
             return Ok(0); // another replica is collecting
         }
+        // The horizon is the earlier of the caller's and the database's
+        // clock minus the skew: a replica whose clock runs ahead cannot
+        // delete live rows.
         let sql = format!(
             "DELETE FROM {TABLE} WHERE id IN
-               (SELECT id FROM {TABLE} WHERE expires_at < $1 ORDER BY expires_at LIMIT $2)"
+               (SELECT id FROM {TABLE}
+                 WHERE expires_at < LEAST($1, extract(epoch FROM statement_timestamp())::bigint - $3)
+                 ORDER BY expires_at LIMIT $2)"
         );
-        let removed = timed("gc delete", self.timeout, tx.execute(&sql, &[&before, &n])).await?;
+        let removed = timed(
+            "gc delete",
+            self.timeout,
+            tx.execute(&sql, &[&before, &n, &self.skew]),
+        )
+        .await?;
         timed("gc commit", self.timeout, tx.commit()).await?;
         Ok(removed as usize)
     }

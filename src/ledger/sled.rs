@@ -13,6 +13,21 @@
 //!
 //! sled's own flush uses `sync_file_range`, which survives a killed process
 //! but not a power loss; the `fdatasync` covers the latter.
+//!
+//! Garbage collection runs on the same writer thread, between rounds: it
+//! first raises the *horizon* (kept in a meta tree) and makes it durable,
+//! then removes records that expired before it. The writer answers
+//! `PastHorizon` for any key below the horizon, so a removed record can never
+//! be consumed afresh — whatever a clock says later, across restarts too.
+//!
+//! Fail-stop: after any failed write, flush or `fdatasync`, the writer never
+//! touches the store again (after a failed fsync the kernel may have dropped
+//! dirty pages, and a later successful fsync would prove nothing about
+//! them). Every later consumption fails (`LEDGER_UNAVAILABLE`), readiness
+//! goes `NOT_SERVING`, and [`Ledger::failed_for_good`] tells the server to
+//! exit non-zero, so that the orchestrator restarts the process and sled
+//! recovers from its log: everything acknowledged was fsynced before its
+//! answer.
 
 use std::collections::HashSet;
 use std::fs::File;
@@ -24,8 +39,27 @@ use tokio::sync::oneshot;
 
 use super::{Consumed, Ledger, LedgerError, LedgerKey};
 
-/// A consumption to decide (`None`: a durability barrier only).
-type Waiter = (Option<LedgerKey>, oneshot::Sender<Result<Consumed, String>>);
+/// Meta records: the horizon and the clock's high-water mark.
+const META_TREE: &str = "meta/v1";
+const META_HORIZON: &[u8] = b"gc_horizon";
+const META_HIGH_WATER: &[u8] = b"high_water";
+
+/// Work for the writer thread.
+enum Job {
+    /// Decide a consumption.
+    Consume(LedgerKey, oneshot::Sender<Result<Consumed, String>>),
+    /// Answer after a flush that starts after this job was queued.
+    Barrier(oneshot::Sender<Result<(), String>>),
+    /// Raise the horizon to `before`, durably, then remove up to `limit`
+    /// records below it.
+    Collect {
+        before: u64,
+        limit: usize,
+        reply: oneshot::Sender<Result<usize, String>>,
+    },
+    /// Record the clock's high-water mark (durable with the next flush).
+    HighWater(u64),
+}
 
 /// Figures a caller may read (batch sizes show group commit at work).
 #[derive(Debug, Default)]
@@ -37,18 +71,29 @@ pub struct FlushStats {
 
 pub struct SledLedger {
     db: sled::Db,
-    tree: sled::Tree,
     /// To the writer thread; `None` only while dropping.
-    flusher: Option<mpsc::Sender<Waiter>>,
-    flush_thread: Option<std::thread::JoinHandle<()>>,
-    healthy: Arc<AtomicBool>,
+    writer: Option<mpsc::Sender<Job>>,
+    writer_thread: Option<std::thread::JoinHandle<()>>,
+    /// Set for good after a failed write, flush or fdatasync.
+    dead: Arc<AtomicBool>,
     stats: Arc<FlushStats>,
     data_file: PathBuf,
+    stored_high_water: Option<u64>,
 }
 
 impl std::fmt::Debug for SledLedger {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SledLedger").finish_non_exhaustive()
+    }
+}
+
+fn read_u64(tree: &sled::Tree, key: &[u8]) -> Result<Option<u64>, LedgerError> {
+    match tree.get(key) {
+        Ok(Some(v)) => <[u8; 8]>::try_from(&v[..])
+            .map(|b| Some(u64::from_be_bytes(b)))
+            .map_err(|_| LedgerError("corrupt ledger meta record".into())),
+        Ok(None) => Ok(None),
+        Err(e) => Err(LedgerError(format!("cannot read ledger meta: {e}"))),
     }
 }
 
@@ -64,29 +109,40 @@ impl SledLedger {
         let tree = db
             .open_tree("consumed/v1")
             .map_err(|e| LedgerError(format!("cannot open ledger tree: {e}")))?;
+        let meta = db
+            .open_tree(META_TREE)
+            .map_err(|e| LedgerError(format!("cannot open ledger meta tree: {e}")))?;
+        let horizon = read_u64(&meta, META_HORIZON)?.unwrap_or(0);
+        let stored_high_water = read_u64(&meta, META_HIGH_WATER)?;
         let data_file = dir.join("db");
         let file = File::open(&data_file)
             .map_err(|e| LedgerError(format!("cannot open ledger data file: {e}")))?;
-        let healthy = Arc::new(AtomicBool::new(true));
+        let dead = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(FlushStats::default());
-        let (tx, rx) = mpsc::channel::<Waiter>();
-        let flush_thread = {
-            let (db, tree) = (db.clone(), tree.clone());
-            let healthy = healthy.clone();
-            let stats = stats.clone();
+        let (tx, rx) = mpsc::channel::<Job>();
+        let writer_thread = {
+            let mut w = Writer {
+                db: db.clone(),
+                tree,
+                meta,
+                file,
+                horizon,
+                dead: dead.clone(),
+                stats: stats.clone(),
+            };
             std::thread::Builder::new()
                 .name("stateseal-ledger".into())
-                .spawn(move || writer_loop(&db, &tree, &file, &rx, &healthy, &stats))
-                .map_err(|e| LedgerError(format!("cannot start flusher: {e}")))?
+                .spawn(move || w.run(&rx))
+                .map_err(|e| LedgerError(format!("cannot start the ledger writer: {e}")))?
         };
         Ok(SledLedger {
             db,
-            tree,
-            flusher: Some(tx),
-            flush_thread: Some(flush_thread),
-            healthy,
+            writer: Some(tx),
+            writer_thread: Some(writer_thread),
+            dead,
             stats,
             data_file,
+            stored_high_water,
         })
     }
 
@@ -94,68 +150,147 @@ impl SledLedger {
         &self.stats
     }
 
-    /// Hands `key` to the writer and waits for its durable answer; with
-    /// `None`, waits for a flush that starts after this call.
-    async fn submit(&self, key: Option<LedgerKey>) -> Result<Consumed, LedgerError> {
-        let (tx, rx) = oneshot::channel();
-        self.flusher
+    fn send(&self, job: Job) -> Result<(), LedgerError> {
+        self.writer
             .as_ref()
             .ok_or_else(|| LedgerError("ledger writer stopped".into()))?
-            .send((key, tx))
-            .map_err(|_| LedgerError("ledger writer stopped".into()))?;
+            .send(job)
+            .map_err(|_| LedgerError("ledger writer stopped".into()))
+    }
+
+    async fn ask<T>(
+        &self,
+        job: impl FnOnce(oneshot::Sender<Result<T, String>>) -> Job,
+    ) -> Result<T, LedgerError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(job(tx))?;
         match rx.await {
-            Ok(Ok(c)) => Ok(c),
-            Ok(Err(e)) => Err(LedgerError(e)),
+            Ok(r) => r.map_err(LedgerError),
             Err(_) => Err(LedgerError("ledger writer stopped".into())),
         }
     }
 
+    /// Waits for a flush that starts after this call.
     async fn durable(&self) -> Result<(), LedgerError> {
-        self.submit(None).await.map(|_| ())
+        self.ask(Job::Barrier).await
     }
 }
 
 impl Drop for SledLedger {
     fn drop(&mut self) {
-        // Stop the flusher and wait for it, so that sled's lock on the
+        // Stop the writer and wait for it, so that sled's lock on the
         // directory is released when the ledger is gone.
-        self.flusher.take();
-        if let Some(t) = self.flush_thread.take() {
+        self.writer.take();
+        if let Some(t) = self.writer_thread.take() {
             let _ = t.join();
         }
     }
 }
 
-fn writer_loop(
-    db: &sled::Db,
-    tree: &sled::Tree,
-    file: &File,
-    rx: &mpsc::Receiver<Waiter>,
-    healthy: &AtomicBool,
-    stats: &FlushStats,
-) {
-    let mut seen = HashSet::new();
-    // Ends when the ledger (the only sender) is dropped.
-    while let Ok(first) = rx.recv() {
-        let mut round = vec![first];
-        round.extend(rx.try_iter());
+struct Writer {
+    db: sled::Db,
+    tree: sled::Tree,
+    meta: sled::Tree,
+    file: File,
+    horizon: u64,
+    dead: Arc<AtomicBool>,
+    stats: Arc<FlushStats>,
+}
+
+const DEAD: &str = "ledger stopped after an I/O failure; restart the process";
+
+impl Writer {
+    fn run(&mut self, rx: &mpsc::Receiver<Job>) {
+        let mut seen = HashSet::new();
+        // Ends when the ledger (the only sender) is dropped.
+        while let Ok(first) = rx.recv() {
+            let mut jobs = vec![first];
+            jobs.extend(rx.try_iter());
+            if self.dead.load(Ordering::SeqCst) {
+                refuse(jobs);
+                continue;
+            }
+            let mut consumes = Vec::new();
+            let mut barriers = Vec::new();
+            let mut collects = Vec::new();
+            let mut high_water = None;
+            for j in jobs {
+                match j {
+                    Job::Consume(k, r) => consumes.push((k, r)),
+                    Job::Barrier(r) => barriers.push(r),
+                    Job::Collect {
+                        before,
+                        limit,
+                        reply,
+                    } => collects.push((before, limit, reply)),
+                    Job::HighWater(t) => high_water = high_water.max(Some(t)),
+                }
+            }
+            let n = (consumes.len() + barriers.len()) as u64;
+            let result = self.round(&mut seen, &consumes, high_water);
+            if result.is_err() {
+                self.dead.store(true, Ordering::SeqCst);
+            }
+            self.stats.flushes.fetch_add(1, Ordering::Relaxed);
+            self.stats.flushed_waiters.fetch_add(n, Ordering::Relaxed);
+            self.stats.max_batch.fetch_max(n, Ordering::Relaxed);
+            match result {
+                Ok(decided) => {
+                    for ((_, reply), c) in consumes.into_iter().zip(decided) {
+                        let _ = reply.send(Ok(c));
+                    }
+                    for r in barriers {
+                        let _ = r.send(Ok(()));
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "sled ledger write failed; refusing every consumption until the process restarts");
+                    // Nobody is told "consumed": a key that made it into the
+                    // tree stays there, so the token stays burned.
+                    for (_, reply) in consumes {
+                        let _ = reply.send(Err(e.clone()));
+                    }
+                    for r in barriers {
+                        let _ = r.send(Err(e.clone()));
+                    }
+                }
+            }
+            for (before, limit, reply) in collects {
+                let r = if self.dead.load(Ordering::SeqCst) {
+                    Err(DEAD.to_owned())
+                } else {
+                    self.collect(before, limit)
+                };
+                if r.is_err() {
+                    self.dead.store(true, Ordering::SeqCst);
+                }
+                let _ = reply.send(r);
+            }
+        }
+    }
+
+    /// Decides the consumptions, writes the new records (and the high-water
+    /// mark) with one batch, flushes once and fdatasyncs.
+    fn round(
+        &self,
+        seen: &mut HashSet<[u8; LedgerKey::LEN]>,
+        consumes: &[(LedgerKey, oneshot::Sender<Result<Consumed, String>>)],
+        high_water: Option<u64>,
+    ) -> Result<Vec<Consumed>, String> {
         seen.clear();
         let mut batch = sled::Batch::default();
-        let mut decided = Vec::with_capacity(round.len());
-        let mut read_error = None;
-        for (key, _) in &round {
-            let Some(key) = key else {
-                decided.push(Consumed::Before); // a barrier: no record
+        let mut decided = Vec::with_capacity(consumes.len());
+        for (key, _) in consumes {
+            if key.expires_at < self.horizon {
+                decided.push(Consumed::PastHorizon);
                 continue;
-            };
+            }
             let k = key.to_bytes();
-            let fresh = match tree.contains_key(k) {
-                Ok(present) => !present && seen.insert(k),
-                Err(e) => {
-                    read_error = Some(format!("read failed: {e}"));
-                    false
-                }
-            };
+            let present = self
+                .tree
+                .contains_key(k)
+                .map_err(|e| format!("read failed: {e}"))?;
+            let fresh = !present && seen.insert(k);
             if fresh {
                 batch.insert(&k[..], &[1u8][..]);
             }
@@ -165,30 +300,62 @@ fn writer_loop(
                 Consumed::Before
             });
         }
-        let result = match read_error {
-            Some(e) => Err(e),
-            None => tree
-                .apply_batch(batch)
-                .map_err(|e| format!("insert failed: {e}"))
-                .and_then(|()| {
-                    db.flush()
-                        .map(|_| ())
-                        .map_err(|e| format!("flush failed: {e}"))
-                })
-                .and_then(|()| {
-                    file.sync_data()
-                        .map_err(|e| format!("fdatasync failed: {e}"))
-                }),
-        };
-        healthy.store(result.is_ok(), Ordering::Relaxed);
-        let n = round.len() as u64;
-        stats.flushes.fetch_add(1, Ordering::Relaxed);
-        stats.flushed_waiters.fetch_add(n, Ordering::Relaxed);
-        stats.max_batch.fetch_max(n, Ordering::Relaxed);
-        for ((_, reply), c) in round.into_iter().zip(decided) {
-            // On failure nobody is told "consumed": a key that made it into
-            // the tree stays there, so the token stays burned (fail closed).
-            let _ = reply.send(result.clone().map(|()| c));
+        self.tree
+            .apply_batch(batch)
+            .map_err(|e| format!("insert failed: {e}"))?;
+        if let Some(t) = high_water {
+            self.meta
+                .insert(META_HIGH_WATER, &t.to_be_bytes()[..])
+                .map_err(|e| format!("meta write failed: {e}"))?;
+        }
+        self.sync()?;
+        Ok(decided)
+    }
+
+    fn sync(&self) -> Result<(), String> {
+        self.db.flush().map_err(|e| format!("flush failed: {e}"))?;
+        self.file
+            .sync_data()
+            .map_err(|e| format!("fdatasync failed: {e}"))
+    }
+
+    /// Raises the horizon durably, then removes records below it.
+    fn collect(&mut self, before: u64, limit: usize) -> Result<usize, String> {
+        if before > self.horizon {
+            self.meta
+                .insert(META_HORIZON, &before.to_be_bytes()[..])
+                .map_err(|e| format!("meta write failed: {e}"))?;
+            self.sync()?;
+            self.horizon = before;
+        }
+        let end = self.horizon.to_be_bytes();
+        let mut n = 0;
+        for item in self.tree.range(..&end[..]).keys().take(limit) {
+            let k = item.map_err(|e| format!("scan failed: {e}"))?;
+            self.tree
+                .remove(k)
+                .map_err(|e| format!("remove failed: {e}"))?;
+            n += 1;
+        }
+        // Removals need no flush of their own: one lost in a crash is
+        // removed again later, and the horizon already refuses its key.
+        Ok(n)
+    }
+}
+
+fn refuse(jobs: Vec<Job>) {
+    for j in jobs {
+        match j {
+            Job::Consume(_, r) => {
+                let _ = r.send(Err(DEAD.to_owned()));
+            }
+            Job::Barrier(r) => {
+                let _ = r.send(Err(DEAD.to_owned()));
+            }
+            Job::Collect { reply, .. } => {
+                let _ = reply.send(Err(DEAD.to_owned()));
+            }
+            Job::HighWater(_) => {}
         }
     }
 }
@@ -196,32 +363,22 @@ fn writer_loop(
 #[async_trait::async_trait]
 impl Ledger for SledLedger {
     async fn consume(&self, key: &LedgerKey) -> Result<Consumed, LedgerError> {
-        self.submit(Some(*key)).await
+        let key = *key;
+        self.ask(|r| Job::Consume(key, r)).await
     }
 
     async fn ready(&self) -> bool {
-        if self.healthy.load(Ordering::Relaxed) {
-            return true;
-        }
-        // After a failure, a successful flush is what makes us ready again.
-        self.durable().await.is_ok()
+        // A dead writer never comes back in this process.
+        !self.dead.load(Ordering::SeqCst)
     }
 
     async fn remove_expired(&self, before_unix: u64, limit: usize) -> Result<usize, LedgerError> {
-        let tree = self.tree.clone();
-        tokio::task::spawn_blocking(move || {
-            let end = before_unix.to_be_bytes();
-            let mut n = 0;
-            for item in tree.range(..&end[..]).keys().take(limit) {
-                let k = item.map_err(|e| LedgerError(format!("scan failed: {e}")))?;
-                tree.remove(k)
-                    .map_err(|e| LedgerError(format!("remove failed: {e}")))?;
-                n += 1;
-            }
-            Ok(n)
+        self.ask(|reply| Job::Collect {
+            before: before_unix,
+            limit,
+            reply,
         })
         .await
-        .map_err(|e| LedgerError(format!("gc task failed: {e}")))?
     }
 
     async fn close(&self) -> Result<(), LedgerError> {
@@ -246,5 +403,17 @@ impl Ledger for SledLedger {
 
     fn flush_stats(&self) -> Option<Arc<FlushStats>> {
         Some(self.stats.clone())
+    }
+
+    async fn record_high_water(&self, now_unix: u64) -> Result<(), LedgerError> {
+        self.send(Job::HighWater(now_unix))
+    }
+
+    fn stored_high_water(&self) -> Option<u64> {
+        self.stored_high_water
+    }
+
+    fn failed_for_good(&self) -> bool {
+        self.dead.load(Ordering::SeqCst)
     }
 }

@@ -1,0 +1,170 @@
+//! The clock guard: is the local wall clock in agreement with a reference?
+//!
+//! - PostgreSQL: the reference is the database's clock (`clock_timestamp()`),
+//!   shared by every replica.
+//! - sled: the reference is the process's monotonic clock, anchored to the
+//!   wall clock at start: a wall-clock step in either direction while running
+//!   shows up as a difference between the two. Across restarts, the
+//!   high-water mark an earlier run recorded is a floor: a wall clock more
+//!   than the skew behind it means the clock went back while the process was
+//!   down.
+//!
+//! While the difference exceeds the clock skew allowance the replica is
+//! *unsynced*: it refuses to seal and to open (`CLOCK_UNSYNCED`,
+//! `UNAVAILABLE`), collects nothing, reports `NOT_SERVING`, logs an error
+//! and exports `stateseal_clock_synced 0`. It recovers by itself when the
+//! clocks agree again.
+
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::clock::{Clock, WallClock};
+use crate::ledger::Ledger;
+
+#[derive(Debug)]
+pub struct TimeGuard {
+    synced: AtomicBool,
+    /// Wall clock minus reference, seconds (last check).
+    offset: AtomicI64,
+    skew: u64,
+    anchor_wall: u64,
+    anchor: Instant,
+    /// The high-water mark of an earlier run (0: none).
+    floor: u64,
+}
+
+/// The process-wide guard figures, for the metrics endpoint.
+pub static GUARD_SYNCED: AtomicBool = AtomicBool::new(true);
+pub static GUARD_OFFSET: AtomicI64 = AtomicI64::new(0);
+
+impl TimeGuard {
+    /// A guard anchored to the wall clock now, with `high_water` (the latest
+    /// time an earlier run saw while synced) as a floor.
+    pub fn new(skew: u64, high_water: Option<u64>) -> Arc<Self> {
+        let wall = WallClock.now_unix();
+        let g = Arc::new(TimeGuard {
+            synced: AtomicBool::new(true),
+            offset: AtomicI64::new(0),
+            skew,
+            anchor_wall: wall,
+            anchor: Instant::now(),
+            floor: high_water.unwrap_or(0),
+        });
+        g.judge(wall, wall);
+        g
+    }
+
+    /// A guard that always agrees (for tests and tools on an injected clock).
+    pub fn always_synced() -> Arc<Self> {
+        Arc::new(TimeGuard {
+            synced: AtomicBool::new(true),
+            offset: AtomicI64::new(0),
+            skew: u64::MAX,
+            anchor_wall: 0,
+            anchor: Instant::now(),
+            floor: 0,
+        })
+    }
+
+    pub fn synced(&self) -> bool {
+        self.synced.load(Ordering::SeqCst)
+    }
+
+    /// Judges the clock now and, if it agrees with the reference, vouches
+    /// for the wall-clock time it judged: the time garbage collection may
+    /// use. `Unwatched` for [`TimeGuard::always_synced`].
+    pub async fn vouch(&self, ledger: &dyn Ledger) -> Vouch {
+        if self.skew == u64::MAX {
+            return Vouch::Unwatched;
+        }
+        let reference = match ledger.reference_now().await {
+            Ok(Some(t)) => t,
+            Ok(None) => self.monotonic_now(),
+            Err(_) => return Vouch::Unsynced,
+        };
+        let wall = WallClock.now_unix();
+        if self.judge(wall, reference) {
+            Vouch::Trusted(wall)
+        } else {
+            Vouch::Unsynced
+        }
+    }
+
+    /// The monotonic reference: anchor + elapsed.
+    fn monotonic_now(&self) -> u64 {
+        self.anchor_wall + self.anchor.elapsed().as_secs()
+    }
+
+    fn judge(&self, wall: u64, reference: u64) -> bool {
+        // Below the floor counts as an offset from it.
+        let reference = if wall.saturating_add(self.skew) < self.floor {
+            self.floor
+        } else {
+            reference
+        };
+        let offset = wall as i64 - reference as i64;
+        self.offset.store(offset, Ordering::Relaxed);
+        GUARD_OFFSET.store(offset, Ordering::Relaxed);
+        let ok = offset.unsigned_abs() <= self.skew;
+        let was = self.synced.swap(ok, Ordering::SeqCst);
+        GUARD_SYNCED.store(ok, Ordering::Relaxed);
+        if was && !ok {
+            tracing::error!(
+                offset_seconds = offset,
+                skew_seconds = self.skew,
+                "the wall clock disagrees with the reference clock by more than the skew: \
+                 refusing to seal, open and collect until it agrees"
+            );
+        } else if !was && ok {
+            tracing::info!(
+                offset_seconds = offset,
+                "the wall clock agrees with the reference again"
+            );
+        }
+        ok
+    }
+
+    /// One check against the ledger's reference (or the monotonic one).
+    pub async fn check(&self, ledger: &dyn Ledger) -> bool {
+        let reference = match ledger.reference_now().await {
+            Ok(Some(t)) => t,
+            Ok(None) => self.monotonic_now(),
+            // No reference answer: keep the last verdict (readiness follows
+            // the ledger's own health anyway).
+            Err(_) => return self.synced(),
+        };
+        self.judge(WallClock.now_unix(), reference)
+    }
+}
+
+/// What [`TimeGuard::vouch`] says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Vouch {
+    /// The wall clock agreed with the reference at this time.
+    Trusted(u64),
+    /// It did not (or the reference could not be read).
+    Unsynced,
+    /// This guard watches no clock (tests on an injected clock).
+    Unwatched,
+}
+
+/// Checks the clock every `every`; while synced, records the high-water
+/// mark every `record_every` (sled keeps it for the next start).
+pub async fn run(
+    guard: Arc<TimeGuard>,
+    ledger: Arc<dyn Ledger>,
+    every: Duration,
+    record_every: Duration,
+) {
+    let mut last_record = Instant::now();
+    loop {
+        if guard.check(&*ledger).await && last_record.elapsed() >= record_every {
+            last_record = Instant::now();
+            if let Err(e) = ledger.record_high_water(WallClock.now_unix()).await {
+                tracing::warn!(error = %e, "cannot record the clock high-water mark");
+            }
+        }
+        tokio::time::sleep(every).await;
+    }
+}

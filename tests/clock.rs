@@ -1,0 +1,386 @@
+//! Clock steps, stalls and restarts never reopen a consumed token. The real
+//! binary runs under an `LD_PRELOAD` shim (compiled here with the system C
+//! compiler) that adds an offset, read from a file the test rewrites, to
+//! `clock_gettime(CLOCK_REALTIME)`.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::process::{spawn, ServerProcess};
+use common::*;
+use stateseal::proto::SealRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+
+const SHIM: &str = r#"
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+static int (*real_clock_gettime)(clockid_t, struct timespec *);
+static long long offset_s, next_read_ms;
+int clock_gettime(clockid_t id, struct timespec *ts) {
+  if (!real_clock_gettime)
+    real_clock_gettime = (int (*)(clockid_t, struct timespec *))dlsym(RTLD_NEXT, "clock_gettime");
+  int r = real_clock_gettime(id, ts);
+  if (r == 0 && (id == CLOCK_REALTIME || id == CLOCK_REALTIME_COARSE)) {
+    struct timespec m;
+    real_clock_gettime(CLOCK_MONOTONIC, &m);
+    long long ms = m.tv_sec * 1000LL + m.tv_nsec / 1000000;
+    if (ms >= next_read_ms) {
+      next_read_ms = ms + 50;
+      const char *p = getenv("STATESEAL_TEST_CLOCK_OFFSET_FILE");
+      FILE *f = p ? fopen(p, "r") : NULL;
+      if (f) {
+        long long v;
+        if (fscanf(f, "%lld", &v) == 1) offset_s = v;
+        fclose(f);
+      }
+    }
+    ts->tv_sec += offset_s;
+  }
+  return r;
+}
+"#;
+
+/// The shim library, or `None` (with a loud SKIPPED) without a C compiler.
+fn shim(dir: &Path) -> Option<PathBuf> {
+    let src = dir.join("clockshim.c");
+    let lib = dir.join("libclockshim.so");
+    std::fs::write(&src, SHIM).unwrap();
+    let out = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-O2", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .arg("-ldl")
+        .output();
+    match out {
+        Ok(o) if o.status.success() => Some(lib),
+        Ok(o) => panic!(
+            "cannot build the clock shim: {}",
+            String::from_utf8_lossy(&o.stderr)
+        ),
+        Err(e) => {
+            eprintln!("\n*** SKIPPED: clock-step tests need a C compiler (cc): {e} ***\n");
+            None
+        }
+    }
+}
+
+struct Skewed {
+    lib: PathBuf,
+    offset_file: PathBuf,
+}
+
+impl Skewed {
+    fn new(dir: &Path) -> Option<Self> {
+        let lib = shim(dir)?;
+        let s = Skewed {
+            lib,
+            offset_file: dir.join("offset"),
+        };
+        s.set(0);
+        Some(s)
+    }
+    fn set(&self, secs: i64) {
+        let tmp = self.offset_file.with_extension("tmp");
+        std::fs::write(&tmp, secs.to_string()).unwrap();
+        std::fs::rename(&tmp, &self.offset_file).unwrap();
+    }
+    fn spawn(&self, data: &Path, args: &[&str], envs: &[(&str, &str)]) -> ServerProcess {
+        let mut all = vec![
+            ("LD_PRELOAD", self.lib.to_str().unwrap()),
+            (
+                "STATESEAL_TEST_CLOCK_OFFSET_FILE",
+                self.offset_file.to_str().unwrap(),
+            ),
+        ];
+        all.extend_from_slice(envs);
+        spawn(data, args, &all)
+    }
+}
+
+async fn readiness(addr: std::net::SocketAddr) -> i32 {
+    health_status(addr, "stateseal.v1.RequestState").await
+}
+
+async fn wait_for(addr: std::net::SocketAddr, want: ServingStatus, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while readiness(addr).await != want as i32 {
+        assert!(
+            Instant::now() < deadline,
+            "{what}: readiness never became {want:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn seal_ttl(ttl: u32) -> SealRequest {
+    SealRequest {
+        ttl_seconds: ttl,
+        ..seal_req(b"once", true)
+    }
+}
+
+const FAST_GC: [&str; 4] = ["--gc-interval-ms", "200", "--reload-interval-ms", "200"];
+
+/// PostgreSQL, two replicas: a +2 h step on R2 for a few seconds deletes no
+/// row, R2 refuses to seal and reports NOT_SERVING meanwhile, and R1 still
+/// answers REPLAYED afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forward_step_on_one_postgres_replica_reopens_nothing() {
+    let Some(url) = std::env::var("STATESEAL_TEST_DATABASE_URL")
+        .ok()
+        .filter(|s| !s.is_empty())
+    else {
+        eprintln!(
+            "\n*** SKIPPED: PostgreSQL clock-step test (set STATESEAL_TEST_DATABASE_URL) ***\n"
+        );
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(clock) = Skewed::new(tmp.path()) else {
+        return;
+    };
+    let ks = tmp.path().join("keyset.json");
+    stateseal::keyring::KeysetFile::generate(1)
+        .write(&ks, true)
+        .unwrap();
+    let mut args = vec!["--ledger", "postgres", "--keyset", ks.to_str().unwrap()];
+    args.extend_from_slice(&FAST_GC);
+    args.extend_from_slice(&["--expected-replicas", "2"]);
+    let env = [("STATESEAL_DATABASE_URL", url.as_str())];
+    let r1 = spawn(&tmp.path().join("r1"), &args, &env);
+    let r2 = clock.spawn(&tmp.path().join("r2"), &args, &env);
+    let mut c1 = connect(r1.addr).await;
+    let mut c2 = connect(r2.addr).await;
+    let t = c1
+        .seal(seal_ttl(600))
+        .await
+        .unwrap()
+        .into_inner()
+        .request_state;
+    assert!(c1.open(open_req(&t)).await.unwrap().into_inner().consumed);
+
+    clock.set(7200);
+    wait_for(r2.addr, ServingStatus::NotServing, "R2 during the step").await;
+    let err = c2.seal(seal_ttl(600)).await.unwrap_err();
+    assert_eq!(reason(&err), "CLOCK_UNSYNCED");
+    // Several GC rounds of R2 under the wrong clock.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    clock.set(0);
+    wait_for(r2.addr, ServingStatus::Serving, "R2 after the step").await;
+
+    assert_eq!(
+        reason(&c1.open(open_req(&t)).await.unwrap_err()),
+        "REPLAYED"
+    );
+    assert_eq!(
+        reason(&c2.open(open_req(&t)).await.unwrap_err()),
+        "REPLAYED"
+    );
+    r1.terminate();
+    r2.terminate();
+}
+
+/// sled: a +2 h step, then a restart, reopens nothing; a restart *during* a
+/// step (the process anchors on the wrong time) costs availability, never
+/// single use.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forward_step_then_restart_on_sled_reopens_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(clock) = Skewed::new(tmp.path()) else {
+        return;
+    };
+    let data = tmp.path().join("data");
+    let s = clock.spawn(&data, &FAST_GC, &[]);
+    let mut c = connect(s.addr).await;
+    let t1 = c
+        .seal(seal_ttl(600))
+        .await
+        .unwrap()
+        .into_inner()
+        .request_state;
+    assert!(c.open(open_req(&t1)).await.unwrap().into_inner().consumed);
+    clock.set(7200);
+    wait_for(s.addr, ServingStatus::NotServing, "during the step").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    clock.set(0);
+    wait_for(s.addr, ServingStatus::Serving, "after the step").await;
+    s.terminate();
+
+    let s = clock.spawn(&data, &FAST_GC, &[]);
+    let mut c = connect(s.addr).await;
+    assert_eq!(
+        reason(&c.open(open_req(&t1)).await.unwrap_err()),
+        "REPLAYED"
+    );
+    let t2 = c
+        .seal(seal_ttl(600))
+        .await
+        .unwrap()
+        .into_inner()
+        .request_state;
+    assert!(c.open(open_req(&t2)).await.unwrap().into_inner().consumed);
+    s.terminate();
+
+    // Restarted while the clock is 2 h ahead: it cannot tell, collects, and
+    // records the wrong time.
+    clock.set(7200);
+    let s = clock.spawn(&data, &FAST_GC, &[]);
+    let mut c = connect(s.addr).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for t in [&t1, &t2] {
+        let err = c.open(open_req(t)).await.unwrap_err();
+        assert_ne!(err.code(), tonic::Code::Ok);
+    }
+    s.terminate();
+    // The clock is corrected, the process restarted: still nothing reopens.
+    clock.set(0);
+    let s = clock.spawn(&data, &FAST_GC, &[]);
+    let mut c = connect(s.addr).await;
+    for t in [&t1, &t2] {
+        let r = reason(&c.open(open_req(t)).await.unwrap_err());
+        assert!(
+            ["REPLAYED", "EXPIRED", "CLOCK_UNSYNCED"].contains(&r.as_str()),
+            "{r}"
+        );
+    }
+    s.terminate();
+}
+
+/// sled: a token consumed, expired and collected; then the clock steps back
+/// an hour and the process restarts: the token does not open again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backward_step_then_restart_reopens_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(clock) = Skewed::new(tmp.path()) else {
+        return;
+    };
+    let data = tmp.path().join("data");
+    let mut args = vec!["--clock-skew", "1"];
+    args.extend_from_slice(&FAST_GC);
+    let s = clock.spawn(&data, &args, &[]);
+    let mut c = connect(s.addr).await;
+    let t = c
+        .seal(seal_ttl(2))
+        .await
+        .unwrap()
+        .into_inner()
+        .request_state;
+    assert!(c.open(open_req(&t)).await.unwrap().into_inner().consumed);
+    // Past expiry + skew, and several GC rounds: the record is collected.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    s.terminate();
+
+    clock.set(-3600);
+    let s = clock.spawn(&data, &args, &[]);
+    let mut c = connect(s.addr).await;
+    let err = c.open(open_req(&t)).await.unwrap_err();
+    let r = reason(&err);
+    assert!(["EXPIRED", "CLOCK_UNSYNCED"].contains(&r.as_str()), "{r}");
+    assert_eq!(readiness(s.addr).await, ServingStatus::NotServing as i32);
+    s.terminate();
+}
+
+/// The race between the expiry check and the ledger decision: a second Open
+/// passes the expiry check, stalls before the ledger (a stalled disk), the
+/// record is collected meanwhile, then the ledger decides. Refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_consumption_is_not_accepted_after_collection() {
+    use stateseal::ledger::sled::SledLedger;
+    use stateseal::ledger::{Consumed, Ledger, LedgerError, LedgerKey};
+    use stateseal::sealer::Limits;
+    use stateseal::server::ServeOptions;
+
+    /// Holds every consume after the first until released.
+    struct Stalling {
+        inner: Arc<SledLedger>,
+        calls: std::sync::atomic::AtomicUsize,
+        release: tokio::sync::Notify,
+    }
+    #[async_trait::async_trait]
+    impl Ledger for Stalling {
+        async fn consume(&self, key: &LedgerKey) -> Result<Consumed, LedgerError> {
+            if self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) > 0 {
+                self.release.notified().await;
+            }
+            self.inner.consume(key).await
+        }
+        async fn ready(&self) -> bool {
+            self.inner.ready().await
+        }
+        async fn remove_expired(&self, before: u64, limit: usize) -> Result<usize, LedgerError> {
+            self.inner.remove_expired(before, limit).await
+        }
+        async fn close(&self) -> Result<(), LedgerError> {
+            self.inner.close().await
+        }
+        fn backend(&self) -> &'static str {
+            "stalling-sled"
+        }
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let sled = Arc::new(SledLedger::open(&dir.path().join("ledger")).unwrap());
+    let stalling = Arc::new(Stalling {
+        inner: sled.clone(),
+        calls: Default::default(),
+        release: tokio::sync::Notify::new(),
+    });
+    let manual = Arc::new(stateseal::clock::ManualClock::new(T0));
+    let limits = Limits {
+        clock_skew: 0,
+        ..Limits::default()
+    };
+    let opts = ServeOptions {
+        // The test collects by hand.
+        gc_every: Duration::from_secs(3600),
+        ..ServeOptions::default()
+    };
+    let s = start_custom(
+        dir,
+        stateseal::keyring::KeysetFile::generate(T0),
+        limits,
+        opts,
+        sled.clone(),
+        stalling.clone(),
+        manual.clone(),
+        manual.clone(),
+    )
+    .await;
+    let mut c = s.client.clone();
+    let t = c
+        .seal(seal_ttl(10))
+        .await
+        .unwrap()
+        .into_inner()
+        .request_state;
+    assert!(c.open(open_req(&t)).await.unwrap().into_inner().consumed);
+    // The second open passes the expiry check, then stalls.
+    let second = {
+        let mut c = c.clone();
+        let t = t.clone();
+        tokio::spawn(async move { c.open(open_req(&t)).await })
+    };
+    while stalling.calls.load(std::sync::atomic::Ordering::SeqCst) < 2 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Meanwhile the token expires and its record is collected.
+    manual.advance(20);
+    let removed = sled.remove_expired(manual_now(&manual), 100).await.unwrap();
+    assert_eq!(removed, 1);
+    stalling.release.notify_one();
+    let err = second.await.unwrap().unwrap_err();
+    assert_eq!(reason(&err), "EXPIRED");
+    s.stop().await;
+}
+
+fn manual_now(c: &stateseal::clock::ManualClock) -> u64 {
+    use stateseal::clock::Clock;
+    c.now_unix()
+}
