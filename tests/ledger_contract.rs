@@ -227,3 +227,65 @@ async fn a_bad_database_url_never_shows_its_password() {
     .to_string();
     assert!(!err.contains("hunter2"), "{err}");
 }
+
+/// With autovacuum off (as on this machine's PostgreSQL), the collector
+/// vacuums the table itself, so deleted rows give their space back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_collector_vacuums_when_autovacuum_is_off() {
+    let Some(url) = database_url() else {
+        eprintln!("\n*** SKIPPED: PostgreSQL vacuum (set STATESEAL_TEST_DATABASE_URL) ***\n");
+        return;
+    };
+    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let autovacuum: String = client
+        .query_one("SHOW autovacuum", &[])
+        .await
+        .unwrap()
+        .get(0);
+    if autovacuum == "on" {
+        eprintln!("\n*** SKIPPED: autovacuum is on; the self-vacuum path is not taken ***\n");
+        return;
+    }
+    let l = PgLedger::connect(
+        &url,
+        PgOptions {
+            skew: 0,
+            ..PgOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    for _ in 0..20 {
+        assert_eq!(l.consume(&key(now + 1)).await.unwrap(), Consumed::Now);
+    }
+    async fn vacuums(c: &tokio_postgres::Client) -> i64 {
+        c.query_one(
+            "SELECT vacuum_count FROM pg_stat_user_tables WHERE relname = 'stateseal_consumed_v1'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get::<_, i64>(0)
+    }
+    let before = vacuums(&client).await;
+    tokio::time::sleep(std::time::Duration::from_millis(2200)).await;
+    // (Another test's collector may take some of these rows first; whoever
+    // deletes rows vacuums afterwards.)
+    while l.remove_expired(now + 2, 1000).await.unwrap() > 0 {}
+    // The statistics collector reports with a delay.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while vacuums(&client).await <= before {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no VACUUM after collecting"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}

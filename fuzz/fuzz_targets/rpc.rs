@@ -15,16 +15,21 @@ use stateseal::ledger::{Consumed, Ledger, LedgerError, LedgerKey};
 use stateseal::proto::{binding::Params, OpenRequest, SealRequest};
 use stateseal::sealer::{BindingInput, Limits, ParamsInput, Sealer};
 
+/// An in-memory ledger, emptied at the start of every fuzz input (never in
+/// the middle of one: that would make a consumed key consumable again).
 #[derive(Default)]
 struct MemLedger(Mutex<HashSet<[u8; 40]>>);
+
+impl MemLedger {
+    fn clear(&self) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+}
 
 #[async_trait::async_trait]
 impl Ledger for MemLedger {
     async fn consume(&self, key: &LedgerKey) -> Result<Consumed, LedgerError> {
         let mut set = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if set.len() > 10_000 {
-            set.clear();
-        }
         Ok(if set.insert(key.to_bytes()) {
             Consumed::Now
         } else {
@@ -45,20 +50,23 @@ impl Ledger for MemLedger {
     }
 }
 
-fn world() -> &'static (Sealer, tokio::runtime::Runtime) {
-    static W: OnceLock<(Sealer, tokio::runtime::Runtime)> = OnceLock::new();
+type World = (Sealer, Arc<MemLedger>, tokio::runtime::Runtime);
+
+fn world() -> &'static World {
+    static W: OnceLock<World> = OnceLock::new();
     W.get_or_init(|| {
         let ring = Keyring::from_file(&KeysetFile::generate(1_900_000_000)).expect("keyring");
+        let ledger = Arc::new(MemLedger::default());
         let sealer = Sealer::new(
             Arc::new(KeyringHandle::new(ring)),
-            Arc::new(MemLedger::default()),
+            ledger.clone(),
             Arc::new(ManualClock::new(1_900_000_000)),
             Limits::default(),
         );
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
             .expect("runtime");
-        (sealer, rt)
+        (sealer, ledger, rt)
     })
 }
 
@@ -75,7 +83,8 @@ fn input(b: &Option<stateseal::proto::Binding>) -> Option<BindingInput<'_>> {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let (sealer, rt) = world();
+    let (sealer, ledger, rt) = world();
+    ledger.clear();
     let tenant = Tenant::new("t");
     let Some((&which, rest)) = data.split_first() else {
         return;

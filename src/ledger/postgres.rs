@@ -74,6 +74,9 @@ pub struct PgLedger {
     timeout: Duration,
     skew: i64,
     batcher: tokio::task::JoinHandle<()>,
+    /// Autovacuum does not cover the table: the collector vacuums it itself.
+    self_vacuum: bool,
+    last_vacuum: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl std::fmt::Debug for PgLedger {
@@ -131,6 +134,15 @@ impl PgLedger {
             .map_err(|e| LedgerError(format!("cannot build the connection pool: {e}")))?;
         migrate(&pool, opts.timeout).await?;
         check_session(&pool, opts.timeout).await?;
+        let self_vacuum = !autovacuum_covers_table(&pool, opts.timeout).await?;
+        if self_vacuum {
+            tracing::warn!(
+                table = TABLE,
+                "autovacuum is off for the ledger table: the garbage collector will VACUUM it \
+                 itself after collecting (at most once a minute), so that deleted rows give \
+                 their space back"
+            );
+        }
         let healthy = Arc::new(AtomicBool::new(true));
         let (tx, rx) = mpsc::unbounded_channel();
         let skew = i64::try_from(opts.skew).unwrap_or(i64::MAX);
@@ -149,6 +161,8 @@ impl PgLedger {
             timeout: opts.timeout,
             skew,
             batcher,
+            self_vacuum,
+            last_vacuum: std::sync::Mutex::new(None),
         })
     }
 }
@@ -210,6 +224,26 @@ async fn migrate(pool: &Pool, limit: Duration) -> Result<(), LedgerError> {
     timed("migrate", limit * 5, tx.batch_execute(&ddl)).await?;
     timed("commit", limit, tx.commit()).await?;
     Ok(())
+}
+
+/// Whether autovacuum runs on the ledger table (globally on, and not
+/// switched off for the table).
+async fn autovacuum_covers_table(pool: &Pool, limit: Duration) -> Result<bool, LedgerError> {
+    let client = timed("connect", limit, pool.get()).await?;
+    let row = timed(
+        "autovacuum check",
+        limit,
+        client.query_one(
+            &format!(
+                "SELECT current_setting('autovacuum') = 'on'
+                    AND NOT coalesce((SELECT 'autovacuum_enabled=false' = ANY(reloptions)
+                                        FROM pg_class WHERE oid = '{TABLE}'::regclass), false)"
+            ),
+            &[],
+        ),
+    )
+    .await?;
+    Ok(row.get(0))
 }
 
 /// Refuses to run on sessions that would not make each consumption durable
@@ -379,6 +413,17 @@ fn abandon(client: deadpool_postgres::Object) {
     drop(deadpool_postgres::Object::take(client));
 }
 
+impl PgLedger {
+    fn vacuum_due(&self) -> bool {
+        let mut last = self.last_vacuum.lock().unwrap_or_else(|e| e.into_inner());
+        let due = last.is_none_or(|t| t.elapsed() >= Duration::from_secs(60));
+        if due {
+            *last = Some(std::time::Instant::now());
+        }
+        due
+    }
+}
+
 #[async_trait::async_trait]
 impl Ledger for PgLedger {
     async fn consume(&self, key: &LedgerKey) -> Result<Consumed, LedgerError> {
@@ -444,6 +489,24 @@ impl Ledger for PgLedger {
         )
         .await?;
         timed("gc commit", self.timeout, tx.commit()).await?;
+        if removed > 0 && self.self_vacuum && self.vacuum_due() {
+            // Outside any transaction; skips rather than waits if another
+            // replica holds the table's lock. Bounded by the statement timeout.
+            let server_limit = (self.timeout * 8).as_millis();
+            let vacuum = async {
+                client
+                    .batch_execute(&format!("SET statement_timeout = {server_limit}"))
+                    .await?;
+                let r = client
+                    .batch_execute(&format!("VACUUM (SKIP_LOCKED) {TABLE}"))
+                    .await;
+                client.batch_execute("RESET statement_timeout").await?;
+                r
+            };
+            if let Err(e) = timed("vacuum", self.timeout * 10, vacuum).await {
+                tracing::warn!(error = %e, "ledger table vacuum failed");
+            }
+        }
         Ok(removed as usize)
     }
 
