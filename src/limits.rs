@@ -30,7 +30,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
-/// Every limit of the transport, with the defaults the README documents.
+/// Every limit of the transport, with the defaults docs/configuration.md documents.
 #[derive(Clone, Debug)]
 pub struct TransportLimits {
     /// HTTP/2 `SETTINGS_MAX_CONCURRENT_STREAMS` on every connection.

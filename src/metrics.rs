@@ -191,6 +191,8 @@ pub fn render(src: &Sources) -> String {
         let _ = writeln!(out, "# HELP stateseal_ledger_batch_size_max Largest group-commit round.\n# TYPE stateseal_ledger_batch_size_max gauge\nstateseal_ledger_batch_size_max {}", f.max_batch.load(Ordering::Relaxed));
     }
     let _ = writeln!(out, "# HELP stateseal_auth_failures_total Requests refused by caller authentication (UNAUTHENTICATED or PERMISSION_DENIED).\n# TYPE stateseal_auth_failures_total counter\nstateseal_auth_failures_total {}", m.auth_failures.load(Ordering::Relaxed));
+    let _ = writeln!(out, "# HELP stateseal_clock_synced 1 while the wall clock agrees with the reference clock within the skew.\n# TYPE stateseal_clock_synced gauge\nstateseal_clock_synced {}", u8::from(crate::timeguard::GUARD_SYNCED.load(Ordering::Relaxed)));
+    let _ = writeln!(out, "# HELP stateseal_clock_offset_seconds Wall clock minus the reference clock, at the last check.\n# TYPE stateseal_clock_offset_seconds gauge\nstateseal_clock_offset_seconds {}", crate::timeguard::GUARD_OFFSET.load(Ordering::Relaxed));
     let l = &crate::limits::LIMIT_STATS;
     let _ = writeln!(out, "# HELP stateseal_inflight_bytes_refused_total Requests refused because the request-byte budget was full (RESOURCE_EXHAUSTED).\n# TYPE stateseal_inflight_bytes_refused_total counter\nstateseal_inflight_bytes_refused_total {}", l.inflight_refused.load(Ordering::Relaxed));
     let _ = writeln!(out, "# HELP stateseal_canonicalizations_refused_total Requests refused because the canonicalization queue was full (OVERLOADED).\n# TYPE stateseal_canonicalizations_refused_total counter\nstateseal_canonicalizations_refused_total {}", l.canon_refused.load(Ordering::Relaxed));

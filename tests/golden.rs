@@ -149,7 +149,7 @@ fn generate() -> Value {
         })
         .collect();
     json!({
-        "format": "stateseal token v1 (see README, 'Token format')",
+        "format": "stateseal token v1 (see docs/token-format.md)",
         "vectors": vectors,
     })
 }
