@@ -1,26 +1,11 @@
 //! Process hardening at start: no core dumps. A core of this process would
 //! hold root keys, derived subkeys and decrypted state.
 
-/// Sets `RLIMIT_CORE` to 0 (soft and hard) and marks the process
+/// Sets `RLIMIT_CORE` to 0 (soft and hard) and, on Linux, marks the process
 /// non-dumpable (`PR_SET_DUMPABLE` 0), which also keeps other processes of
 /// the same user from attaching with ptrace or reading its memory through
 /// `/proc`.
-#[cfg(target_os = "linux")]
-pub fn disable_core_dumps() -> std::io::Result<()> {
-    use rustix::process::{set_dumpable_behavior, setrlimit, DumpableBehavior, Resource, Rlimit};
-    setrlimit(
-        Resource::Core,
-        Rlimit {
-            current: Some(0),
-            maximum: Some(0),
-        },
-    )?;
-    set_dumpable_behavior(DumpableBehavior::NotDumpable)?;
-    Ok(())
-}
-
-/// Elsewhere: the core size limit only.
-#[cfg(all(unix, not(target_os = "linux")))]
+#[cfg(unix)]
 pub fn disable_core_dumps() -> std::io::Result<()> {
     use rustix::process::{setrlimit, Resource, Rlimit};
     setrlimit(
@@ -30,6 +15,8 @@ pub fn disable_core_dumps() -> std::io::Result<()> {
             maximum: Some(0),
         },
     )?;
+    #[cfg(target_os = "linux")]
+    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)?;
     Ok(())
 }
 

@@ -135,9 +135,11 @@ pub static LIMIT_STATS: LimitStats = LimitStats {
 
 // === connections ===
 
-/// A connection that holds one of its listener's permits while it is open.
-pub struct Counted<IO> {
+/// A connection that holds one of its listener's permits while it is open,
+/// and what its handshake established about the peer (`P`).
+pub struct Counted<IO, P = ()> {
     inner: IO,
+    peer: P,
     _permit: OwnedSemaphorePermit,
 }
 
@@ -145,11 +147,25 @@ impl<IO> Counted<IO> {
     pub fn new(inner: IO, permit: OwnedSemaphorePermit) -> Self {
         Counted {
             inner,
+            peer: (),
             _permit: permit,
+        }
+    }
+}
+
+impl<IO, P> Counted<IO, P> {
+    pub fn with_peer<Q>(self, peer: Q) -> Counted<IO, Q> {
+        Counted {
+            inner: self.inner,
+            peer,
+            _permit: self._permit,
         }
     }
     pub fn get_ref(&self) -> &IO {
         &self.inner
+    }
+    pub fn peer(&self) -> &P {
+        &self.peer
     }
 }
 
@@ -160,7 +176,7 @@ impl Connected for Counted<TcpStream> {
     }
 }
 
-impl<IO: AsyncRead + Unpin> AsyncRead for Counted<IO> {
+impl<IO: AsyncRead + Unpin, P: Unpin> AsyncRead for Counted<IO, P> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -170,7 +186,7 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Counted<IO> {
     }
 }
 
-impl<IO: AsyncWrite + Unpin> AsyncWrite for Counted<IO> {
+impl<IO: AsyncWrite + Unpin, P: Unpin> AsyncWrite for Counted<IO, P> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,

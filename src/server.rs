@@ -134,25 +134,21 @@ pub async fn run(
         .max_encoding_message_size(AUX_MAX_MESSAGE);
     let auth = opts.auth.clone();
     // Reflection describes the API: behind caller authentication.
-    let reflection_v1 = InterceptedService::new(
+    let reflection = || {
         tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
+    };
+    let reflection_v1 = behind_auth(
+        reflection()
             .build_v1()?
             .max_decoding_message_size(AUX_MAX_MESSAGE),
-        {
-            let auth = auth.clone();
-            move |req| auth.authenticate(req)
-        },
+        &auth,
     );
-    let reflection_v1alpha = InterceptedService::new(
-        tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
+    let reflection_v1alpha = behind_auth(
+        reflection()
             .build_v1alpha()?
             .max_decoding_message_size(AUX_MAX_MESSAGE),
-        {
-            let auth = auth.clone();
-            move |req| auth.authenticate(req)
-        },
+        &auth,
     );
 
     let limit = max_message_size(&sealer);
@@ -160,11 +156,11 @@ pub async fn run(
         lim.max_canonicalizations,
         lim.max_canon_queue,
     ));
-    let service = InterceptedService::new(
+    let service = behind_auth(
         RequestStateServer::new(RequestStateService::new(sealer.clone(), canon))
             .max_decoding_message_size(limit)
             .max_encoding_message_size(limit),
-        move |req| auth.authenticate(req),
+        &auth,
     );
     // One budget of request bytes in flight for every listener.
     let inflight = InflightBytesLayer::new(lim.max_inflight_bytes);
@@ -352,6 +348,16 @@ pub async fn run(
     ledger.close().await?;
     result?;
     Ok(())
+}
+
+/// `svc` with caller authentication in front: every request gets its tenant
+/// or is refused before the service reads its body.
+fn behind_auth<S>(
+    svc: S,
+    auth: &Authenticator,
+) -> InterceptedService<S, impl tonic::service::Interceptor + Clone> {
+    let auth = auth.clone();
+    InterceptedService::new(svc, move |req| auth.authenticate(req))
 }
 
 async fn set_health(health: &tonic_health::server::HealthReporter, ready: bool) {

@@ -7,16 +7,13 @@
 //! every request on it as a [`PeerIdentity`].
 
 use std::path::PathBuf;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use arc_swap::ArcSwap;
 use rustls::server::WebPkiClientVerifier;
 use rustls::ServerConfig;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
@@ -93,51 +90,12 @@ impl TlsFiles {
 }
 
 /// A TLS connection and what its handshake established about the peer.
-pub struct AuthedStream {
-    inner: Counted<TlsStream<TcpStream>>,
-    peer: PeerIdentity,
-}
+pub type AuthedStream = Counted<TlsStream<TcpStream>, PeerIdentity>;
 
 impl Connected for AuthedStream {
     type ConnectInfo = PeerIdentity;
     fn connect_info(&self) -> PeerIdentity {
-        self.peer.clone()
-    }
-}
-
-impl AsyncRead for AuthedStream {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for AuthedStream {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
-    }
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
+        self.peer().clone()
     }
 }
 
@@ -224,10 +182,7 @@ pub fn incoming(
                     _ => PeerIdentity::Anonymous,
                 };
                 let _ = tx
-                    .send(Ok(AuthedStream {
-                        inner: Counted::new(stream, permit),
-                        peer,
-                    }))
+                    .send(Ok(Counted::new(stream, permit).with_peer(peer)))
                     .await;
             });
         }

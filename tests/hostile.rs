@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::process::{spawn, ServerProcess};
-use common::{binding, open_req, reason, seal_req};
+use common::{binding, consume_one, open_req, reason, seal_req};
 use stateseal::proto::request_state_client::RequestStateClient;
 use stateseal::proto::{OpenRequest, SealRequest};
 
@@ -458,13 +458,7 @@ async fn shutdown_has_a_deadline() {
     ];
     let s = spawn(&data, &args, &[]);
     let mut c = common::connect(s.addr).await;
-    let t = c
-        .seal(seal_req(b"x", true))
-        .await
-        .unwrap()
-        .into_inner()
-        .request_state;
-    assert!(c.open(open_req(&t)).await.unwrap().into_inner().consumed);
+    let t = consume_one(&mut c).await;
     // A Seal whose message never completes.
     let held = stream_flood(s.addr, "/stateseal.v1.RequestState/Seal", 1, 1, 1000, 10).await;
     let started = Instant::now();

@@ -141,13 +141,7 @@ async fn postgres_trace_logs_hold_no_ledger_ids() {
         &[("STATESEAL_LOG", "trace"), ("STATESEAL_DATABASE_URL", &url)],
     );
     let mut c = connect(p.addr).await;
-    let t = c
-        .seal(seal_req(b"x", true))
-        .await
-        .unwrap()
-        .into_inner()
-        .request_state;
-    assert!(c.open(open_req(&t)).await.unwrap().into_inner().consumed);
+    let t = consume_one(&mut c).await;
     let (status, log) = p.terminate();
     assert!(status.success());
     let log = log.join("\n");

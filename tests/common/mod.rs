@@ -167,6 +167,20 @@ pub fn reason(s: &tonic::Status) -> String {
     stateseal::status::reason_of(s).unwrap_or_else(|| format!("<no reason: {:?}>", s.code()))
 }
 
+/// Seals a single-use token of the standard binding and consumes it;
+/// returns the token.
+pub async fn consume_one(c: &mut RequestStateClient<Channel>) -> String {
+    let t = c
+        .seal(seal_req(b"x", true))
+        .await
+        .expect("seal")
+        .into_inner()
+        .request_state;
+    let opened = c.open(open_req(&t)).await.expect("open").into_inner();
+    assert!(opened.consumed);
+    t
+}
+
 /// Seals `n` tokens of the standard binding, one after another.
 pub async fn seal_tokens(
     c: &mut RequestStateClient<Channel>,
