@@ -207,6 +207,7 @@ fn binding() -> Binding {
         subject: "bench-user".into(),
         method: "tools/call".into(),
         params: Some(Params::ParamsDigest(vec![7; 32])),
+        binding_version: 0,
     }
 }
 

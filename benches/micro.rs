@@ -31,6 +31,7 @@ impl Ours {
             subject: "bench-user".into(),
             method: Method::ToolsCall,
             params: ParamsDigest([7; 32]),
+            version: stateseal::binding::BindingVersion::V1,
         };
         Ours {
             keys: ring.primary().tenant_keys(&binding.tenant),
@@ -39,6 +40,7 @@ impl Ours {
                 key_id: ring.primary().id(),
                 expires_at: u32::MAX,
                 single_use: true,
+                binding: stateseal::binding::BindingVersion::V1,
             },
         }
     }

@@ -1,9 +1,20 @@
 //! What a token is bound to, and the canonical parameter digest.
 //!
-//! The digest is SHA-256 over the RFC 8785 (JSON Canonicalization Scheme) form
-//! of the request params with the top-level `inputResponses`, `requestState`
-//! and `_meta` removed, so that MCP replicas written in any language agree on
-//! it byte for byte. Duplicate object keys are refused: two parsers that keep
+//! Two binding versions; the token header says which one a token was sealed
+//! under (authenticated), so a new version rolls out without failing live
+//! tokens:
+//!
+//! - **v2** (sealed by default): a per-method allowlist — `tools/call` and
+//!   `prompts/get` bind `{"arguments", "name"}` (absent or `null` arguments
+//!   are `{}`), `resources/read` binds `{"uri"}`; nothing else of the params
+//!   enters the digest. Numbers bind exactly (see [`canon::NumberMode::Exact`]):
+//!   two different numeric values never share a digest. The digest is
+//!   SHA-256 of the canonical form of that object.
+//! - **v1**: SHA-256 of the RFC 8785 form of the whole params with the
+//!   top-level `inputResponses`, `requestState` and `_meta` removed. Numbers
+//!   become doubles (lossy past 2^53). Kept to open tokens sealed under it.
+//!
+//! In both, duplicate object keys anywhere are refused: two parsers that keep
 //! different duplicates would otherwise disagree on what was bound.
 
 use std::fmt;
@@ -65,6 +76,34 @@ impl Method {
     }
 }
 
+/// Which params binding a token was sealed under (in its header).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BindingVersion {
+    V1,
+    V2,
+}
+
+impl BindingVersion {
+    /// The version new tokens are sealed under.
+    pub const CURRENT: BindingVersion = BindingVersion::V2;
+
+    /// From the proto's `binding_version` (0: v1, for callers that predate
+    /// the field and send their own v1 digest).
+    pub fn from_wire(v: u32) -> Result<Self, Reject> {
+        match v {
+            0 | 1 => Ok(BindingVersion::V1),
+            2 => Ok(BindingVersion::V2),
+            _ => Err(Reject::Malformed),
+        }
+    }
+    pub const fn number(self) -> u32 {
+        match self {
+            BindingVersion::V1 => 1,
+            BindingVersion::V2 => 2,
+        }
+    }
+}
+
 /// SHA-256 of the canonical params.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct ParamsDigest(pub [u8; 32]);
@@ -94,6 +133,8 @@ pub struct Binding {
     pub subject: String,
     pub method: Method,
     pub params: ParamsDigest,
+    /// How `params` was computed (sealed into the token's header).
+    pub version: BindingVersion,
 }
 
 // === canonical JSON ===
@@ -105,7 +146,52 @@ pub fn canonical_json(json: &str) -> Result<Vec<u8>, Reject> {
     canon::canonicalize(json, NumberMode::Rfc8785).map_err(|_| Reject::Malformed)
 }
 
-/// The params digest of an MCP request's `params` object.
+/// The params digest of an MCP request's `params` object under `version`.
+pub fn params_digest_for(
+    version: BindingVersion,
+    method: Method,
+    params_json: &str,
+) -> Result<ParamsDigest, Reject> {
+    match version {
+        BindingVersion::V1 => params_digest(params_json),
+        BindingVersion::V2 => params_digest_v2(method, params_json),
+    }
+}
+
+/// Binding v2: the allowlisted members of the params, numbers exact.
+pub fn params_digest_v2(method: Method, params_json: &str) -> Result<ParamsDigest, Reject> {
+    let malformed = |_| Reject::Malformed;
+    let mut h = Sha256::new();
+    match method {
+        Method::ToolsCall | Method::PromptsGet => {
+            let m = canon::object_members(params_json, NumberMode::Exact, &["name", "arguments"])
+                .map_err(malformed)?;
+            let name = m[0].as_deref().filter(|n| n.first() == Some(&b'"'));
+            let name = name.ok_or(Reject::Malformed)?;
+            let arguments: &[u8] = match m[1].as_deref() {
+                None | Some(b"null") => b"{}",
+                Some(a) if a.first() == Some(&b'{') => a,
+                Some(_) => return Err(Reject::Malformed),
+            };
+            h.update(br#"{"arguments":"#);
+            h.update(arguments);
+            h.update(br#","name":"#);
+            h.update(name);
+            h.update(b"}");
+        }
+        Method::ResourcesRead => {
+            let m = canon::object_members(params_json, NumberMode::Exact, &["uri"])
+                .map_err(malformed)?;
+            let uri = m[0].as_deref().filter(|u| u.first() == Some(&b'"'));
+            h.update(br#"{"uri":"#);
+            h.update(uri.ok_or(Reject::Malformed)?);
+            h.update(b"}");
+        }
+    }
+    Ok(ParamsDigest(h.finalize().into()))
+}
+
+/// Binding v1: the params digest of an MCP request's `params` object.
 pub fn params_digest(params_json: &str) -> Result<ParamsDigest, Reject> {
     let canonical =
         canon::canonicalize_object_without(params_json, NumberMode::Rfc8785, &EXCLUDED_PARAMS)

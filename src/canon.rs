@@ -81,7 +81,7 @@ pub fn object_members(
     }
     i += 1;
     let mut found: Vec<Option<Vec<u8>>> = vec![None; names.len()];
-    let mut seen: Vec<String> = Vec::new();
+    let mut seen: std::collections::HashSet<String> = std::collections::HashSet::new();
     i = skip_ws(b, i);
     if b.get(i) == Some(&b'}') {
         i += 1;
@@ -97,12 +97,13 @@ pub fn object_members(
             if seen.contains(&key) {
                 return Err(CanonError::Malformed);
             }
+            let slot = names.iter().position(|n| *n == key);
             p.out.clear();
             i = p.value(i, 1)?;
-            if let Some(slot) = names.iter().position(|n| *n == key) {
+            if let Some(slot) = slot {
                 found[slot] = Some(std::mem::take(&mut p.out));
             }
-            seen.push(key);
+            seen.insert(key);
             i = skip_ws(b, i);
             match b.get(i) {
                 Some(b',') => i += 1,

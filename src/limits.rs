@@ -533,7 +533,11 @@ impl CanonPool {
 
     /// Runs `f` over `input`: inline when small, else on the blocking pool
     /// under the bounds. `Err(Busy)` when running and queued are full.
-    pub async fn run<T: Send + 'static>(&self, input: String, f: fn(&str) -> T) -> Result<T, Busy> {
+    pub async fn run<T, F>(&self, input: String, f: F) -> Result<T, Busy>
+    where
+        T: Send + 'static,
+        F: FnOnce(&str) -> T + Send + 'static,
+    {
         if input.len() <= INLINE_CANON_BYTES {
             return Ok(f(&input));
         }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use zeroize::Zeroizing;
 
-use crate::binding::{params_digest, Binding, Method, ParamsDigest, Tenant};
+use crate::binding::{params_digest_for, Binding, BindingVersion, Method, ParamsDigest, Tenant};
 use crate::clock::Clock;
 use crate::error::Reject;
 use crate::keyring::{KeyId, KeyringHandle};
@@ -59,6 +59,9 @@ pub struct BindingInput<'a> {
     pub subject: &'a str,
     pub method: &'a str,
     pub params: Option<ParamsInput<'a>>,
+    /// The binding version: the one `params` (a digest) was computed under,
+    /// or the one to compute it under (JSON).
+    pub version: BindingVersion,
 }
 
 pub struct Sealed {
@@ -159,16 +162,16 @@ impl Sealer {
     /// whatever its size; the service routes big ones through a bounded
     /// pool with [`Sealer::check_binding`] and [`Sealer::bind`]).
     pub fn binding(&self, tenant: &Tenant, input: BindingInput<'_>) -> Result<Binding, Reject> {
-        self.check_binding(input.subject, input.method)?;
+        let method = self.check_binding(input.subject, input.method)?;
         let params = match input.params {
             None => return Err(Reject::Malformed),
             Some(ParamsInput::Digest(d)) => ParamsDigest::from_slice(d)?,
             Some(ParamsInput::Json(j)) => {
                 self.check_params_json(j)?;
-                params_digest(j)?
+                params_digest_for(input.version, method, j)?
             }
         };
-        self.bind(tenant, input.subject, input.method, params)
+        self.bind(tenant, input.subject, input.method, params, input.version)
     }
 
     /// The cheap checks of a binding: subject and method.
@@ -197,6 +200,7 @@ impl Sealer {
         subject: &str,
         method: &str,
         params: ParamsDigest,
+        version: BindingVersion,
     ) -> Result<Binding, Reject> {
         let method = self.check_binding(subject, method)?;
         Ok(Binding {
@@ -204,6 +208,7 @@ impl Sealer {
             subject: subject.to_owned(),
             method,
             params,
+            version,
         })
     }
 
@@ -234,6 +239,7 @@ impl Sealer {
             key_id: key.id(),
             expires_at: expires_at_u32,
             single_use,
+            binding: binding.version,
         };
         let token = token::seal(&key.tenant_keys(&binding.tenant), header, binding, state)?;
         Ok(Sealed {

@@ -8,7 +8,7 @@ use crate::metrics::{Rpc, METRICS};
 
 use tonic::{Request, Response, Status};
 
-use crate::binding::{params_digest, Binding, ParamsDigest, Tenant};
+use crate::binding::{params_digest_for, Binding, BindingVersion, ParamsDigest, Tenant};
 use crate::error::Reject;
 use crate::limits::CanonPool;
 use crate::proto::request_state_server::RequestState;
@@ -28,22 +28,36 @@ impl RequestStateService {
 
     /// Checks a received binding and computes its params digest: the cheap
     /// checks first, then the digest (big `params_json` on the bounded
-    /// canonicalization pool).
-    async fn binding(&self, tenant: &Tenant, b: Option<proto::Binding>) -> Result<Binding, Reject> {
+    /// canonicalization pool). `json_version` is the binding version to
+    /// compute a `params_json` digest under (the current one to seal; the
+    /// token's to open); a `params_digest` carries its own
+    /// (`binding_version`).
+    async fn binding(
+        &self,
+        tenant: &Tenant,
+        b: Option<proto::Binding>,
+        json_version: BindingVersion,
+    ) -> Result<Binding, Reject> {
         let b = b.ok_or(Reject::Malformed)?;
-        self.sealer.check_binding(&b.subject, &b.method)?;
-        let digest = match b.params {
+        let method = self.sealer.check_binding(&b.subject, &b.method)?;
+        let (digest, version) = match b.params {
             None => return Err(Reject::Malformed),
-            Some(Params::ParamsDigest(d)) => ParamsDigest::from_slice(&d)?,
+            Some(Params::ParamsDigest(d)) => (
+                ParamsDigest::from_slice(&d)?,
+                BindingVersion::from_wire(b.binding_version)?,
+            ),
             Some(Params::ParamsJson(j)) => {
                 self.sealer.check_params_json(&j)?;
-                self.canon
-                    .run(j, params_digest)
+                let digest = self
+                    .canon
+                    .run(j, move |j| params_digest_for(json_version, method, j))
                     .await
-                    .map_err(|_| Reject::Overloaded)??
+                    .map_err(|_| Reject::Overloaded)??;
+                (digest, json_version)
             }
         };
-        self.sealer.bind(tenant, &b.subject, &b.method, digest)
+        self.sealer
+            .bind(tenant, &b.subject, &b.method, digest, version)
     }
 }
 
@@ -71,7 +85,10 @@ impl RequestState for RequestStateService {
         let started = Instant::now();
         let tenant = tenant_of(&req)?;
         let r = req.into_inner();
-        let result = match self.binding(&tenant, r.binding).await {
+        let result = match self
+            .binding(&tenant, r.binding, BindingVersion::CURRENT)
+            .await
+        {
             Ok(b) => self.sealer.seal(&b, &r.state, r.ttl_seconds, r.single_use),
             Err(e) => Err(e),
         };
@@ -112,7 +129,10 @@ impl RequestState for RequestStateService {
         // The token's form and key id first: a garbage token costs nothing
         // proportional to the params.
         let result = match self.sealer.precheck(&r.request_state) {
-            Ok(untrusted) => match self.binding(&tenant, r.binding).await {
+            Ok(untrusted) => match self
+                .binding(&tenant, r.binding, untrusted.header().binding)
+                .await
+            {
                 Ok(binding) => self.sealer.open_checked(&binding, untrusted).await,
                 Err(e) => Err(e),
             },

@@ -3,7 +3,8 @@
 //! ```text
 //! token  = base64url-nopad( header[9] | nonce[24] | ciphertext[len(state)] | tag[16] )
 //! header = format[1] | key_id[4, big-endian] | expires_at[4, big-endian Unix seconds]
-//! format = 0x10 | flags      (high nibble: version 1; bit 0: single-use; bits 1-3: zero)
+//! format = 0x10 | flags      (high nibble: version 1; bit 0: single-use;
+//!                             bits 1-3: params binding version - 1, so 0 = v1, 1 = v2)
 //! AAD    = header | lp(tenant) | lp(subject) | lp(method) | params_digest[32]
 //!          where lp(x) = len(x)[4, big-endian] | x
 //! cipher = XChaCha20-Poly1305 under HKDF-SHA256(root[key_id], tenant)
@@ -23,7 +24,7 @@ use chacha20poly1305::XNonce;
 use hmac::Mac;
 use zeroize::Zeroizing;
 
-use crate::binding::Binding;
+use crate::binding::{Binding, BindingVersion};
 use crate::error::Reject;
 use crate::keyring::{KeyId, TenantKeys, Wiped};
 
@@ -35,7 +36,8 @@ pub const TAG_LEN: usize = 16;
 pub const OVERHEAD: usize = HEADER_LEN + NONCE_LEN + TAG_LEN;
 
 const FLAG_SINGLE_USE: u8 = 0x01;
-const FLAGS_MASK: u8 = 0x0f;
+const BINDING_SHIFT: u8 = 1;
+const BINDING_MASK: u8 = 0x0e;
 
 /// Length of the base64url (no padding) form of `n` bytes.
 pub const fn encoded_len(n: usize) -> usize {
@@ -48,27 +50,36 @@ pub struct Header {
     pub key_id: KeyId,
     pub expires_at: u32,
     pub single_use: bool,
+    /// The params binding the token was sealed under.
+    pub binding: BindingVersion,
 }
 
 impl Header {
     pub fn to_bytes(self) -> [u8; HEADER_LEN] {
         let mut h = [0u8; HEADER_LEN];
-        h[0] = (VERSION << 4) | if self.single_use { FLAG_SINGLE_USE } else { 0 };
+        let binding = (self.binding.number() as u8 - 1) << BINDING_SHIFT;
+        h[0] = (VERSION << 4) | binding | if self.single_use { FLAG_SINGLE_USE } else { 0 };
         h[1..5].copy_from_slice(&self.key_id.0.to_be_bytes());
         h[5..9].copy_from_slice(&self.expires_at.to_be_bytes());
         h
     }
 
     fn parse(h: &[u8; HEADER_LEN]) -> Result<Self, Reject> {
-        if h[0] >> 4 != VERSION || h[0] & FLAGS_MASK & !FLAG_SINGLE_USE != 0 {
+        if h[0] >> 4 != VERSION {
             return Err(Reject::Malformed);
         }
+        let binding = match (h[0] & BINDING_MASK) >> BINDING_SHIFT {
+            0 => BindingVersion::V1,
+            1 => BindingVersion::V2,
+            _ => return Err(Reject::Malformed),
+        };
         let key_id = u32::from_be_bytes([h[1], h[2], h[3], h[4]]);
         let expires_at = u32::from_be_bytes([h[5], h[6], h[7], h[8]]);
         Ok(Header {
             key_id: KeyId(key_id),
             expires_at,
             single_use: h[0] & FLAG_SINGLE_USE != 0,
+            binding,
         })
     }
 }
@@ -100,6 +111,11 @@ pub fn seal_with_nonce(
     state: &[u8],
     nonce: &[u8; NONCE_LEN],
 ) -> Result<String, Reject> {
+    // The header names the binding version the digest was computed under.
+    let header = Header {
+        binding: binding.version,
+        ..header
+    };
     let h = header.to_bytes();
     let mut buf = Vec::with_capacity(OVERHEAD + state.len());
     buf.extend_from_slice(&h);
@@ -200,6 +216,9 @@ impl UntrustedToken {
     /// Authenticates and decrypts. Any change to any byte, or any other
     /// binding, gives `Rejected`.
     pub fn open(mut self, keys: &TenantKeys, binding: &Binding) -> Result<Opened, Reject> {
+        if self.header.binding != binding.version {
+            return Err(Reject::Rejected);
+        }
         // The header bytes as received: they are what the tag covers.
         let aad = aad(&self.raw_header, binding);
         let tag_at = self.bytes.len() - TAG_LEN;

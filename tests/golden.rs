@@ -115,6 +115,7 @@ fn generate() -> Value {
                 subject: v.subject.into(),
                 method: v.method,
                 params: digest,
+                version: stateseal::binding::BindingVersion::V1,
             };
             let ring = keyring_for(v.key_id);
             let keys = ring.primary().tenant_keys(&binding.tenant);
@@ -122,6 +123,7 @@ fn generate() -> Value {
                 key_id: ring.primary().id(),
                 expires_at: v.expires_at,
                 single_use: v.single_use,
+                binding: stateseal::binding::BindingVersion::V1,
             };
             let token = seal_with_nonce(&keys, header, &binding, v.state, &nonce(i)).unwrap();
             // Every vector opens, and gives back its state.

@@ -178,6 +178,7 @@ async fn a_caller_digest_and_params_json_bind_the_same() {
         subject: "alice".into(),
         method: "tools/call".into(),
         params: Some(Params::ParamsDigest(digest)),
+        binding_version: 0,
     };
     let t = s
         .client
@@ -474,6 +475,7 @@ async fn garbage_truncated_and_oversized_inputs_get_the_documented_reasons() {
             subject: "alice".into(),
             method: "tools/call".into(),
             params: None,
+            binding_version: 0,
         }),
         Some(binding("", "tools/call", "{}")),
         Some(binding("alice", "tools/call", "[1,2]")),
@@ -483,6 +485,7 @@ async fn garbage_truncated_and_oversized_inputs_get_the_documented_reasons() {
             subject: "alice".into(),
             method: "tools/call".into(),
             params: Some(Params::ParamsDigest(vec![0; 31])),
+            binding_version: 0,
         }),
     ] {
         let req = SealRequest {
@@ -534,5 +537,122 @@ async fn health_and_reflection_are_served() {
             tonic_health::pb::health_check_response::ServingStatus::Serving as i32
         );
     }
+    s.stop().await;
+}
+
+/// Binding v2 end to end: a transfer of 2^53+1 sealed, the retry with 2^53
+/// refused; extra top-level members and absent/null arguments do not matter;
+/// a token sealed under binding v1 (a caller's v1 digest) still opens with
+/// params_json, because the token's header says which binding to compute.
+#[tokio::test]
+async fn binding_v2_is_exact_and_v1_tokens_still_open() {
+    let mut s = start().await;
+    let seal = |params: &str| SealRequest {
+        binding: Some(binding("alice", "tools/call", params)),
+        ..seal_req(b"s", false)
+    };
+    let open = |t: &str, params: &str| OpenRequest {
+        request_state: t.into(),
+        binding: Some(binding("alice", "tools/call", params)),
+    };
+    let big = r#"{"name":"transfer","arguments":{"amount":9007199254740993}}"#;
+    let t = s
+        .client
+        .seal(seal(big))
+        .await
+        .unwrap()
+        .into_inner()
+        .request_state;
+    let err = s
+        .client
+        .open(open(
+            &t,
+            r#"{"name":"transfer","arguments":{"amount":9007199254740992}}"#,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&err), "REJECTED");
+    s.client
+        .open(open(
+            &t,
+            r#"{"arguments":{"amount":9007199254740993},"name":"transfer","task":{"ttl":5},"_meta":{}}"#,
+        ))
+        .await
+        .unwrap();
+    let t = s
+        .client
+        .seal(seal(r#"{"name":"t"}"#))
+        .await
+        .unwrap()
+        .into_inner()
+        .request_state;
+    for p in [
+        r#"{"name":"t","arguments":null}"#,
+        r#"{"name":"t","arguments":{}}"#,
+    ] {
+        s.client.open(open(&t, p)).await.unwrap();
+    }
+    // Beyond the double range: sealable (v1 refused it as MALFORMED).
+    let t = s
+        .client
+        .seal(seal(r#"{"name":"t","arguments":{"n":1e400}}"#))
+        .await
+        .unwrap()
+        .into_inner()
+        .request_state;
+    assert_eq!(
+        reason(
+            &s.client
+                .open(open(&t, r#"{"name":"t","arguments":{"n":1e401}}"#))
+                .await
+                .unwrap_err()
+        ),
+        "REJECTED"
+    );
+
+    // A v1 token: sealed by a caller's v1 digest (binding_version 0).
+    let params = r#"{"name":"transfer","arguments":{"amount":42},"x":1}"#;
+    let v1 = stateseal::binding::params_digest(params).unwrap();
+    let t = s
+        .client
+        .seal(SealRequest {
+            binding: Some(Binding {
+                subject: "alice".into(),
+                method: "tools/call".into(),
+                params: Some(Params::ParamsDigest(v1.0.to_vec())),
+                binding_version: 0,
+            }),
+            ..seal_req(b"s", false)
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .request_state;
+    s.client.open(open(&t, params)).await.unwrap();
+    // Under v1 the whole params are bound: another extra member is refused.
+    let err = s
+        .client
+        .open(open(
+            &t,
+            r#"{"name":"transfer","arguments":{"amount":42},"x":2}"#,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&err), "REJECTED");
+    // An unknown binding version is malformed.
+    let err = s
+        .client
+        .seal(SealRequest {
+            binding: Some(Binding {
+                subject: "alice".into(),
+                method: "tools/call".into(),
+                params: Some(Params::ParamsDigest(vec![0; 32])),
+                binding_version: 3,
+            }),
+            ..seal_req(b"s", false)
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&err), "MALFORMED");
     s.stop().await;
 }

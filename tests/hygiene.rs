@@ -38,6 +38,7 @@ fn debug_never_shows_state_tokens_subjects_or_params() {
         params: Some(proto::binding::Params::ParamsJson(format!(
             r#"{{"m":"{MARK}"}}"#
         ))),
+        binding_version: 0,
     };
     assert_hidden("Binding", format!("{b:?}"));
     let seal = proto::SealRequest {
@@ -90,11 +91,13 @@ fn debug_never_shows_state_tokens_subjects_or_params() {
         subject: "s".into(),
         method: Method::ToolsCall,
         params: params_digest("{}").unwrap(),
+        version: stateseal::binding::BindingVersion::V1,
     };
     let header = stateseal::token::Header {
         key_id: ring.primary().id(),
         expires_at: u32::MAX,
         single_use: true,
+        binding: stateseal::binding::BindingVersion::V1,
     };
     let t = stateseal::token::seal(&keys, header, &binding, MARK.as_bytes()).unwrap();
     let untrusted = UntrustedToken::parse(&t, 1 << 16).unwrap();
@@ -157,7 +160,8 @@ async fn postgres_trace_logs_hold_no_ledger_ids() {
         tenant: Tenant::new(Tenant::DEFAULT),
         subject: call_binding().subject,
         method: Method::ToolsCall,
-        params: params_digest(&params).unwrap(),
+        params: stateseal::binding::params_digest_v2(Method::ToolsCall, &params).unwrap(),
+        version: stateseal::binding::BindingVersion::V2,
     };
     let id = UntrustedToken::parse(&t, 1 << 16)
         .unwrap()

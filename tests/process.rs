@@ -180,7 +180,7 @@ async fn logs_of_a_full_run_hold_no_key_state_or_token_bytes() {
         raw[20] ^= 1;
         let _ = c.open(open_req(&URL_SAFE_NO_PAD.encode(&raw))).await;
         let mut wrong = open_req(&t);
-        wrong.binding = Some(binding("eve", "tools/call", "{}"));
+        wrong.binding = Some(binding("eve", "tools/call", r#"{"name":"transfer"}"#));
         let _ = c.open(wrong).await;
         tokens.push(t);
     }

@@ -39,6 +39,7 @@ fn binding() -> impl Strategy<Value = Binding> {
         subject: s,
         method: m,
         params: ParamsDigest(d),
+        version: stateseal::binding::BindingVersion::V1,
     })
 }
 
@@ -54,6 +55,7 @@ fn sealed() -> impl Strategy<Value = (Binding, Vec<u8>, Header, String)> {
                 key_id: KeyId(1),
                 expires_at: exp,
                 single_use,
+                binding: b.version,
             };
             let t = token::seal(&keys(b.tenant.as_str()), header, &b, &state).unwrap();
             (b, state, header, t)
@@ -103,7 +105,7 @@ proptest! {
     #[test]
     fn splicing_two_tokens_is_rejected((b, _s, _h, t1) in sealed(), state2 in proptest::collection::vec(any::<u8>(), 0..512),
                                        at in any::<prop::sample::Index>()) {
-        let header = Header { key_id: KeyId(1), expires_at: 7, single_use: false };
+        let header = Header { key_id: KeyId(1), expires_at: 7, single_use: false, binding: stateseal::binding::BindingVersion::V1 };
         let t2 = token::seal(&keys(b.tenant.as_str()), header, &b, &state2).unwrap();
         let (r1, r2) = (URL_SAFE_NO_PAD.decode(&t1).unwrap(), URL_SAFE_NO_PAD.decode(&t2).unwrap());
         let i = at.index(r1.len().min(r2.len()));
@@ -270,7 +272,7 @@ proptest! {
                 Params::ParamsDigest(d) => ParamsInput::Digest(d),
                 Params::ParamsJson(j) => ParamsInput::Json(j),
             });
-            s.binding(&tenant, BindingInput { subject: &b.subject, method: &b.method, params })
+            s.binding(&tenant, BindingInput { subject: &b.subject, method: &b.method, params, version: stateseal::binding::BindingVersion::V2 })
         };
         if let Ok(req) = SealRequest::decode(&raw[..]) {
             if let Some(Ok(b)) = req.binding.as_ref().map(input) {

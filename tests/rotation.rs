@@ -270,7 +270,10 @@ async fn full_rotation_under_load_fails_no_open() {
         .lock()
         .unwrap()
         .iter()
-        .filter(|(t, _, _)| t.starts_with("EAAAAAF"))
+        .filter(|(t, _, _)| {
+            stateseal::token::UntrustedToken::parse(t, 1 << 16)
+                .is_ok_and(|u| u.header().key_id == stateseal::keyring::KeyId(1))
+        })
         .map(|(t, _, _)| t.clone())
         .collect();
     assert!(

@@ -17,13 +17,19 @@ fuzz_target!(|data: &[u8]| {
             let theirs = serde_json_canonicalizer::to_vec(&v).expect("their canonical form");
             assert_eq!(ours, &theirs, "differs from the reference implementation");
         }
-        let again = canonicalize(std::str::from_utf8(ours).expect("utf-8"), NumberMode::Rfc8785)
-            .expect("canonical form re-parses");
+        let again = canonicalize(
+            std::str::from_utf8(ours).expect("utf-8"),
+            NumberMode::Rfc8785,
+        )
+        .expect("canonical form re-parses");
         assert_eq!(&again, ours, "not idempotent");
     }
     if let Ok(exact) = canonicalize(text, NumberMode::Exact) {
-        let again = canonicalize(std::str::from_utf8(&exact).expect("utf-8"), NumberMode::Exact)
-            .expect("exact form re-parses");
+        let again = canonicalize(
+            std::str::from_utf8(&exact).expect("utf-8"),
+            NumberMode::Exact,
+        )
+        .expect("exact form re-parses");
         assert_eq!(again, exact, "exact mode not idempotent");
         if let Ok(ours) = &ours {
             if !exact.contains(&b'E') {

@@ -73,6 +73,7 @@ fn world() -> &'static World {
 fn input(b: &Option<stateseal::proto::Binding>) -> Option<BindingInput<'_>> {
     let b = b.as_ref()?;
     Some(BindingInput {
+        version: stateseal::binding::BindingVersion::from_wire(b.binding_version).ok()?,
         subject: &b.subject,
         method: &b.method,
         params: b.params.as_ref().map(|p| match p {
@@ -99,7 +100,9 @@ fuzz_target!(|data: &[u8]| {
         };
         if let Ok(s) = sealer.seal(&binding, &req.state, req.ttl_seconds, req.single_use) {
             // What was sealed opens, once when single-use, with its state.
-            let o = rt.block_on(sealer.open(&binding, &s.token)).expect("own token opens");
+            let o = rt
+                .block_on(sealer.open(&binding, &s.token))
+                .expect("own token opens");
             assert_eq!(&o.state[..], &req.state[..]);
             assert_eq!(o.consumed, req.single_use);
             let again = rt.block_on(sealer.open(&binding, &s.token));
@@ -117,6 +120,8 @@ fuzz_target!(|data: &[u8]| {
             return;
         };
         // A request the fuzzer built cannot hold a token this key sealed.
-        assert!(rt.block_on(sealer.open_checked(&binding, untrusted)).is_err());
+        assert!(rt
+            .block_on(sealer.open_checked(&binding, untrusted))
+            .is_err());
     }
 });

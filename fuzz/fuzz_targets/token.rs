@@ -42,7 +42,9 @@ fuzz_target!(|data: &[u8]| {
     let mut parts = text.splitn(3, '\n');
     let token = parts.next().unwrap_or_default();
     let subject = parts.next().unwrap_or("alice");
-    let params = parts.next().unwrap_or(r#"{"name":"transfer","arguments":{"amount":42}}"#);
+    let params = parts
+        .next()
+        .unwrap_or(r#"{"name":"transfer","arguments":{"amount":42}}"#);
     let Ok(digest) = params_digest(params) else {
         return;
     };
@@ -51,6 +53,7 @@ fuzz_target!(|data: &[u8]| {
         subject: subject.into(),
         method: Method::ToolsCall,
         params: digest,
+        version: stateseal::binding::BindingVersion::V1,
     };
     let Ok(untrusted) = UntrustedToken::parse(token, 1 << 16) else {
         return;
@@ -60,7 +63,9 @@ fuzz_target!(|data: &[u8]| {
     };
     let keys = key.tenant_keys(&binding.tenant);
     if untrusted.open(&keys, &binding).is_ok() {
-        let raw = URL_SAFE_NO_PAD.decode(token).expect("an opened token decodes");
+        let raw = URL_SAFE_NO_PAD
+            .decode(token)
+            .expect("an opened token decodes");
         assert_eq!(URL_SAFE_NO_PAD.encode(&raw), token, "one string form");
         for pos in 0..raw.len() {
             let mut m = raw.clone();

@@ -13,6 +13,7 @@ fn binding() -> Binding {
         subject: "s".into(),
         method: Method::ToolsCall,
         params: ParamsDigest([7; 32]),
+        version: crate::binding::BindingVersion::V1,
     }
 }
 
@@ -20,6 +21,7 @@ const H: Header = Header {
     key_id: KeyId(1),
     expires_at: 100,
     single_use: true,
+    binding: crate::binding::BindingVersion::V1,
 };
 
 #[test]
@@ -40,11 +42,17 @@ fn header_round_trip_and_reserved_bits() {
             single_use: false,
             ..H
         },
+        Header {
+            binding: crate::binding::BindingVersion::V2,
+            ..H
+        },
     ] {
         assert_eq!(Header::parse(&h.to_bytes()), Ok(h));
     }
     let mut b = H.to_bytes();
-    for bad in [0x00, 0x20, 0x12, 0x14, 0x18, 0xff] {
+    // Version nibble other than 1, or a binding version field other than
+    // 0 (v1) and 1 (v2).
+    for bad in [0x00, 0x20, 0x14, 0x16, 0x18, 0x1e, 0xff] {
         b[0] = bad;
         assert_eq!(Header::parse(&b), Err(Reject::Malformed), "{bad:#x}");
     }

@@ -135,6 +135,7 @@ pub fn binding(subject: &str, method: &str, params_json: &str) -> Binding {
         subject: subject.into(),
         method: method.into(),
         params: Some(Params::ParamsJson(params_json.into())),
+        binding_version: 0,
     }
 }
 

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cstateseal/v1/stateseal.proto\x12\x0cstateseal.v1\"d\n\x07\x42inding\x12\x0f\n\x07subject\x18\x01 \x01(\t\x12\x0e\n\x06method\x18\x02 \x01(\t\x12\x17\n\rparams_digest\x18\x03 \x01(\x0cH\x00\x12\x15\n\x0bparams_json\x18\x04 \x01(\tH\x00\x42\x08\n\x06params\"m\n\x0bSealRequest\x12&\n\x07\x62inding\x18\x01 \x01(\x0b\x32\x15.stateseal.v1.Binding\x12\r\n\x05state\x18\x02 \x01(\x0c\x12\x13\n\x0bttl_seconds\x18\x03 \x01(\r\x12\x12\n\nsingle_use\x18\x04 \x01(\x08\"N\n\x0cSealResponse\x12\x15\n\rrequest_state\x18\x01 \x01(\t\x12\x17\n\x0f\x65xpires_at_unix\x18\x02 \x01(\x03\x12\x0e\n\x06key_id\x18\x03 \x01(\t\"L\n\x0bOpenRequest\x12\x15\n\rrequest_state\x18\x01 \x01(\t\x12&\n\x07\x62inding\x18\x02 \x01(\x0b\x32\x15.stateseal.v1.Binding\"X\n\x0cOpenResponse\x12\r\n\x05state\x18\x01 \x01(\x0c\x12\x17\n\x0f\x65xpires_at_unix\x18\x02 \x01(\x03\x12\x0e\n\x06key_id\x18\x03 \x01(\t\x12\x10\n\x08\x63onsumed\x18\x04 \x01(\x08\x32\x8c\x01\n\x0cRequestState\x12=\n\x04Seal\x12\x19.stateseal.v1.SealRequest\x1a\x1a.stateseal.v1.SealResponse\x12=\n\x04Open\x12\x19.stateseal.v1.OpenRequest\x1a\x1a.stateseal.v1.OpenResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cstateseal/v1/stateseal.proto\x12\x0cstateseal.v1\"}\n\x07\x42inding\x12\x0f\n\x07subject\x18\x01 \x01(\t\x12\x0e\n\x06method\x18\x02 \x01(\t\x12\x17\n\rparams_digest\x18\x03 \x01(\x0cH\x00\x12\x15\n\x0bparams_json\x18\x04 \x01(\tH\x00\x12\x17\n\x0f\x62inding_version\x18\x05 \x01(\rB\x08\n\x06params\"m\n\x0bSealRequest\x12&\n\x07\x62inding\x18\x01 \x01(\x0b\x32\x15.stateseal.v1.Binding\x12\r\n\x05state\x18\x02 \x01(\x0c\x12\x13\n\x0bttl_seconds\x18\x03 \x01(\r\x12\x12\n\nsingle_use\x18\x04 \x01(\x08\"N\n\x0cSealResponse\x12\x15\n\rrequest_state\x18\x01 \x01(\t\x12\x17\n\x0f\x65xpires_at_unix\x18\x02 \x01(\x03\x12\x0e\n\x06key_id\x18\x03 \x01(\t\"L\n\x0bOpenRequest\x12\x15\n\rrequest_state\x18\x01 \x01(\t\x12&\n\x07\x62inding\x18\x02 \x01(\x0b\x32\x15.stateseal.v1.Binding\"X\n\x0cOpenResponse\x12\r\n\x05state\x18\x01 \x01(\x0c\x12\x17\n\x0f\x65xpires_at_unix\x18\x02 \x01(\x03\x12\x0e\n\x06key_id\x18\x03 \x01(\t\x12\x10\n\x08\x63onsumed\x18\x04 \x01(\x08\x32\x8c\x01\n\x0cRequestState\x12=\n\x04Seal\x12\x19.stateseal.v1.SealRequest\x1a\x1a.stateseal.v1.SealResponse\x12=\n\x04Open\x12\x19.stateseal.v1.OpenRequest\x1a\x1a.stateseal.v1.OpenResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,15 +32,15 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'stateseal.v1.stateseal_pb2'
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_BINDING']._serialized_start=46
-  _globals['_BINDING']._serialized_end=146
-  _globals['_SEALREQUEST']._serialized_start=148
-  _globals['_SEALREQUEST']._serialized_end=257
-  _globals['_SEALRESPONSE']._serialized_start=259
-  _globals['_SEALRESPONSE']._serialized_end=337
-  _globals['_OPENREQUEST']._serialized_start=339
-  _globals['_OPENREQUEST']._serialized_end=415
-  _globals['_OPENRESPONSE']._serialized_start=417
-  _globals['_OPENRESPONSE']._serialized_end=505
-  _globals['_REQUESTSTATE']._serialized_start=508
-  _globals['_REQUESTSTATE']._serialized_end=648
+  _globals['_BINDING']._serialized_end=171
+  _globals['_SEALREQUEST']._serialized_start=173
+  _globals['_SEALREQUEST']._serialized_end=282
+  _globals['_SEALRESPONSE']._serialized_start=284
+  _globals['_SEALRESPONSE']._serialized_end=362
+  _globals['_OPENREQUEST']._serialized_start=364
+  _globals['_OPENREQUEST']._serialized_end=440
+  _globals['_OPENRESPONSE']._serialized_start=442
+  _globals['_OPENRESPONSE']._serialized_end=530
+  _globals['_REQUESTSTATE']._serialized_start=533
+  _globals['_REQUESTSTATE']._serialized_end=673
 # @@protoc_insertion_point(module_scope)

@@ -6,16 +6,18 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Binding(_message.Message):
-    __slots__ = ("subject", "method", "params_digest", "params_json")
+    __slots__ = ("subject", "method", "params_digest", "params_json", "binding_version")
     SUBJECT_FIELD_NUMBER: _ClassVar[int]
     METHOD_FIELD_NUMBER: _ClassVar[int]
     PARAMS_DIGEST_FIELD_NUMBER: _ClassVar[int]
     PARAMS_JSON_FIELD_NUMBER: _ClassVar[int]
+    BINDING_VERSION_FIELD_NUMBER: _ClassVar[int]
     subject: str
     method: str
     params_digest: bytes
     params_json: str
-    def __init__(self, subject: _Optional[str] = ..., method: _Optional[str] = ..., params_digest: _Optional[bytes] = ..., params_json: _Optional[str] = ...) -> None: ...
+    binding_version: int
+    def __init__(self, subject: _Optional[str] = ..., method: _Optional[str] = ..., params_digest: _Optional[bytes] = ..., params_json: _Optional[str] = ..., binding_version: _Optional[int] = ...) -> None: ...
 
 class SealRequest(_message.Message):
     __slots__ = ("binding", "state", "ttl_seconds", "single_use")
