@@ -81,8 +81,23 @@ pub enum KeysCommand {
         #[arg(long)]
         force: bool,
     },
-    /// List key ids, states and times (never key bytes).
-    List { file: PathBuf },
+    /// List key ids, states and times (never key bytes): RFC 3339 UTC times,
+    /// ages, and when each key may be retired; `--json` for scripts.
+    List {
+        file: PathBuf,
+        /// One JSON document instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// The servers' --max-ttl, in seconds (for the retirement time).
+        #[arg(long, default_value_t = 3600)]
+        max_ttl: u64,
+        /// The servers' --clock-skew, in seconds.
+        #[arg(long, default_value_t = 60)]
+        clock_skew: u64,
+        /// Seconds a written keyset may take to reach every replica.
+        #[arg(long, default_value_t = 120)]
+        rollout: u64,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

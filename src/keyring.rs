@@ -464,6 +464,81 @@ impl KeysetFile {
     }
 }
 
+/// `t` (Unix seconds) as RFC 3339 UTC, e.g. `2026-11-30T14:26:30Z`.
+pub fn rfc3339(t: u64) -> String {
+    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
+    let days = (t / 86_400) as i64;
+    let secs = t % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        secs / 3600,
+        secs % 3600 / 60,
+        secs % 60
+    )
+}
+
+/// A duration in seconds as `3d4h`, `5h12m`, `7m30s` or `42s`.
+pub fn human_age(secs: u64) -> String {
+    let (d, h, m, s) = (
+        secs / 86_400,
+        secs % 86_400 / 3600,
+        secs % 3600 / 60,
+        secs % 60,
+    );
+    match (d, h, m) {
+        (0, 0, 0) => format!("{s}s"),
+        (0, 0, _) => format!("{m}m{s:02}s"),
+        (0, _, _) => format!("{h}h{m:02}m"),
+        _ => format!("{d}d{h:02}h"),
+    }
+}
+
+impl KeysetFile {
+    /// The listing of `keys list`, as JSON values (never key material):
+    /// per key its id, state, RFC 3339 times, how long it has been primary or
+    /// demoted, and when it may be retired.
+    pub fn listing(&self, now: u64, policy: RetirePolicy) -> serde_json::Value {
+        let time = |t: Option<u64>| t.map(rfc3339);
+        let keys: Vec<serde_json::Value> = self
+            .keys
+            .iter()
+            .map(|k| {
+                let retire_at = match k.state {
+                    KeyState::Retired => None,
+                    _ => self.safe_retire_at(k.id, policy),
+                };
+                serde_json::json!({
+                    "id": k.id,
+                    "state": k.state.to_string(),
+                    "created_at": rfc3339(k.created_at),
+                    "promoted_at": time(k.promoted_at),
+                    "demoted_at": time(k.demoted_at),
+                    "retired_at": time(k.retired_at),
+                    "primary_for_seconds": (k.state == KeyState::Primary)
+                        .then(|| k.promoted_at.map(|p| now.saturating_sub(p))).flatten(),
+                    "demoted_for_seconds": k.demoted_at.filter(|_| k.state == KeyState::Staged)
+                        .map(|d| now.saturating_sub(d)),
+                    "retire_after": retire_at.map(|t| if t == 0 { rfc3339(k.created_at) } else { rfc3339(t) }),
+                    "retirable_now": match (k.state, retire_at) {
+                        (KeyState::Staged, Some(t)) => now >= t,
+                        _ => false,
+                    },
+                })
+            })
+            .collect();
+        serde_json::json!({ "now": rfc3339(now), "keys": keys })
+    }
+}
+
 #[cfg(unix)]
 fn open_private(path: &Path) -> std::io::Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;

@@ -101,27 +101,67 @@ fn keys(cmd: KeysCommand) -> anyhow::Result<()> {
             ks.write(&file, false)?;
             println!("key {id} is retired");
         }
-        KeysCommand::List { file } => {
+        KeysCommand::List {
+            file,
+            json,
+            max_ttl,
+            clock_skew,
+            rollout,
+        } => {
             let ks = KeysetFile::read(&file)?;
-            println!(
-                "{:>6}  {:<8}  {:>12}  {:>12}  {:>12}  {:>12}",
-                "id", "state", "created", "promoted", "demoted", "retired"
-            );
-            let t = |v: Option<u64>| v.map(|x| x.to_string()).unwrap_or_else(|| "-".into());
-            for k in &ks.keys {
-                println!(
-                    "{:>6}  {:<8}  {:>12}  {:>12}  {:>12}  {:>12}",
-                    k.id,
-                    k.state.to_string(),
-                    k.created_at,
-                    t(k.promoted_at),
-                    t(k.demoted_at),
-                    t(k.retired_at)
-                );
+            let policy = RetirePolicy {
+                max_ttl,
+                clock_skew,
+                rollout,
+            };
+            let listing = ks.listing(now, policy);
+            if json {
+                println!("{}", serde_json::to_string_pretty(&listing)?);
+            } else {
+                print_listing(&listing, now);
             }
         }
     }
     Ok(())
+}
+
+/// The `keys list` table for people.
+fn print_listing(listing: &serde_json::Value, now: u64) {
+    use stateseal::keyring::human_age;
+    println!("now {}", stateseal::keyring::rfc3339(now));
+    println!(
+        "{:>4}  {:<8}  {:<20}  {:<20}  {:<20}  {:<24}  retire after",
+        "id", "state", "created", "promoted", "demoted", "age"
+    );
+    let empty = Vec::new();
+    for k in listing["keys"].as_array().unwrap_or(&empty) {
+        let t = |f: &str| k[f].as_str().unwrap_or("-").to_owned();
+        let age = match (
+            k["primary_for_seconds"].as_u64(),
+            k["demoted_for_seconds"].as_u64(),
+        ) {
+            (Some(p), _) => format!("primary for {}", human_age(p)),
+            (_, Some(d)) => format!("demoted {} ago", human_age(d)),
+            _ if k["state"] == "retired" => format!("retired {}", t("retired_at")),
+            _ => "staged, never primary".to_owned(),
+        };
+        let retire = match (k["retire_after"].as_str(), k["retirable_now"].as_bool()) {
+            (_, Some(true)) => "now".to_owned(),
+            (Some(at), _) => at.to_owned(),
+            (None, _) if k["state"] == "primary" => "(promote another key first)".to_owned(),
+            _ => "-".to_owned(),
+        };
+        println!(
+            "{:>4}  {:<8}  {:<20}  {:<20}  {:<20}  {:<24}  {}",
+            k["id"].as_u64().unwrap_or_default(),
+            t("state"),
+            t("created_at"),
+            t("promoted_at"),
+            t("demoted_at"),
+            age,
+            retire
+        );
+    }
 }
 
 fn init_tracing(format: LogFormat) {

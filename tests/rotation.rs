@@ -311,6 +311,12 @@ async fn full_rotation_under_load_fails_no_open() {
     }
     let listing = keys(&["list"], &master);
     assert!(listing.contains("retired"), "{listing}");
+    let json: serde_json::Value =
+        serde_json::from_str(&keys(&["list", "--json"], &master)).unwrap();
+    assert_eq!(json["keys"][0]["state"], "retired", "{json}");
+    assert_eq!(json["keys"][1]["state"], "primary", "{json}");
+    assert!(json["keys"][1]["primary_for_seconds"].is_u64(), "{json}");
+    assert!(json["now"].as_str().unwrap().ends_with('Z'));
     let file: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&master).unwrap()).unwrap();
     let material = file["keys"][1]["material"].as_str().unwrap();

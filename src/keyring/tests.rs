@@ -257,3 +257,35 @@ fn wiped_states_are_overwritten_with_a_secret_free_value() {
     h.wipe();
     assert_eq!(prk_out(&h.0), prk_out(&blank));
 }
+
+#[test]
+fn rfc3339_and_listing() {
+    assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+    assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+    assert_eq!(rfc3339(1_900_000_000), "2030-03-17T17:46:40Z");
+    assert_eq!(rfc3339(4_102_444_799), "2099-12-31T23:59:59Z");
+    assert_eq!(human_age(42), "42s");
+    assert_eq!(human_age(3 * 86_400 + 4 * 3600), "3d04h");
+    let mut k = ks();
+    k.add_staged(1000);
+    k.promote(2, 2000, 0, false).unwrap();
+    let p = RetirePolicy {
+        max_ttl: 100,
+        clock_skew: 10,
+        rollout: 5,
+    };
+    let l = k.listing(2050, p);
+    let keys = l["keys"].as_array().unwrap();
+    assert_eq!(keys[0]["state"], "staged");
+    assert_eq!(keys[0]["demoted_for_seconds"], 50);
+    assert_eq!(keys[0]["retire_after"], rfc3339(2000 + 5 + 100 + 10));
+    assert_eq!(keys[0]["retirable_now"], false);
+    assert_eq!(keys[1]["primary_for_seconds"], 50);
+    assert_eq!(keys[1]["retire_after"], serde_json::Value::Null);
+    assert!(k.listing(2115, p)["keys"][0]["retirable_now"]
+        .as_bool()
+        .unwrap());
+    let text = l.to_string();
+    let material = serde_json::to_value(&k).unwrap()["keys"][1]["material"].clone();
+    assert!(!text.contains(material.as_str().unwrap()));
+}
