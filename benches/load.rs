@@ -251,6 +251,7 @@ impl Ctx {
             .open(OpenRequest {
                 request_state: token,
                 binding: Some(binding()),
+                ..Default::default()
             })
             .await
             .map(|_| ())

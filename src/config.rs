@@ -211,6 +211,12 @@ pub struct ServeArgs {
     /// PR_SET_DUMPABLE to 0 at start: a core would hold keys and state.
     #[arg(long, env = "STATESEAL_ALLOW_CORE_DUMPS")]
     pub allow_core_dumps: bool,
+    /// Lease of an OPEN_MODE_RESERVE that asks for 0 seconds.
+    #[arg(long, env = "STATESEAL_DEFAULT_LEASE_S", default_value_t = 30)]
+    pub default_lease_s: u32,
+    /// Largest lease an OPEN_MODE_RESERVE may ask for (longer asks are capped).
+    #[arg(long, env = "STATESEAL_MAX_LEASE_S", default_value_t = 300)]
+    pub max_lease_s: u32,
     /// How often expired ledger records are collected, in milliseconds.
     #[arg(long, env = "STATESEAL_GC_INTERVAL_MS", default_value_t = 30_000)]
     pub gc_interval_ms: u64,
@@ -294,6 +300,8 @@ impl ServeArgs {
             max_ttl: self.max_ttl,
             default_ttl: self.default_ttl,
             clock_skew: self.clock_skew,
+            default_lease: self.default_lease_s.clamp(1, self.max_lease_s.max(1)),
+            max_lease: self.max_lease_s.max(1),
             ..Limits::default()
         })
     }

@@ -32,11 +32,15 @@ pub enum Reject {
     /// This replica's clock disagrees with the reference by more than the
     /// skew allowance: it neither seals nor opens until they agree.
     ClockUnsynced,
+    /// A single-use token is reserved by another attempt whose lease lives.
+    InUse,
+    /// The reservation's lease ended (or was taken over) before Commit.
+    LeaseExpired,
 }
 
 impl Reject {
     /// Every reason, for documentation checks and metrics.
-    pub const ALL: [Reject; 10] = [
+    pub const ALL: [Reject; 12] = [
         Reject::Malformed,
         Reject::TooLarge,
         Reject::BadMethod,
@@ -47,6 +51,8 @@ impl Reject {
         Reject::LedgerUnavailable,
         Reject::Overloaded,
         Reject::ClockUnsynced,
+        Reject::InUse,
+        Reject::LeaseExpired,
     ];
 
     /// The machine-readable reason (`google.rpc.ErrorInfo.reason`).
@@ -62,6 +68,8 @@ impl Reject {
             Reject::LedgerUnavailable => "LEDGER_UNAVAILABLE",
             Reject::Overloaded => "OVERLOADED",
             Reject::ClockUnsynced => "CLOCK_UNSYNCED",
+            Reject::InUse => "IN_USE",
+            Reject::LeaseExpired => "LEASE_EXPIRED",
         }
     }
 
@@ -78,6 +86,8 @@ impl Reject {
             Reject::LedgerUnavailable => "single-use ledger unavailable",
             Reject::Overloaded => "server busy; retry later",
             Reject::ClockUnsynced => "server clock out of agreement; retry on another replica",
+            Reject::InUse => "single-use token reserved by another attempt",
+            Reject::LeaseExpired => "reservation lease expired",
         }
     }
 }

@@ -107,6 +107,8 @@ pub mod proto {
             f.debug_struct("OpenRequest")
                 .field("request_state_len", &self.request_state.len())
                 .field("binding", &self.binding)
+                .field("mode", &self.mode)
+                .field("lease_seconds", &self.lease_seconds)
                 .finish()
         }
     }
@@ -117,6 +119,22 @@ pub mod proto {
                 .field("expires_at_unix", &self.expires_at_unix)
                 .field("key_id", &self.key_id)
                 .field("consumed", &self.consumed)
+                .field("reservation_len", &self.reservation.len())
+                .field("lease_expires_at_unix", &self.lease_expires_at_unix)
+                .finish()
+        }
+    }
+    impl fmt::Debug for CommitRequest {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.debug_struct("CommitRequest")
+                .field("reservation_len", &self.reservation.len())
+                .finish()
+        }
+    }
+    impl fmt::Debug for ReleaseRequest {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.debug_struct("ReleaseRequest")
+                .field("reservation_len", &self.reservation.len())
                 .finish()
         }
     }

@@ -77,15 +77,17 @@ impl Histogram {
 pub enum Rpc {
     Seal = 0,
     Open = 1,
+    Commit = 2,
+    Release = 3,
 }
 
-const RPCS: [&str; 2] = ["Seal", "Open"];
+const RPCS: [&str; 4] = ["Seal", "Open", "Commit", "Release"];
 /// Outcomes: "ok" and each rejection reason.
 const OUTCOMES: usize = 1 + Reject::ALL.len();
 
 pub struct Metrics {
-    requests: [[AtomicU64; OUTCOMES]; 2],
-    latency: [Histogram; 2],
+    requests: [[AtomicU64; OUTCOMES]; RPCS.len()],
+    latency: [Histogram; RPCS.len()],
     consumed: AtomicU64,
     ledger_latency: Histogram,
     ledger_failures: AtomicU64,
@@ -98,8 +100,8 @@ pub static METRICS: Metrics = Metrics::new();
 impl Metrics {
     const fn new() -> Self {
         Metrics {
-            requests: [const { [const { AtomicU64::new(0) }; OUTCOMES] }; 2],
-            latency: [Histogram::new(), Histogram::new()],
+            requests: [const { [const { AtomicU64::new(0) }; OUTCOMES] }; RPCS.len()],
+            latency: [const { Histogram::new() }; RPCS.len()],
             consumed: AtomicU64::new(0),
             ledger_latency: Histogram::new(),
             ledger_failures: AtomicU64::new(0),

@@ -9,10 +9,10 @@ use crate::binding::{params_digest_for, Binding, BindingVersion, Method, ParamsD
 use crate::clock::Clock;
 use crate::error::Reject;
 use crate::keyring::{KeyId, KeyringHandle};
-use crate::ledger::{Consumed, Ledger, LedgerKey};
+use crate::ledger::{Committed, Consumed, Lease, Ledger, LedgerKey};
 use crate::metrics::METRICS;
 use crate::timeguard::TimeGuard;
-use crate::token::{self, Header, UntrustedToken};
+use crate::token::{self, Header, ReservationClaims, UntrustedToken};
 
 /// Configured bounds. Every input is checked against these before any work
 /// proportional to its size.
@@ -31,6 +31,9 @@ pub struct Limits {
     /// How long after expiry ledger records are kept, to cover clock skew
     /// between replicas sharing a ledger.
     pub clock_skew: u64,
+    /// Lease of a reservation that asks for 0 seconds, and the largest.
+    pub default_lease: u32,
+    pub max_lease: u32,
 }
 
 impl Default for Limits {
@@ -42,6 +45,8 @@ impl Default for Limits {
             default_ttl: 600,
             max_ttl: 3600,
             clock_skew: 60,
+            default_lease: 30,
+            max_lease: 300,
         }
     }
 }
@@ -88,6 +93,9 @@ pub struct OpenedState {
     pub key_id: KeyId,
     /// This call consumed a single-use token.
     pub consumed: bool,
+    /// OPEN_MODE_RESERVE on a single-use token: the reservation string and
+    /// the end of its lease.
+    pub reservation: Option<(String, u64)>,
 }
 
 impl std::fmt::Debug for OpenedState {
@@ -97,6 +105,7 @@ impl std::fmt::Debug for OpenedState {
             .field("expires_at", &self.expires_at)
             .field("key_id", &self.key_id)
             .field("consumed", &self.consumed)
+            .field("reserved", &self.reservation.is_some())
             .finish()
     }
 }
@@ -266,11 +275,23 @@ impl Sealer {
         Ok(untrusted)
     }
 
-    /// Opens a token that passed [`Sealer::precheck`].
+    /// Opens a token that passed [`Sealer::precheck`] (consuming a
+    /// single-use token).
     pub async fn open_checked(
         &self,
         binding: &Binding,
         untrusted: UntrustedToken,
+    ) -> Result<OpenedState, Reject> {
+        self.open_with(binding, untrusted, OpenMode::Consume).await
+    }
+
+    /// Opens a token that passed [`Sealer::precheck`]; a single-use token is
+    /// consumed, or reserved, as `mode` says.
+    pub async fn open_with(
+        &self,
+        binding: &Binding,
+        untrusted: UntrustedToken,
+        mode: OpenMode,
     ) -> Result<OpenedState, Reject> {
         if !self.guard.synced() {
             return Err(Reject::ClockUnsynced);
@@ -284,21 +305,41 @@ impl Sealer {
         // Authenticate before trusting anything in the header.
         let opened = untrusted.open(&tenant_keys, binding)?;
         let expires_at = u64::from(opened.header.expires_at);
-        if self.clock.now_unix() >= expires_at {
+        let now = self.clock.now_unix();
+        if now >= expires_at {
             return Err(Reject::Expired);
         }
         let mut consumed = false;
+        let mut reservation = None;
         if opened.header.single_use {
             let key = LedgerKey {
                 expires_at,
                 id: opened.ledger_id,
             };
+            let lease = match mode {
+                OpenMode::Consume => None,
+                OpenMode::Reserve { lease_seconds } => {
+                    let secs = match lease_seconds {
+                        0 => self.limits.default_lease,
+                        s => s.min(self.limits.max_lease),
+                    };
+                    let mut rid = [0u8; 16];
+                    rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut rid);
+                    // Never past the token's own life (plus the skew its
+                    // ledger record is kept for).
+                    let until = (now + u64::from(secs)).min(expires_at + self.limits.clock_skew);
+                    Some(Lease { rid, until })
+                }
+            };
             let started = std::time::Instant::now();
-            let outcome = self.ledger.consume(&key).await;
+            let outcome = match lease {
+                None => self.ledger.consume(&key).await,
+                Some(lease) => self.ledger.reserve(&key, lease, now).await,
+            };
             METRICS.ledger_consume(
                 started.elapsed(),
                 outcome.is_ok(),
-                matches!(outcome, Ok(Consumed::Now)),
+                lease.is_none() && matches!(outcome, Ok(Consumed::Now)),
             );
             match outcome {
                 // Re-checked after the ledger decided: a decision that came
@@ -307,9 +348,27 @@ impl Sealer {
                     tracing::warn!("consumption decided after the token expired; refused");
                     return Err(Reject::Expired);
                 }
-                Ok(Consumed::Now) => consumed = true,
+                Ok(Consumed::Now) => match lease {
+                    None => consumed = true,
+                    Some(lease) => {
+                        let claims = ReservationClaims {
+                            expires_at,
+                            ledger_id: opened.ledger_id,
+                            rid: lease.rid,
+                            lease_until: lease.until,
+                        };
+                        let r = token::seal_reservation(
+                            &tenant_keys,
+                            key_id,
+                            binding.tenant.as_str(),
+                            &claims,
+                        )?;
+                        reservation = Some((r, lease.until));
+                    }
+                },
                 Ok(Consumed::Before) => return Err(Reject::Replayed),
                 Ok(Consumed::PastHorizon) => return Err(Reject::Expired),
+                Ok(Consumed::InUse) => return Err(Reject::InUse),
                 Err(e) => {
                     tracing::warn!(error = %e, backend = self.ledger.backend(), "ledger failed; failing closed");
                     return Err(Reject::LedgerUnavailable);
@@ -321,6 +380,72 @@ impl Sealer {
             expires_at,
             key_id,
             consumed,
+            reservation,
         })
     }
+
+    /// Opens a reservation string of `tenant`: its claims and ledger key.
+    fn reservation(
+        &self,
+        tenant: &Tenant,
+        r: &str,
+    ) -> Result<(ReservationClaims, LedgerKey), Reject> {
+        let key_id = token::reservation_key_id(r)?;
+        let keys = {
+            let ring = self.keys.current();
+            let key = ring.get(key_id).ok_or(Reject::UnknownKey)?;
+            key.tenant_keys(tenant)
+        };
+        let c = token::open_reservation(&keys, tenant.as_str(), r)?;
+        let key = LedgerKey {
+            expires_at: c.expires_at,
+            id: c.ledger_id,
+        };
+        Ok((c, key))
+    }
+
+    /// Makes a reservation a durable consumption, if its lease lives.
+    pub async fn commit(&self, tenant: &Tenant, reservation: &str) -> Result<(), Reject> {
+        if !self.guard.synced() {
+            return Err(Reject::ClockUnsynced);
+        }
+        let (c, key) = self.reservation(tenant, reservation)?;
+        let now = self.clock.now_unix();
+        if now > c.lease_until {
+            return Err(Reject::LeaseExpired);
+        }
+        let started = std::time::Instant::now();
+        let outcome = self.ledger.commit(&key, c.rid, now).await;
+        METRICS.ledger_consume(
+            started.elapsed(),
+            outcome.is_ok(),
+            matches!(outcome, Ok(Committed::Done)),
+        );
+        match outcome {
+            Ok(Committed::Done) => Ok(()),
+            Ok(Committed::LeaseLost) => Err(Reject::LeaseExpired),
+            Err(e) => {
+                tracing::warn!(error = %e, backend = self.ledger.backend(), "ledger failed; failing closed");
+                Err(Reject::LedgerUnavailable)
+            }
+        }
+    }
+
+    /// Gives a reservation back (if it still holds the token).
+    pub async fn release(&self, tenant: &Tenant, reservation: &str) -> Result<(), Reject> {
+        let (c, key) = self.reservation(tenant, reservation)?;
+        self.ledger.release(&key, c.rid).await.map_err(|e| {
+            tracing::warn!(error = %e, backend = self.ledger.backend(), "ledger failed on release");
+            Reject::LedgerUnavailable
+        })
+    }
+}
+
+/// How Open treats a single-use token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpenMode {
+    /// Consume it now.
+    Consume,
+    /// Reserve it for a lease (0 = the default).
+    Reserve { lease_seconds: u32 },
 }

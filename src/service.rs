@@ -13,7 +13,7 @@ use crate::error::Reject;
 use crate::limits::CanonPool;
 use crate::proto::request_state_server::RequestState;
 use crate::proto::{self, binding::Params};
-use crate::sealer::Sealer;
+use crate::sealer::{OpenMode, Sealer};
 
 #[derive(Debug, Clone)]
 pub struct RequestStateService {
@@ -126,17 +126,24 @@ impl RequestState for RequestStateService {
         let started = Instant::now();
         let tenant = tenant_of(&req)?;
         let r = req.into_inner();
+        let mode = match proto::OpenMode::try_from(r.mode) {
+            Ok(proto::OpenMode::Consume) => Ok(OpenMode::Consume),
+            Ok(proto::OpenMode::Reserve) => Ok(OpenMode::Reserve {
+                lease_seconds: r.lease_seconds,
+            }),
+            Err(_) => Err(Reject::Malformed),
+        };
         // The token's form and key id first: a garbage token costs nothing
         // proportional to the params.
-        let result = match self.sealer.precheck(&r.request_state) {
-            Ok(untrusted) => match self
+        let result = match (mode, self.sealer.precheck(&r.request_state)) {
+            (Ok(mode), Ok(untrusted)) => match self
                 .binding(&tenant, r.binding, untrusted.header().binding)
                 .await
             {
-                Ok(binding) => self.sealer.open_checked(&binding, untrusted).await,
+                Ok(binding) => self.sealer.open_with(&binding, untrusted, mode).await,
                 Err(e) => Err(e),
             },
-            Err(e) => Err(e),
+            (Err(e), _) | (_, Err(e)) => Err(e),
         };
         METRICS.request(Rpc::Open, result.as_ref().err().copied(), started.elapsed());
         match result {
@@ -145,14 +152,18 @@ impl RequestState for RequestStateService {
                     tenant = tenant.as_str(),
                     key_id = o.key_id.0,
                     consumed = o.consumed,
+                    reserved = o.reservation.is_some(),
                     "opened"
                 );
+                let (reservation, lease_expires_at_unix) = o.reservation.take().unwrap_or_default();
                 Ok(Response::new(proto::OpenResponse {
                     // Moved, not copied: the allocation goes to prost.
                     state: std::mem::take(&mut *o.state),
                     expires_at_unix: o.expires_at as i64,
                     key_id: o.key_id.to_string(),
                     consumed: o.consumed,
+                    reservation,
+                    lease_expires_at_unix,
                 }))
             }
             Err(e) => {
@@ -163,6 +174,71 @@ impl RequestState for RequestStateService {
                 );
                 Err(e.into())
             }
+        }
+    }
+
+    #[tracing::instrument(level = "debug", name = "commit", skip_all, fields(request_id = next_request_id()))]
+    async fn commit(
+        &self,
+        req: Request<proto::CommitRequest>,
+    ) -> Result<Response<proto::CommitResponse>, Status> {
+        let started = Instant::now();
+        let tenant = tenant_of(&req)?;
+        let result = self
+            .sealer
+            .commit(&tenant, &req.get_ref().reservation)
+            .await;
+        METRICS.request(
+            Rpc::Commit,
+            result.as_ref().err().copied(),
+            started.elapsed(),
+        );
+        finish(&tenant, "commit", result.map(|()| proto::CommitResponse {}))
+    }
+
+    #[tracing::instrument(level = "debug", name = "release", skip_all, fields(request_id = next_request_id()))]
+    async fn release(
+        &self,
+        req: Request<proto::ReleaseRequest>,
+    ) -> Result<Response<proto::ReleaseResponse>, Status> {
+        let started = Instant::now();
+        let tenant = tenant_of(&req)?;
+        let result = self
+            .sealer
+            .release(&tenant, &req.get_ref().reservation)
+            .await;
+        METRICS.request(
+            Rpc::Release,
+            result.as_ref().err().copied(),
+            started.elapsed(),
+        );
+        finish(
+            &tenant,
+            "release",
+            result.map(|()| proto::ReleaseResponse {}),
+        )
+    }
+}
+
+/// Logs the outcome of an RPC without payload and turns it into a response.
+fn finish<T>(
+    tenant: &Tenant,
+    rpc: &'static str,
+    result: Result<T, Reject>,
+) -> Result<Response<T>, Status> {
+    match result {
+        Ok(v) => {
+            tracing::debug!(tenant = tenant.as_str(), rpc, "done");
+            Ok(Response::new(v))
+        }
+        Err(e) => {
+            tracing::debug!(
+                tenant = tenant.as_str(),
+                rpc,
+                reason = e.reason(),
+                "refused"
+            );
+            Err(e.into())
         }
     }
 }

@@ -15,7 +15,8 @@ impl Reject {
     pub const fn code(self) -> Code {
         match self {
             Reject::Malformed | Reject::TooLarge | Reject::BadMethod => Code::InvalidArgument,
-            Reject::Expired | Reject::UnknownKey => Code::FailedPrecondition,
+            Reject::Expired | Reject::UnknownKey | Reject::LeaseExpired => Code::FailedPrecondition,
+            Reject::InUse => Code::Aborted,
             Reject::Replayed => Code::AlreadyExists,
             Reject::Rejected => Code::PermissionDenied,
             Reject::LedgerUnavailable | Reject::ClockUnsynced => Code::Unavailable,

@@ -258,3 +258,122 @@ pub fn ledger_id(keys: &TenantKeys, nonce: &[u8; NONCE_LEN]) -> [u8; 32] {
 
 #[cfg(test)]
 mod tests;
+
+// === reservations ===
+
+/// First byte of a reservation string (never a token's: those start 0x1_).
+const RESERVATION_FORMAT: u8 = 0x52;
+/// AAD label of reservations.
+const RESERVATION_LABEL: &[u8] = b"stateseal/v1 reservation";
+const RESERVATION_PLAIN: usize = 8 + 32 + 16 + 8;
+const RESERVATION_LEN: usize = 1 + 4 + NONCE_LEN + RESERVATION_PLAIN + TAG_LEN;
+
+/// What a reservation string carries, encrypted and authenticated under the
+/// tenant's key: the ledger key of the token, the reservation id and the
+/// lease's end. Opaque to the caller, unforgeable, bound to the tenant.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct ReservationClaims {
+    pub expires_at: u64,
+    pub ledger_id: [u8; 32],
+    pub rid: [u8; 16],
+    pub lease_until: u64,
+}
+
+impl std::fmt::Debug for ReservationClaims {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReservationClaims")
+            .field("lease_until", &self.lease_until)
+            .finish_non_exhaustive()
+    }
+}
+
+fn reservation_aad(key_id: KeyId, tenant: &str) -> Vec<u8> {
+    let mut aad = Vec::with_capacity(5 + RESERVATION_LABEL.len() + 4 + tenant.len());
+    aad.push(RESERVATION_FORMAT);
+    aad.extend_from_slice(&key_id.0.to_be_bytes());
+    aad.extend_from_slice(RESERVATION_LABEL);
+    aad.extend_from_slice(&(tenant.len() as u32).to_be_bytes());
+    aad.extend_from_slice(tenant.as_bytes());
+    aad
+}
+
+/// Seals reservation claims under the tenant's subkeys of `key_id`.
+pub fn seal_reservation(
+    keys: &TenantKeys,
+    key_id: KeyId,
+    tenant: &str,
+    c: &ReservationClaims,
+) -> Result<String, Reject> {
+    let mut nonce = [0u8; NONCE_LEN];
+    rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut nonce);
+    let mut buf = Vec::with_capacity(RESERVATION_LEN);
+    buf.push(RESERVATION_FORMAT);
+    buf.extend_from_slice(&key_id.0.to_be_bytes());
+    buf.extend_from_slice(&nonce);
+    let body = buf.len();
+    buf.extend_from_slice(&c.expires_at.to_be_bytes());
+    buf.extend_from_slice(&c.ledger_id);
+    buf.extend_from_slice(&c.rid);
+    buf.extend_from_slice(&c.lease_until.to_be_bytes());
+    let tag = keys
+        .aead
+        .encrypt_in_place_detached(
+            XNonce::from_slice(&nonce),
+            &reservation_aad(key_id, tenant),
+            &mut buf[body..],
+        )
+        .map_err(|_| Reject::TooLarge)?;
+    buf.extend_from_slice(&tag);
+    Ok(URL_SAFE_NO_PAD.encode(&buf))
+}
+
+/// The key id a reservation string names (untrusted; to choose the key).
+pub fn reservation_key_id(s: &str) -> Result<KeyId, Reject> {
+    if s.len() != encoded_len(RESERVATION_LEN) {
+        return Err(Reject::Malformed);
+    }
+    let raw = URL_SAFE_NO_PAD.decode(s).map_err(|_| Reject::Malformed)?;
+    if raw.len() != RESERVATION_LEN || raw[0] != RESERVATION_FORMAT {
+        return Err(Reject::Malformed);
+    }
+    Ok(KeyId(u32::from_be_bytes([raw[1], raw[2], raw[3], raw[4]])))
+}
+
+/// Authenticates and decrypts a reservation string for `tenant`.
+pub fn open_reservation(
+    keys: &TenantKeys,
+    tenant: &str,
+    s: &str,
+) -> Result<ReservationClaims, Reject> {
+    let key_id = reservation_key_id(s)?;
+    let mut raw = Zeroizing::new(URL_SAFE_NO_PAD.decode(s).map_err(|_| Reject::Malformed)?);
+    let tag_at = RESERVATION_LEN - TAG_LEN;
+    let mut tag = [0u8; TAG_LEN];
+    tag.copy_from_slice(&raw[tag_at..]);
+    let mut nonce = [0u8; NONCE_LEN];
+    nonce.copy_from_slice(&raw[5..5 + NONCE_LEN]);
+    keys.aead
+        .decrypt_in_place_detached(
+            XNonce::from_slice(&nonce),
+            &reservation_aad(key_id, tenant),
+            &mut raw[5 + NONCE_LEN..tag_at],
+            (&tag).into(),
+        )
+        .map_err(|_| Reject::Rejected)?;
+    let p = &raw[5 + NONCE_LEN..tag_at];
+    let u64_at = |i: usize| {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&p[i..i + 8]);
+        u64::from_be_bytes(b)
+    };
+    let mut ledger_id = [0u8; 32];
+    ledger_id.copy_from_slice(&p[8..40]);
+    let mut rid = [0u8; 16];
+    rid.copy_from_slice(&p[40..56]);
+    Ok(ReservationClaims {
+        expires_at: u64_at(0),
+        ledger_id,
+        rid,
+        lease_until: u64_at(56),
+    })
+}

@@ -142,6 +142,7 @@ async fn wrong_subject_method_or_params_is_rejected_and_does_not_burn() {
             .open(OpenRequest {
                 request_state: t.clone(),
                 binding: Some(b),
+                ..Default::default()
             })
             .await
             .unwrap_err();
@@ -160,6 +161,7 @@ async fn wrong_subject_method_or_params_is_rejected_and_does_not_burn() {
         .open(OpenRequest {
             request_state: t,
             binding: Some(same),
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -554,6 +556,7 @@ async fn binding_v2_is_exact_and_v1_tokens_still_open() {
     let open = |t: &str, params: &str| OpenRequest {
         request_state: t.into(),
         binding: Some(binding("alice", "tools/call", params)),
+        ..Default::default()
     };
     let big = r#"{"name":"transfer","arguments":{"amount":9007199254740993}}"#;
     let t = s
@@ -654,5 +657,144 @@ async fn binding_v2_is_exact_and_v1_tokens_still_open() {
         .await
         .unwrap_err();
     assert_eq!(reason(&err), "MALFORMED");
+    s.stop().await;
+}
+
+/// Two-phase consumption through the service: reserve → IN_USE for others →
+/// release → reserve again → commit → REPLAYED; a lease that ends (injected
+/// clock) → LEASE_EXPIRED and the next attempt takes over; reusable tokens
+/// ignore the mode; a forged reservation is refused.
+#[tokio::test]
+async fn reserve_commit_release_through_the_service() {
+    use stateseal::proto::{CommitRequest, OpenMode, ReleaseRequest};
+    let mut s = start().await;
+    let reserve = |t: &str, lease: u32| OpenRequest {
+        mode: OpenMode::Reserve as i32,
+        lease_seconds: lease,
+        ..open_req(t)
+    };
+    let t = s
+        .client
+        .seal(seal_req(b"st", true))
+        .await
+        .unwrap()
+        .into_inner()
+        .request_state;
+    let r1 = s.client.open(reserve(&t, 0)).await.unwrap().into_inner();
+    assert!(!r1.consumed);
+    assert_eq!(r1.state, b"st");
+    assert_eq!(r1.lease_expires_at_unix, T0 + 30, "default lease");
+    assert!(!r1.reservation.is_empty());
+    assert!(
+        !r1.reservation.contains(&t[..20]),
+        "reveals nothing of the token"
+    );
+    assert_eq!(
+        reason(&s.client.open(reserve(&t, 0)).await.unwrap_err()),
+        "IN_USE"
+    );
+    let in_use = s.client.open(open_req(&t)).await.unwrap_err();
+    assert_eq!(reason(&in_use), "IN_USE");
+    assert_eq!(in_use.code(), tonic::Code::Aborted);
+    s.client
+        .release(ReleaseRequest {
+            reservation: r1.reservation.clone(),
+        })
+        .await
+        .unwrap();
+    let r2 = s
+        .client
+        .open(reserve(&t, 10_000))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        r2.lease_expires_at_unix,
+        T0 + 300,
+        "capped at the maximum lease"
+    );
+    let lost = s
+        .client
+        .commit(CommitRequest {
+            reservation: r1.reservation,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&lost), "LEASE_EXPIRED");
+    s.client
+        .commit(CommitRequest {
+            reservation: r2.reservation.clone(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        reason(&s.client.open(reserve(&t, 0)).await.unwrap_err()),
+        "REPLAYED"
+    );
+    assert_eq!(
+        reason(&s.client.open(open_req(&t)).await.unwrap_err()),
+        "REPLAYED"
+    );
+
+    // A lease that ends before the commit.
+    let t = s
+        .client
+        .seal(seal_req(b"x", true))
+        .await
+        .unwrap()
+        .into_inner()
+        .request_state;
+    let r = s.client.open(reserve(&t, 5)).await.unwrap().into_inner();
+    s.clock.advance(6);
+    let err = s
+        .client
+        .commit(CommitRequest {
+            reservation: r.reservation,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&err), "LEASE_EXPIRED");
+    let again = s.client.open(reserve(&t, 5)).await.unwrap().into_inner();
+    s.client
+        .commit(CommitRequest {
+            reservation: again.reservation.clone(),
+        })
+        .await
+        .unwrap();
+
+    // Forged or damaged reservations.
+    let mut raw = again.reservation.into_bytes();
+    raw[40] = if raw[40] == b'A' { b'B' } else { b'A' };
+    let err = s
+        .client
+        .commit(CommitRequest {
+            reservation: String::from_utf8(raw).unwrap(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&err), "REJECTED");
+    for bad in ["", "garbage", &t] {
+        let err = s
+            .client
+            .commit(CommitRequest {
+                reservation: bad.to_string(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(reason(&err), "MALFORMED", "{bad:?}");
+    }
+
+    // Reusable tokens ignore the mode.
+    let t = s
+        .client
+        .seal(seal_req(b"r", false))
+        .await
+        .unwrap()
+        .into_inner()
+        .request_state;
+    for _ in 0..2 {
+        let o = s.client.open(reserve(&t, 0)).await.unwrap().into_inner();
+        assert!(o.reservation.is_empty() && !o.consumed);
+    }
     s.stop().await;
 }

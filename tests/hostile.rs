@@ -356,6 +356,7 @@ async fn params_amplification() {
                         .open(OpenRequest {
                             request_state: "garbage".into(),
                             binding: Some(b),
+                            ..Default::default()
                         })
                         .await
                         .unwrap_err();

@@ -65,7 +65,8 @@ fn debug_never_shows_state_tokens_subjects_or_params() {
             "{:?}",
             proto::OpenRequest {
                 request_state: MARK.into(),
-                binding: Some(b)
+                binding: Some(b),
+                ..Default::default()
             }
         ),
     );
@@ -77,7 +78,27 @@ fn debug_never_shows_state_tokens_subjects_or_params() {
                 state: MARK.as_bytes().to_vec(),
                 expires_at_unix: 1,
                 key_id: "1".into(),
-                consumed: true
+                consumed: true,
+                reservation: MARK.into(),
+                lease_expires_at_unix: 1,
+            }
+        ),
+    );
+    assert_hidden(
+        "CommitRequest",
+        format!(
+            "{:?}",
+            proto::CommitRequest {
+                reservation: MARK.into()
+            }
+        ),
+    );
+    assert_hidden(
+        "ReleaseRequest",
+        format!(
+            "{:?}",
+            proto::ReleaseRequest {
+                reservation: MARK.into()
             }
         ),
     );

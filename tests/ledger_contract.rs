@@ -8,7 +8,7 @@ use std::sync::Arc;
 use rand::RngCore;
 use stateseal::ledger::postgres::{PgLedger, PgOptions};
 use stateseal::ledger::sled::SledLedger;
-use stateseal::ledger::{Consumed, Ledger, LedgerKey};
+use stateseal::ledger::{Committed, Consumed, Lease, Ledger, LedgerKey};
 
 pub fn database_url() -> Option<String> {
     std::env::var("STATESEAL_TEST_DATABASE_URL")
@@ -176,7 +176,128 @@ macro_rules! contract {
     };
 }
 
+fn wall_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+fn lease(rid: u8, until: u64) -> Lease {
+    Lease {
+        rid: [rid; 16],
+        until,
+    }
+}
+
+async fn reserve_commit_release(l: Arc<dyn Ledger>) {
+    let now = wall_now();
+    let k = key(FAR);
+    let (a, b) = (lease(1, now + 60), lease(2, now + 60));
+    assert_eq!(l.reserve(&k, a, now).await.unwrap(), Consumed::Now);
+    // Held: another attempt, and a plain consumption, are IN_USE.
+    assert_eq!(l.reserve(&k, b, now + 1).await.unwrap(), Consumed::InUse);
+    assert_eq!(l.consume(&k).await.unwrap(), Consumed::InUse);
+    // Releasing what one does not hold changes nothing.
+    l.release(&k, b.rid).await.unwrap();
+    assert_eq!(l.reserve(&k, b, now + 1).await.unwrap(), Consumed::InUse);
+    // Released by its holder: available again.
+    l.release(&k, a.rid).await.unwrap();
+    assert_eq!(l.reserve(&k, b, now + 2).await.unwrap(), Consumed::Now);
+    assert_eq!(
+        l.commit(&k, a.rid, now + 2).await.unwrap(),
+        Committed::LeaseLost
+    );
+    assert_eq!(l.commit(&k, b.rid, now + 2).await.unwrap(), Committed::Done);
+    assert_eq!(
+        l.commit(&k, b.rid, now + 3).await.unwrap(),
+        Committed::Done,
+        "idempotent"
+    );
+    // Committed: consumed for everyone.
+    assert_eq!(l.reserve(&k, a, now + 3).await.unwrap(), Consumed::Before);
+    assert_eq!(l.consume(&k).await.unwrap(), Consumed::Before);
+    l.release(&k, b.rid).await.unwrap();
+    assert_eq!(
+        l.consume(&k).await.unwrap(),
+        Consumed::Before,
+        "release after commit"
+    );
+}
+
+async fn lease_expiry(l: Arc<dyn Ledger>) {
+    let now = wall_now();
+    let k = key(FAR);
+    let a = lease(1, now + 5);
+    assert_eq!(l.reserve(&k, a, now).await.unwrap(), Consumed::Now);
+    assert_eq!(
+        l.commit(&k, a.rid, now + 6).await.unwrap(),
+        Committed::LeaseLost
+    );
+    // An expired lease is taken over by the next attempt.
+    let b = lease(2, now + 100);
+    assert_eq!(l.reserve(&k, b, now + 6).await.unwrap(), Consumed::Now);
+    assert_eq!(
+        l.commit(&k, a.rid, now + 6).await.unwrap(),
+        Committed::LeaseLost
+    );
+    assert_eq!(l.commit(&k, b.rid, now + 7).await.unwrap(), Committed::Done);
+    // A plain consumption takes over a lease that already ended.
+    let k2 = key(FAR);
+    let stale = lease(3, now - 10);
+    assert_eq!(
+        l.reserve(&k2, stale, now - 20).await.unwrap(),
+        Consumed::Now
+    );
+    assert_eq!(l.consume(&k2).await.unwrap(), Consumed::Now);
+    assert_eq!(
+        l.commit(&k2, stale.rid, now - 15).await.unwrap(),
+        Committed::LeaseLost
+    );
+}
+
+async fn concurrent_reserves_one_winner(l: Arc<dyn Ledger>) {
+    let now = wall_now();
+    for _ in 0..5 {
+        let k = key(FAR);
+        let tasks: Vec<_> = (0..32u8)
+            .map(|i| {
+                let l = l.clone();
+                tokio::spawn(
+                    async move { (i, l.reserve(&k, lease(i, now + 60), now).await.unwrap()) },
+                )
+            })
+            .collect();
+        let mut winners = Vec::new();
+        for t in tasks {
+            let (i, c) = t.await.unwrap();
+            match c {
+                Consumed::Now => winners.push(i),
+                Consumed::InUse => {}
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(winners.len(), 1);
+        let commits: Vec<_> = (0..32u8)
+            .map(|i| {
+                let l = l.clone();
+                tokio::spawn(async move { l.commit(&k, [i; 16], now + 1).await.unwrap() })
+            })
+            .collect();
+        let mut done = 0;
+        for t in commits {
+            if t.await.unwrap() == Committed::Done {
+                done += 1;
+            }
+        }
+        assert_eq!(done, 1, "exactly one commit per token");
+    }
+}
+
 contract!(
+    reserve_commit_release,
+    lease_expiry,
+    concurrent_reserves_one_winner,
     consume_once,
     concurrent_same_key,
     concurrent_distinct_keys,

@@ -275,3 +275,97 @@ fn postgres_ledger_needs_a_url() {
     let args = ["--listen", "127.0.0.1:0", "--ledger", "postgres"];
     common::process::assert_refuses(&args, tmp.path(), "--database-url");
 }
+
+/// Three processes on one database racing reserves and commits: exactly one
+/// commit per token; every other attempt gets IN_USE or REPLAYED.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_processes_race_reserves_and_commits() {
+    use stateseal::proto::{CommitRequest, OpenMode, OpenRequest};
+    let url = require_postgres!();
+    let tmp = tempfile::tempdir().unwrap();
+    let ks = tmp.path().join("keyset.json");
+    stateseal::keyring::KeysetFile::generate(1)
+        .write(&ks, true)
+        .unwrap();
+    let args = [
+        "--ledger",
+        "postgres",
+        "--database-url",
+        url.as_str(),
+        "--keyset",
+        ks.to_str().unwrap(),
+        "--expected-replicas",
+        "3",
+    ];
+    let procs: Vec<_> = (0..3)
+        .map(|i| spawn(&tmp.path().join(format!("d{i}")), &args, &[]))
+        .collect();
+    let mut clients = Vec::new();
+    for p in &procs {
+        clients.push(connect(p.addr).await);
+    }
+    const TOKENS: usize = 200;
+    const CALLERS: usize = 6;
+    let mut tokens = Vec::new();
+    for i in 0..TOKENS {
+        tokens.push(
+            clients[i % 3]
+                .seal(seal_req(b"race", true))
+                .await
+                .unwrap()
+                .into_inner()
+                .request_state,
+        );
+    }
+    let (mut commits, mut others) = (0usize, std::collections::BTreeMap::new());
+    for chunk in tokens.chunks(25) {
+        let mut tasks = Vec::new();
+        for t in chunk {
+            for caller in 0..CALLERS {
+                let mut c = clients[caller % 3].clone();
+                let mut committer = clients[(caller + 1) % 3].clone();
+                let t = t.clone();
+                tasks.push(tokio::spawn(async move {
+                    let r = c
+                        .open(OpenRequest {
+                            mode: OpenMode::Reserve as i32,
+                            ..open_req(&t)
+                        })
+                        .await
+                        .map_err(|e| reason(&e))?
+                        .into_inner();
+                    // Committed through another process than the reserving one.
+                    committer
+                        .commit(CommitRequest {
+                            reservation: r.reservation,
+                        })
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| reason(&e))
+                }));
+            }
+        }
+        let mut per_token = vec![0; chunk.len()];
+        for (i, task) in tasks.into_iter().enumerate() {
+            match task.await.unwrap() {
+                Ok(()) => {
+                    commits += 1;
+                    per_token[i / CALLERS] += 1;
+                }
+                Err(r) => *others.entry(r).or_insert(0usize) += 1,
+            }
+        }
+        assert!(
+            per_token.iter().all(|&n| n == 1),
+            "commits per token: {per_token:?}"
+        );
+    }
+    assert_eq!(commits, TOKENS);
+    for r in others.keys() {
+        assert!(r == "IN_USE" || r == "REPLAYED", "{others:?}");
+    }
+    eprintln!("reserve/commit race: {commits} commits, others {others:?}");
+    for p in procs {
+        p.terminate();
+    }
+}

@@ -62,6 +62,34 @@ pub enum Consumed {
     /// The token expired before the ledger's horizon: its record may have
     /// been collected, so it is refused (as `EXPIRED`).
     PastHorizon,
+    /// Another attempt holds a live reservation of the token (`IN_USE`).
+    InUse,
+}
+
+/// A reservation's id (random, 16 bytes) and when its lease ends.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Lease {
+    pub rid: [u8; 16],
+    pub until: u64,
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease")
+            .field("until", &self.until)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The outcome of a commit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Committed {
+    /// The consumption is durable (now, or by an earlier commit of the same
+    /// reservation).
+    Done,
+    /// The reservation is gone: its lease ended, or it was released, taken
+    /// over or collected. Nothing was recorded.
+    LeaseLost,
 }
 
 /// The ledger could not answer. The detail is for logs only (it never holds
@@ -74,6 +102,38 @@ pub struct LedgerError(pub String);
 pub trait Ledger: Send + Sync + 'static {
     /// Records `key` if absent. `Ok(Now)` only once the record is durable.
     async fn consume(&self, key: &LedgerKey) -> Result<Consumed, LedgerError>;
+    /// Reserves `key` for `lease` (`Consumed::Now` = reserved by this call):
+    /// absent, or reserved under a lease that ended before `now`, becomes
+    /// reserved; consumed is `Before`; reserved under a live lease is `InUse`.
+    /// Durable before the answer, like `consume`.
+    async fn reserve(
+        &self,
+        _key: &LedgerKey,
+        _lease: Lease,
+        _now: u64,
+    ) -> Result<Consumed, LedgerError> {
+        Err(LedgerError(
+            "this ledger does not support reservations".into(),
+        ))
+    }
+    /// Turns the reservation `rid` of `key` into a consumption, if its lease
+    /// has not ended by `now`; durable before the answer.
+    async fn commit(
+        &self,
+        _key: &LedgerKey,
+        _rid: [u8; 16],
+        _now: u64,
+    ) -> Result<Committed, LedgerError> {
+        Err(LedgerError(
+            "this ledger does not support reservations".into(),
+        ))
+    }
+    /// Removes the reservation `rid` of `key`, if it still holds it.
+    async fn release(&self, _key: &LedgerKey, _rid: [u8; 16]) -> Result<(), LedgerError> {
+        Err(LedgerError(
+            "this ledger does not support reservations".into(),
+        ))
+    }
     /// Whether the ledger can take consumptions now (readiness).
     async fn ready(&self) -> bool;
     /// Raises the horizon to `before_unix` (capped, where the ledger has a

@@ -34,7 +34,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio_postgres::NoTls;
 
-use super::{Consumed, Ledger, LedgerError, LedgerKey};
+use super::{Committed, Consumed, Lease, Ledger, LedgerError, LedgerKey};
 
 /// The table; the suffix is the schema version.
 pub const TABLE: &str = "stateseal_consumed_v1";
@@ -219,7 +219,12 @@ async fn migrate(pool: &Pool, limit: Duration) -> Result<(), LedgerError> {
              id bytea PRIMARY KEY CHECK (octet_length(id) = 32),
              expires_at bigint NOT NULL
          );
-         CREATE INDEX IF NOT EXISTS {TABLE}_expires_at ON {TABLE} (expires_at);"
+         CREATE INDEX IF NOT EXISTS {TABLE}_expires_at ON {TABLE} (expires_at);
+         -- Reservations (two-phase consumption): state 1 = reserved under
+         -- (rid, lease_until), 2 = consumed.
+         ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS state smallint NOT NULL DEFAULT 2;
+         ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS lease_until bigint;
+         ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS rid bytea;"
     );
     timed("migrate", limit * 5, tx.batch_execute(&ddl)).await?;
     timed("commit", limit, tx.commit()).await?;
@@ -308,7 +313,7 @@ async fn run_batcher(
             healthy.store(result.is_ok(), Ordering::Relaxed);
             drop(permit);
             match result {
-                Ok((inserted, horizon)) => {
+                Ok((inserted, horizon, in_use)) => {
                     let mut fresh: HashMap<[u8; 32], bool> =
                         inserted.into_iter().map(|id| (id, true)).collect();
                     for (key, reply) in batch {
@@ -320,6 +325,8 @@ async fn run_batcher(
                             Consumed::Now
                         } else if i64::try_from(key.expires_at).unwrap_or(i64::MAX) < horizon {
                             Consumed::PastHorizon
+                        } else if in_use.contains(&key.id) {
+                            Consumed::InUse
                         } else {
                             Consumed::Before
                         };
@@ -336,15 +343,16 @@ async fn run_batcher(
     }
 }
 
-/// Inserts the batch; returns the ids inserted now and the database's
-/// horizon for this statement (keys that expired before it are not
-/// inserted).
+/// Inserts the batch; returns the ids inserted now (or taken over from an
+/// expired reservation), the database's horizon for this statement (keys
+/// that expired before it are not inserted), and the ids held by a live
+/// reservation.
 async fn insert_batch(
     pool: &Pool,
     batch: &[Waiter],
     limit: Duration,
     skew: i64,
-) -> Result<(Vec<[u8; 32]>, i64), LedgerError> {
+) -> Result<(Vec<[u8; 32]>, i64, Vec<[u8; 32]>), LedgerError> {
     // Rows go in sorted by id (ORDER BY below), so that concurrent batches on
     // other replicas take their row locks in the same order and cannot
     // deadlock on overlapping keys.
@@ -367,7 +375,9 @@ async fn insert_batch(
                   FROM unnest($1::bytea[], $2::bigint[]) AS t(id, expires_at), h
                  WHERE t.expires_at >= h.horizon
                  ORDER BY t.id
-                ON CONFLICT (id) DO NOTHING
+                ON CONFLICT (id) DO UPDATE SET state = 2, lease_until = NULL, rid = NULL
+                 WHERE {TABLE}.state = 1
+                   AND {TABLE}.lease_until < extract(epoch FROM statement_timestamp())::bigint
                 RETURNING id)
          SELECT id, NULL::bigint FROM ins
          UNION ALL SELECT NULL::bytea, horizon FROM h"
@@ -399,7 +409,30 @@ async fn insert_batch(
         }
     }
     let horizon = horizon.ok_or_else(|| LedgerError("no horizon row".into()))?;
-    Ok((inserted, horizon))
+    // Keys that were not inserted: consumed before, or reserved by another
+    // attempt under a live lease (IN_USE). Asked only when there are any.
+    let mut in_use = Vec::new();
+    if inserted.len() < ids.len() {
+        let rows = timed(
+            "in-use check",
+            limit,
+            client.query(
+                &format!(
+                    "SELECT id FROM {TABLE} WHERE id = ANY($1) AND state = 1
+                       AND lease_until >= extract(epoch FROM statement_timestamp())::bigint"
+                ),
+                &[&ids],
+            ),
+        )
+        .await?;
+        for r in &rows {
+            let id: &[u8] = r.get(0);
+            if let Ok(id) = <[u8; 32]>::try_from(id) {
+                in_use.push(id);
+            }
+        }
+    }
+    Ok((inserted, horizon, in_use))
 }
 
 /// A connection whose statement passed the client timeout: the statement is
@@ -444,6 +477,107 @@ impl Ledger for PgLedger {
         let ok = probe.await.is_ok();
         self.healthy.store(ok, Ordering::Relaxed);
         ok
+    }
+
+    async fn reserve(
+        &self,
+        key: &LedgerKey,
+        lease: Lease,
+        now: u64,
+    ) -> Result<Consumed, LedgerError> {
+        let id = &key.id[..];
+        let exp = i64::try_from(key.expires_at).unwrap_or(i64::MAX);
+        let until = i64::try_from(lease.until).unwrap_or(i64::MAX);
+        let now = i64::try_from(now).unwrap_or(i64::MAX);
+        let rid = &lease.rid[..];
+        let client = timed("connect", self.timeout, self.pool.get()).await?;
+        let sql = format!(
+            "WITH h AS (SELECT extract(epoch FROM statement_timestamp())::bigint - $5 AS horizon)
+             INSERT INTO {TABLE} (id, expires_at, state, lease_until, rid)
+             SELECT $1, $2, 1, $3, $4 FROM h WHERE $2 >= h.horizon
+             ON CONFLICT (id) DO UPDATE SET state = 1, lease_until = $3, rid = $4
+              WHERE {TABLE}.state = 1 AND {TABLE}.lease_until < $6
+             RETURNING id"
+        );
+        let rows = timed(
+            "reserve",
+            self.timeout,
+            client.query(&sql, &[&id, &exp, &until, &rid, &self.skew, &now]),
+        )
+        .await?;
+        if !rows.is_empty() {
+            return Ok(Consumed::Now);
+        }
+        let row = timed(
+            "reserve check",
+            self.timeout,
+            client.query_opt(&format!("SELECT state FROM {TABLE} WHERE id = $1"), &[&id]),
+        )
+        .await?;
+        Ok(match row.map(|r| r.get::<_, i16>(0)) {
+            // Not inserted and not there: below the database's horizon.
+            None => Consumed::PastHorizon,
+            Some(1) => Consumed::InUse,
+            Some(_) => Consumed::Before,
+        })
+    }
+
+    async fn commit(
+        &self,
+        key: &LedgerKey,
+        rid: [u8; 16],
+        now: u64,
+    ) -> Result<Committed, LedgerError> {
+        let id = &key.id[..];
+        let rid = &rid[..];
+        let now = i64::try_from(now).unwrap_or(i64::MAX);
+        let client = timed("connect", self.timeout, self.pool.get()).await?;
+        let n = timed(
+            "commit",
+            self.timeout,
+            client.execute(
+                &format!(
+                    "UPDATE {TABLE} SET state = 2, lease_until = NULL
+                      WHERE id = $1 AND state = 1 AND rid = $2 AND lease_until >= $3"
+                ),
+                &[&id, &rid, &now],
+            ),
+        )
+        .await?;
+        if n == 1 {
+            return Ok(Committed::Done);
+        }
+        // Committed before by this same reservation: idempotent.
+        let again = timed(
+            "commit check",
+            self.timeout,
+            client.query_opt(
+                &format!("SELECT 1 FROM {TABLE} WHERE id = $1 AND state = 2 AND rid = $2"),
+                &[&id, &rid],
+            ),
+        )
+        .await?;
+        Ok(if again.is_some() {
+            Committed::Done
+        } else {
+            Committed::LeaseLost
+        })
+    }
+
+    async fn release(&self, key: &LedgerKey, rid: [u8; 16]) -> Result<(), LedgerError> {
+        let id = &key.id[..];
+        let rid = &rid[..];
+        let client = timed("connect", self.timeout, self.pool.get()).await?;
+        timed(
+            "release",
+            self.timeout,
+            client.execute(
+                &format!("DELETE FROM {TABLE} WHERE id = $1 AND state = 1 AND rid = $2"),
+                &[&id, &rid],
+            ),
+        )
+        .await?;
+        Ok(())
     }
 
     async fn reference_now(&self) -> Result<Option<u64>, LedgerError> {

@@ -29,7 +29,7 @@
 //! recovers from its log: everything acknowledged was fsynced before its
 //! answer.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -37,17 +37,41 @@ use std::sync::{mpsc, Arc};
 
 use tokio::sync::oneshot;
 
-use super::{Consumed, Ledger, LedgerError, LedgerKey};
+use super::{Committed, Consumed, Lease, Ledger, LedgerError, LedgerKey};
+use crate::clock::{Clock, WallClock};
 
 /// Meta records: the horizon and the clock's high-water mark.
 const META_TREE: &str = "meta/v1";
 const META_HORIZON: &[u8] = b"gc_horizon";
 const META_HIGH_WATER: &[u8] = b"high_water";
 
-/// Work for the writer thread.
+/// Record values: consumed; reserved (`until`, `rid`); consumed by the
+/// commit of reservation `rid`.
+const V_CONSUMED: u8 = 1;
+const V_RESERVED: u8 = 2;
+const V_COMMITTED: u8 = 3;
+
+/// Work for the writer thread. Every decision is made by this one thread,
+/// so check-then-write needs no compare-and-swap.
 enum Job {
-    /// Decide a consumption.
-    Consume(LedgerKey, oneshot::Sender<Result<Consumed, String>>),
+    /// Decide a consumption at `now` (an expired reservation is taken over).
+    Consume(LedgerKey, u64, oneshot::Sender<Result<Consumed, String>>),
+    /// Decide a reservation.
+    Reserve(
+        LedgerKey,
+        Lease,
+        u64,
+        oneshot::Sender<Result<Consumed, String>>,
+    ),
+    /// Commit a reservation.
+    Commit(
+        LedgerKey,
+        [u8; 16],
+        u64,
+        oneshot::Sender<Result<Committed, String>>,
+    ),
+    /// Release a reservation.
+    Release(LedgerKey, [u8; 16], oneshot::Sender<Result<(), String>>),
     /// Answer after a flush that starts after this job was queued.
     Barrier(oneshot::Sender<Result<(), String>>),
     /// Raise the horizon to `before`, durably, then remove up to `limit`
@@ -79,6 +103,7 @@ pub struct SledLedger {
     stats: Arc<FlushStats>,
     data_file: PathBuf,
     stored_high_water: Option<u64>,
+    clock: Arc<dyn Clock>,
 }
 
 impl std::fmt::Debug for SledLedger {
@@ -143,7 +168,15 @@ impl SledLedger {
             stats,
             data_file,
             stored_high_water,
+            clock: Arc::new(WallClock),
         })
+    }
+
+    /// The clock that judges whether a reservation's lease ended when a
+    /// plain consumption meets it (tests inject a manual clock).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
     }
 
     pub fn stats(&self) -> &FlushStats {
@@ -201,7 +234,6 @@ const DEAD: &str = "ledger stopped after an I/O failure; restart the process";
 
 impl Writer {
     fn run(&mut self, rx: &mpsc::Receiver<Job>) {
-        let mut seen = HashSet::new();
         // Ends when the ledger (the only sender) is dropped.
         while let Ok(first) = rx.recv() {
             let mut jobs = vec![first];
@@ -210,13 +242,12 @@ impl Writer {
                 refuse(jobs);
                 continue;
             }
-            let mut consumes = Vec::new();
+            let mut decisions = Vec::new();
             let mut barriers = Vec::new();
             let mut collects = Vec::new();
             let mut high_water = None;
             for j in jobs {
                 match j {
-                    Job::Consume(k, r) => consumes.push((k, r)),
                     Job::Barrier(r) => barriers.push(r),
                     Job::Collect {
                         before,
@@ -224,10 +255,11 @@ impl Writer {
                         reply,
                     } => collects.push((before, limit, reply)),
                     Job::HighWater(t) => high_water = high_water.max(Some(t)),
+                    other => decisions.push(other),
                 }
             }
-            let n = (consumes.len() + barriers.len()) as u64;
-            let result = self.round(&mut seen, &consumes, high_water);
+            let n = (decisions.len() + barriers.len()) as u64;
+            let result = self.round(&decisions, high_water);
             if result.is_err() {
                 self.dead.store(true, Ordering::SeqCst);
             }
@@ -235,9 +267,9 @@ impl Writer {
             self.stats.flushed_waiters.fetch_add(n, Ordering::Relaxed);
             self.stats.max_batch.fetch_max(n, Ordering::Relaxed);
             match result {
-                Ok(decided) => {
-                    for ((_, reply), c) in consumes.into_iter().zip(decided) {
-                        let _ = reply.send(Ok(c));
+                Ok(answers) => {
+                    for (job, answer) in decisions.into_iter().zip(answers) {
+                        answer_job(job, Ok(answer));
                     }
                     for r in barriers {
                         let _ = r.send(Ok(()));
@@ -247,8 +279,8 @@ impl Writer {
                     tracing::error!(error = %e, "sled ledger write failed; refusing every consumption until the process restarts");
                     // Nobody is told "consumed": a key that made it into the
                     // tree stays there, so the token stays burned.
-                    for (_, reply) in consumes {
-                        let _ = reply.send(Err(e.clone()));
+                    for job in decisions {
+                        answer_job(job, Err(e.clone()));
                     }
                     for r in barriers {
                         let _ = r.send(Err(e.clone()));
@@ -269,47 +301,106 @@ impl Writer {
         }
     }
 
-    /// Decides the consumptions, writes the new records (and the high-water
-    /// mark) with one batch, flushes once and fdatasyncs.
-    fn round(
-        &self,
-        seen: &mut HashSet<[u8; LedgerKey::LEN]>,
-        consumes: &[(LedgerKey, oneshot::Sender<Result<Consumed, String>>)],
-        high_water: Option<u64>,
-    ) -> Result<Vec<Consumed>, String> {
-        seen.clear();
-        let mut batch = sled::Batch::default();
-        let mut decided = Vec::with_capacity(consumes.len());
-        for (key, _) in consumes {
-            if key.expires_at < self.horizon {
-                decided.push(Consumed::PastHorizon);
-                continue;
-            }
-            let k = key.to_bytes();
-            let present = self
+    /// Decides the jobs in order (each sees the writes of the ones before it
+    /// in this round), writes every change (and the high-water mark) with
+    /// one batch, flushes once and fdatasyncs.
+    fn round(&self, jobs: &[Job], high_water: Option<u64>) -> Result<Vec<Answer>, String> {
+        let mut overlay: HashMap<[u8; LedgerKey::LEN], Option<Vec<u8>>> = HashMap::new();
+        let get = |overlay: &HashMap<_, Option<Vec<u8>>>, k: &[u8; LedgerKey::LEN]| match overlay
+            .get(k)
+        {
+            Some(v) => Ok(v.clone()),
+            None => self
                 .tree
-                .contains_key(k)
-                .map_err(|e| format!("read failed: {e}"))?;
-            let fresh = !present && seen.insert(k);
-            if fresh {
-                batch.insert(&k[..], &[1u8][..]);
+                .get(k)
+                .map(|v| v.map(|v| v.to_vec()))
+                .map_err(|e| format!("read failed: {e}")),
+        };
+        let mut answers = Vec::with_capacity(jobs.len());
+        for job in jobs {
+            let answer = match job {
+                Job::Consume(key, now, _) | Job::Reserve(key, _, now, _)
+                    if key.expires_at < self.horizon =>
+                {
+                    let _ = now;
+                    Answer::Consumed(Consumed::PastHorizon)
+                }
+                Job::Consume(key, now, _) => {
+                    let k = key.to_bytes();
+                    let c = match Record::decode(get(&overlay, &k)?.as_deref()) {
+                        Record::Absent => Consumed::Now,
+                        Record::Reserved { until, .. } if until < *now => Consumed::Now,
+                        Record::Reserved { .. } => Consumed::InUse,
+                        Record::Consumed | Record::Committed(_) => Consumed::Before,
+                    };
+                    if c == Consumed::Now {
+                        overlay.insert(k, Some(vec![V_CONSUMED]));
+                    }
+                    Answer::Consumed(c)
+                }
+                Job::Reserve(key, lease, now, _) => {
+                    let k = key.to_bytes();
+                    let c = match Record::decode(get(&overlay, &k)?.as_deref()) {
+                        Record::Absent => Consumed::Now,
+                        Record::Reserved { until, .. } if until < *now => Consumed::Now,
+                        Record::Reserved { .. } => Consumed::InUse,
+                        Record::Consumed | Record::Committed(_) => Consumed::Before,
+                    };
+                    if c == Consumed::Now {
+                        let mut v = vec![V_RESERVED];
+                        v.extend_from_slice(&lease.until.to_be_bytes());
+                        v.extend_from_slice(&lease.rid);
+                        overlay.insert(k, Some(v));
+                    }
+                    Answer::Consumed(c)
+                }
+                Job::Commit(key, rid, now, _) => {
+                    let k = key.to_bytes();
+                    let c = match Record::decode(get(&overlay, &k)?.as_deref()) {
+                        Record::Reserved { until, rid: r } if r == *rid && until >= *now => {
+                            let mut v = vec![V_COMMITTED];
+                            v.extend_from_slice(rid);
+                            overlay.insert(k, Some(v));
+                            Committed::Done
+                        }
+                        Record::Committed(r) if r == *rid => Committed::Done,
+                        _ => Committed::LeaseLost,
+                    };
+                    Answer::Committed(c)
+                }
+                Job::Release(key, rid, _) => {
+                    let k = key.to_bytes();
+                    if let Record::Reserved { rid: r, .. } =
+                        Record::decode(get(&overlay, &k)?.as_deref())
+                    {
+                        if r == *rid {
+                            overlay.insert(k, None);
+                        }
+                    }
+                    Answer::Released
+                }
+                // Classified out by `run`.
+                Job::Barrier(_) | Job::Collect { .. } | Job::HighWater(_) => Answer::Released,
+            };
+            answers.push(answer);
+        }
+        let mut batch = sled::Batch::default();
+        for (k, v) in overlay {
+            match v {
+                Some(v) => batch.insert(&k[..], v),
+                None => batch.remove(&k[..]),
             }
-            decided.push(if fresh {
-                Consumed::Now
-            } else {
-                Consumed::Before
-            });
         }
         self.tree
             .apply_batch(batch)
-            .map_err(|e| format!("insert failed: {e}"))?;
+            .map_err(|e| format!("write failed: {e}"))?;
         if let Some(t) = high_water {
             self.meta
                 .insert(META_HIGH_WATER, &t.to_be_bytes()[..])
                 .map_err(|e| format!("meta write failed: {e}"))?;
         }
         self.sync()?;
-        Ok(decided)
+        Ok(answers)
     }
 
     fn sync(&self) -> Result<(), String> {
@@ -343,10 +434,83 @@ impl Writer {
     }
 }
 
+/// A decision's answer, to go back to its job's caller.
+enum Answer {
+    Consumed(Consumed),
+    Committed(Committed),
+    Released,
+}
+
+fn answer_job(job: Job, answer: Result<Answer, String>) {
+    match (job, answer) {
+        (Job::Consume(_, _, r) | Job::Reserve(_, _, _, r), a) => {
+            let _ = r.send(a.and_then(|a| match a {
+                Answer::Consumed(c) => Ok(c),
+                _ => Err("internal: mismatched answer".into()),
+            }));
+        }
+        (Job::Commit(_, _, _, r), a) => {
+            let _ = r.send(a.and_then(|a| match a {
+                Answer::Committed(c) => Ok(c),
+                _ => Err("internal: mismatched answer".into()),
+            }));
+        }
+        (Job::Release(_, _, r), a) => {
+            let _ = r.send(a.map(|_| ()));
+        }
+        (Job::Barrier(r), a) => {
+            let _ = r.send(a.map(|_| ()));
+        }
+        (Job::Collect { reply, .. }, a) => {
+            let _ = reply.send(a.map(|_| 0));
+        }
+        (Job::HighWater(_), _) => {}
+    }
+}
+
+/// A record's value, decoded.
+enum Record {
+    Absent,
+    Consumed,
+    Reserved { until: u64, rid: [u8; 16] },
+    Committed([u8; 16]),
+}
+
+impl Record {
+    fn decode(v: Option<&[u8]>) -> Record {
+        match v {
+            None => Record::Absent,
+            Some([V_RESERVED, rest @ ..]) if rest.len() == 24 => {
+                let mut until = [0u8; 8];
+                until.copy_from_slice(&rest[..8]);
+                let mut rid = [0u8; 16];
+                rid.copy_from_slice(&rest[8..]);
+                Record::Reserved {
+                    until: u64::from_be_bytes(until),
+                    rid,
+                }
+            }
+            Some([V_COMMITTED, rest @ ..]) if rest.len() == 16 => {
+                let mut rid = [0u8; 16];
+                rid.copy_from_slice(rest);
+                Record::Committed(rid)
+            }
+            // V_CONSUMED, and anything unexpected: consumed (fail closed).
+            Some(_) => Record::Consumed,
+        }
+    }
+}
+
 fn refuse(jobs: Vec<Job>) {
     for j in jobs {
         match j {
-            Job::Consume(_, r) => {
+            Job::Consume(_, _, r) | Job::Reserve(_, _, _, r) => {
+                let _ = r.send(Err(DEAD.to_owned()));
+            }
+            Job::Commit(_, _, _, r) => {
+                let _ = r.send(Err(DEAD.to_owned()));
+            }
+            Job::Release(_, _, r) => {
                 let _ = r.send(Err(DEAD.to_owned()));
             }
             Job::Barrier(r) => {
@@ -363,8 +527,33 @@ fn refuse(jobs: Vec<Job>) {
 #[async_trait::async_trait]
 impl Ledger for SledLedger {
     async fn consume(&self, key: &LedgerKey) -> Result<Consumed, LedgerError> {
+        let (key, now) = (*key, self.clock.now_unix());
+        self.ask(|r| Job::Consume(key, now, r)).await
+    }
+
+    async fn reserve(
+        &self,
+        key: &LedgerKey,
+        lease: Lease,
+        now: u64,
+    ) -> Result<Consumed, LedgerError> {
         let key = *key;
-        self.ask(|r| Job::Consume(key, r)).await
+        self.ask(|r| Job::Reserve(key, lease, now, r)).await
+    }
+
+    async fn commit(
+        &self,
+        key: &LedgerKey,
+        rid: [u8; 16],
+        now: u64,
+    ) -> Result<Committed, LedgerError> {
+        let key = *key;
+        self.ask(|r| Job::Commit(key, rid, now, r)).await
+    }
+
+    async fn release(&self, key: &LedgerKey, rid: [u8; 16]) -> Result<(), LedgerError> {
+        let key = *key;
+        self.ask(|r| Job::Release(key, rid, r)).await
     }
 
     async fn ready(&self) -> bool {

@@ -160,6 +160,7 @@ pub fn open_req(token: &str) -> OpenRequest {
     OpenRequest {
         request_state: token.into(),
         binding: Some(call_binding()),
+        ..Default::default()
     }
 }
 

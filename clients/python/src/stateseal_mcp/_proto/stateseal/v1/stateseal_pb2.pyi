@@ -1,9 +1,17 @@
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class OpenMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OPEN_MODE_CONSUME: _ClassVar[OpenMode]
+    OPEN_MODE_RESERVE: _ClassVar[OpenMode]
+OPEN_MODE_CONSUME: OpenMode
+OPEN_MODE_RESERVE: OpenMode
 
 class Binding(_message.Message):
     __slots__ = ("subject", "method", "params_digest", "params_json", "binding_version")
@@ -42,21 +50,49 @@ class SealResponse(_message.Message):
     def __init__(self, request_state: _Optional[str] = ..., expires_at_unix: _Optional[int] = ..., key_id: _Optional[str] = ...) -> None: ...
 
 class OpenRequest(_message.Message):
-    __slots__ = ("request_state", "binding")
+    __slots__ = ("request_state", "binding", "mode", "lease_seconds")
     REQUEST_STATE_FIELD_NUMBER: _ClassVar[int]
     BINDING_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     request_state: str
     binding: Binding
-    def __init__(self, request_state: _Optional[str] = ..., binding: _Optional[_Union[Binding, _Mapping]] = ...) -> None: ...
+    mode: OpenMode
+    lease_seconds: int
+    def __init__(self, request_state: _Optional[str] = ..., binding: _Optional[_Union[Binding, _Mapping]] = ..., mode: _Optional[_Union[OpenMode, str]] = ..., lease_seconds: _Optional[int] = ...) -> None: ...
 
 class OpenResponse(_message.Message):
-    __slots__ = ("state", "expires_at_unix", "key_id", "consumed")
+    __slots__ = ("state", "expires_at_unix", "key_id", "consumed", "reservation", "lease_expires_at_unix")
     STATE_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_AT_UNIX_FIELD_NUMBER: _ClassVar[int]
     KEY_ID_FIELD_NUMBER: _ClassVar[int]
     CONSUMED_FIELD_NUMBER: _ClassVar[int]
+    RESERVATION_FIELD_NUMBER: _ClassVar[int]
+    LEASE_EXPIRES_AT_UNIX_FIELD_NUMBER: _ClassVar[int]
     state: bytes
     expires_at_unix: int
     key_id: str
     consumed: bool
-    def __init__(self, state: _Optional[bytes] = ..., expires_at_unix: _Optional[int] = ..., key_id: _Optional[str] = ..., consumed: _Optional[bool] = ...) -> None: ...
+    reservation: str
+    lease_expires_at_unix: int
+    def __init__(self, state: _Optional[bytes] = ..., expires_at_unix: _Optional[int] = ..., key_id: _Optional[str] = ..., consumed: _Optional[bool] = ..., reservation: _Optional[str] = ..., lease_expires_at_unix: _Optional[int] = ...) -> None: ...
+
+class CommitRequest(_message.Message):
+    __slots__ = ("reservation",)
+    RESERVATION_FIELD_NUMBER: _ClassVar[int]
+    reservation: str
+    def __init__(self, reservation: _Optional[str] = ...) -> None: ...
+
+class CommitResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ReleaseRequest(_message.Message):
+    __slots__ = ("reservation",)
+    RESERVATION_FIELD_NUMBER: _ClassVar[int]
+    reservation: str
+    def __init__(self, reservation: _Optional[str] = ...) -> None: ...
+
+class ReleaseResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

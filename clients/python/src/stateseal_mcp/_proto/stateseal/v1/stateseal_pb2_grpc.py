@@ -44,6 +44,16 @@ class RequestStateStub:
                 request_serializer=stateseal_dot_v1_dot_stateseal__pb2.OpenRequest.SerializeToString,
                 response_deserializer=stateseal_dot_v1_dot_stateseal__pb2.OpenResponse.FromString,
                 _registered_method=True)
+        self.Commit = channel.unary_unary(
+                '/stateseal.v1.RequestState/Commit',
+                request_serializer=stateseal_dot_v1_dot_stateseal__pb2.CommitRequest.SerializeToString,
+                response_deserializer=stateseal_dot_v1_dot_stateseal__pb2.CommitResponse.FromString,
+                _registered_method=True)
+        self.Release = channel.unary_unary(
+                '/stateseal.v1.RequestState/Release',
+                request_serializer=stateseal_dot_v1_dot_stateseal__pb2.ReleaseRequest.SerializeToString,
+                response_deserializer=stateseal_dot_v1_dot_stateseal__pb2.ReleaseResponse.FromString,
+                _registered_method=True)
 
 
 class RequestStateServicer:
@@ -65,6 +75,21 @@ class RequestStateServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Commit(self, request, context):
+        """Make a reservation (OPEN_MODE_RESERVE) a durable consumption, with
+        exactly the durability of OPEN_MODE_CONSUME.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Release(self, request, context):
+        """Give a reservation back: the token can be opened again.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RequestStateServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -77,6 +102,16 @@ def add_RequestStateServicer_to_server(servicer, server):
                     servicer.Open,
                     request_deserializer=stateseal_dot_v1_dot_stateseal__pb2.OpenRequest.FromString,
                     response_serializer=stateseal_dot_v1_dot_stateseal__pb2.OpenResponse.SerializeToString,
+            ),
+            'Commit': grpc.unary_unary_rpc_method_handler(
+                    servicer.Commit,
+                    request_deserializer=stateseal_dot_v1_dot_stateseal__pb2.CommitRequest.FromString,
+                    response_serializer=stateseal_dot_v1_dot_stateseal__pb2.CommitResponse.SerializeToString,
+            ),
+            'Release': grpc.unary_unary_rpc_method_handler(
+                    servicer.Release,
+                    request_deserializer=stateseal_dot_v1_dot_stateseal__pb2.ReleaseRequest.FromString,
+                    response_serializer=stateseal_dot_v1_dot_stateseal__pb2.ReleaseResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -133,6 +168,60 @@ class RequestState:
             '/stateseal.v1.RequestState/Open',
             stateseal_dot_v1_dot_stateseal__pb2.OpenRequest.SerializeToString,
             stateseal_dot_v1_dot_stateseal__pb2.OpenResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Commit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stateseal.v1.RequestState/Commit',
+            stateseal_dot_v1_dot_stateseal__pb2.CommitRequest.SerializeToString,
+            stateseal_dot_v1_dot_stateseal__pb2.CommitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Release(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stateseal.v1.RequestState/Release',
+            stateseal_dot_v1_dot_stateseal__pb2.ReleaseRequest.SerializeToString,
+            stateseal_dot_v1_dot_stateseal__pb2.ReleaseResponse.FromString,
             options,
             channel_credentials,
             insecure,
