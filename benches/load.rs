@@ -3,7 +3,7 @@
 //! (`grpc.health.v1.Health/Check` on the same server) measured in the same
 //! run, interleaved round by round so the ratio holds on a noisy machine.
 //!
-//!     cargo bench --bench load -- [--addr HOST:PORT] [--scenarios noop,seal,open,consume,flow]
+//!     cargo bench --bench load -- [--addr HOST:PORT] [--scenarios noop,seal,open,consume,flow,reserve]
 //!         [--concurrency 64] [--connections 4] [--duration 3] [--requests N]
 //!         [--state-size 256] [--warmup 1] [--rounds 2] [--json FILE]
 //!         [--server-arg=--ledger --server-arg=postgres …]
@@ -15,7 +15,10 @@
 //! - consume: Open of a single-use token sealed beforehand (the durable path:
 //!   the consumption is flushed to disk before the answer);
 //! - flow: the MRTR round trip, Seal then Open of a single-use token (two
-//!   calls per op; its ratio is per call).
+//!   calls per op; its ratio is per call);
+//! - reserve: two-phase consumption of a single-use token sealed beforehand,
+//!   Open with OPEN_MODE_RESERVE then Commit (two calls per op, each durable;
+//!   its ratio is per call).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -38,7 +41,7 @@ struct Args {
     #[arg(long)]
     addr: Option<String>,
     /// Comma-separated scenarios (noop always runs as the baseline).
-    #[arg(long, default_value = "seal,open,consume,flow")]
+    #[arg(long, default_value = "seal,open,consume,flow,reserve")]
     scenarios: String,
     /// Requests in flight.
     #[arg(long, default_value_t = 64)]
@@ -80,6 +83,7 @@ enum Scenario {
     Open,
     Consume,
     Flow,
+    Reserve,
 }
 
 impl Scenario {
@@ -90,10 +94,11 @@ impl Scenario {
             Scenario::Open => "open",
             Scenario::Consume => "consume",
             Scenario::Flow => "flow",
+            Scenario::Reserve => "reserve",
         }
     }
     fn calls_per_op(self) -> f64 {
-        if self == Scenario::Flow {
+        if matches!(self, Scenario::Flow | Scenario::Reserve) {
             2.0
         } else {
             1.0
@@ -106,6 +111,7 @@ impl Scenario {
             "open" => Scenario::Open,
             "consume" => Scenario::Consume,
             "flow" => Scenario::Flow,
+            "reserve" => Scenario::Reserve,
             _ => return None,
         })
     }
@@ -257,6 +263,25 @@ impl Ctx {
             .map(|_| ())
     }
 
+    /// Open with OPEN_MODE_RESERVE, then Commit the reservation.
+    async fn reserve_commit(&self, i: usize, token: String) -> Result<(), tonic::Status> {
+        let mut c = self.client(i);
+        let r = c
+            .open(OpenRequest {
+                request_state: token,
+                binding: Some(binding()),
+                mode: stateseal::proto::OpenMode::Reserve as i32,
+                ..Default::default()
+            })
+            .await?
+            .into_inner();
+        c.commit(stateseal::proto::CommitRequest {
+            reservation: r.reservation,
+        })
+        .await
+        .map(|_| ())
+    }
+
     /// Seals `n` tokens with full concurrency (not measured).
     async fn preseal(self: &Arc<Self>, n: usize, single_use: bool, conc: usize) -> Vec<String> {
         let per = n.div_ceil(conc);
@@ -353,6 +378,9 @@ async fn run(
                             Ok(t) => ctx.open(w, t).await,
                             Err(e) => Err(e),
                         },
+                        Scenario::Reserve => {
+                            ctx.reserve_commit(w, token.expect("pre-sealed token")).await
+                        }
                     };
                     let us = t0.elapsed().as_micros().max(1) as u64;
                     hist.saturating_record(us);
@@ -455,7 +483,7 @@ fn main() {
             {
                 let pool = match sc {
                     Scenario::Open => Some(Tokens::Reusable(open_pool.clone(), Arc::default())),
-                    Scenario::Consume => {
+                    Scenario::Consume | Scenario::Reserve => {
                         // Enough for the warm-up and the measured window at
                         // up to 40k consumptions/s (a run that drains the
                         // pool ends early and reports its true duration).
