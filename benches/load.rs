@@ -379,7 +379,8 @@ async fn run(
                             Err(e) => Err(e),
                         },
                         Scenario::Reserve => {
-                            ctx.reserve_commit(w, token.expect("pre-sealed token")).await
+                            ctx.reserve_commit(w, token.expect("pre-sealed token"))
+                                .await
                         }
                     };
                     let us = t0.elapsed().as_micros().max(1) as u64;

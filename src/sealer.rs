@@ -282,17 +282,24 @@ impl Sealer {
         binding: &Binding,
         untrusted: UntrustedToken,
     ) -> Result<OpenedState, Reject> {
-        self.open_with(binding, untrusted, OpenMode::Consume).await
+        self.open_with(binding, untrusted, OpenMode::Consume, None)
+            .await
     }
 
     /// Opens a token that passed [`Sealer::precheck`]; a single-use token is
-    /// consumed, or reserved, as `mode` says.
+    /// consumed, or reserved, as `mode` says. With `attempt_id`, the same
+    /// attempt opening again gets the same success (consumed again, or the
+    /// reservation it holds) instead of REPLAYED / IN_USE.
     pub async fn open_with(
         &self,
         binding: &Binding,
         untrusted: UntrustedToken,
         mode: OpenMode,
+        attempt_id: Option<&str>,
     ) -> Result<OpenedState, Reject> {
+        if attempt_id.is_some_and(|a| a.len() > MAX_ATTEMPT_ID) {
+            return Err(Reject::TooLarge);
+        }
         if !self.guard.synced() {
             return Err(Reject::ClockUnsynced);
         }
@@ -311,6 +318,9 @@ impl Sealer {
         }
         let mut consumed = false;
         let mut reservation = None;
+        let attempt = attempt_id
+            .filter(|a| !a.is_empty())
+            .map(|a| token::attempt_hash(&tenant_keys, a));
         if opened.header.single_use {
             let key = LedgerKey {
                 expires_at,
@@ -328,12 +338,16 @@ impl Sealer {
                     // Never past the token's own life (plus the skew its
                     // ledger record is kept for).
                     let until = (now + u64::from(secs)).min(expires_at + self.limits.clock_skew);
-                    Some(Lease { rid, until })
+                    Some(Lease {
+                        rid,
+                        until,
+                        attempt,
+                    })
                 }
             };
             let started = std::time::Instant::now();
             let outcome = match lease {
-                None => self.ledger.consume(&key).await,
+                None => self.ledger.consume_as(&key, attempt).await,
                 Some(lease) => self.ledger.reserve(&key, lease, now).await,
             };
             METRICS.ledger_consume(
@@ -344,26 +358,34 @@ impl Sealer {
             match outcome {
                 // Re-checked after the ledger decided: a decision that came
                 // late (a stalled disk or database) is not an acceptance.
-                Ok(Consumed::Now) if self.clock.now_unix() >= expires_at => {
+                Ok(Consumed::Now | Consumed::Again(_)) if self.clock.now_unix() >= expires_at => {
                     tracing::warn!("consumption decided after the token expired; refused");
                     return Err(Reject::Expired);
                 }
+                // The same attempt again: the same success.
+                Ok(Consumed::Again(held)) => match (lease, held) {
+                    (None, None) => consumed = true,
+                    (Some(_), Some(held)) => {
+                        reservation = Some(self.reservation_string(
+                            &tenant_keys,
+                            key_id,
+                            binding,
+                            &key,
+                            held,
+                        )?);
+                    }
+                    _ => return Err(Reject::InUse),
+                },
                 Ok(Consumed::Now) => match lease {
                     None => consumed = true,
                     Some(lease) => {
-                        let claims = ReservationClaims {
-                            expires_at,
-                            ledger_id: opened.ledger_id,
-                            rid: lease.rid,
-                            lease_until: lease.until,
-                        };
-                        let r = token::seal_reservation(
+                        reservation = Some(self.reservation_string(
                             &tenant_keys,
                             key_id,
-                            binding.tenant.as_str(),
-                            &claims,
-                        )?;
-                        reservation = Some((r, lease.until));
+                            binding,
+                            &key,
+                            lease,
+                        )?);
                     }
                 },
                 Ok(Consumed::Before) => return Err(Reject::Replayed),
@@ -382,6 +404,25 @@ impl Sealer {
             consumed,
             reservation,
         })
+    }
+
+    /// The reservation string of `lease` on `key`, and the lease's end.
+    fn reservation_string(
+        &self,
+        tenant_keys: &crate::keyring::TenantKeys,
+        key_id: KeyId,
+        binding: &Binding,
+        key: &LedgerKey,
+        lease: Lease,
+    ) -> Result<(String, u64), Reject> {
+        let claims = ReservationClaims {
+            expires_at: key.expires_at,
+            ledger_id: key.id,
+            rid: lease.rid,
+            lease_until: lease.until,
+        };
+        let r = token::seal_reservation(tenant_keys, key_id, binding.tenant.as_str(), &claims)?;
+        Ok((r, lease.until))
     }
 
     /// Opens a reservation string of `tenant`: its claims and ledger key.
@@ -440,6 +481,9 @@ impl Sealer {
         })
     }
 }
+
+/// The longest attempt id accepted, in bytes.
+pub const MAX_ATTEMPT_ID: usize = 128;
 
 /// How Open treats a single-use token.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

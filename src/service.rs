@@ -140,7 +140,11 @@ impl RequestState for RequestStateService {
                 .binding(&tenant, r.binding, untrusted.header().binding)
                 .await
             {
-                Ok(binding) => self.sealer.open_with(&binding, untrusted, mode).await,
+                Ok(binding) => {
+                    self.sealer
+                        .open_with(&binding, untrusted, mode, Some(&r.attempt_id))
+                        .await
+                }
                 Err(e) => Err(e),
             },
             (Err(e), _) | (_, Err(e)) => Err(e),

@@ -259,6 +259,19 @@ pub fn ledger_id(keys: &TenantKeys, nonce: &[u8; NONCE_LEN]) -> [u8; 32] {
 #[cfg(test)]
 mod tests;
 
+/// The keyed hash of a caller's attempt id: HMAC-SHA256 under the tenant's
+/// ledger-id key, over a label and the id, first 16 bytes. The ledger keeps
+/// this, never the attempt id.
+pub fn attempt_hash(keys: &TenantKeys, attempt_id: &str) -> [u8; 16] {
+    let mut mac = Wiped(keys.ledger_mac.0.clone());
+    mac.0.update(b"stateseal/v1 attempt id\0");
+    mac.0.update(attempt_id.as_bytes());
+    let full: [u8; 32] = mac.0.finalize_reset().into_bytes().into();
+    let mut out = [0u8; 16];
+    out.copy_from_slice(&full[..16]);
+    out
+}
+
 // === reservations ===
 
 /// First byte of a reservation string (never a token's: those start 0x1_).

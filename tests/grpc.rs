@@ -798,3 +798,134 @@ async fn reserve_commit_release_through_the_service() {
     }
     s.stop().await;
 }
+
+/// A relay on 127.0.0.1 to `target` that forwards the client's bytes, and the
+/// server's only until `drop` is set; after that the server's answers are
+/// lost (a response lost on the way back, as a timeout or a cut connection
+/// would lose it).
+async fn response_dropping_relay(
+    target: std::net::SocketAddr,
+    drop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = l.accept().await {
+            let server = tokio::net::TcpStream::connect(target).await.unwrap();
+            let (mut cr, mut cw) = client.into_split();
+            let (mut sr, mut sw) = server.into_split();
+            tokio::spawn(async move {
+                let _ = tokio::io::copy(&mut cr, &mut sw).await;
+            });
+            let drop = drop.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 16 * 1024];
+                while let Ok(n) = sr.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                    if !drop.load(std::sync::atomic::Ordering::SeqCst)
+                        && cw.write_all(&buf[..n]).await.is_err()
+                    {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// Attempt ids: an Open whose answer is lost after the ledger recorded the
+/// consumption is retried safely by the same attempt (the same success),
+/// while another attempt gets REPLAYED; the same for a reservation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_answer_is_retried_safely_with_the_same_attempt_id() {
+    use stateseal::proto::{CommitRequest, OpenMode};
+    let mut s = start().await;
+    let drop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let relay = response_dropping_relay(s.addr, drop.clone()).await;
+    let mut via_relay = connect(relay).await;
+    let with_attempt = |t: &str, a: &str, mode: OpenMode| OpenRequest {
+        attempt_id: a.into(),
+        mode: mode as i32,
+        ..open_req(t)
+    };
+    for mode in [OpenMode::Consume, OpenMode::Reserve] {
+        let t = via_relay
+            .seal(seal_req(b"once", true))
+            .await
+            .unwrap()
+            .into_inner()
+            .request_state;
+        drop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let mut req = tonic::Request::new(with_attempt(&t, "mcp-request-17", mode));
+        req.set_timeout(std::time::Duration::from_millis(500));
+        let lost = via_relay.open(req).await.unwrap_err();
+        assert!(
+            matches!(
+                lost.code(),
+                tonic::Code::DeadlineExceeded | tonic::Code::Unavailable | tonic::Code::Cancelled
+            ),
+            "{lost:?}"
+        );
+        // The server did record it: another attempt is refused …
+        let other = s
+            .client
+            .open(with_attempt(&t, "mcp-request-99", mode))
+            .await
+            .unwrap_err();
+        let want = if mode == OpenMode::Consume {
+            "REPLAYED"
+        } else {
+            "IN_USE"
+        };
+        assert_eq!(reason(&other), want);
+        // … and the same attempt, retried, gets the same success.
+        let again = s
+            .client
+            .open(with_attempt(&t, "mcp-request-17", mode))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(again.state, b"once");
+        if mode == OpenMode::Consume {
+            assert!(again.consumed);
+        } else {
+            s.client
+                .commit(CommitRequest {
+                    reservation: again.reservation,
+                })
+                .await
+                .unwrap();
+            assert_eq!(
+                reason(
+                    &s.client
+                        .open(with_attempt(&t, "mcp-request-17", mode))
+                        .await
+                        .unwrap_err()
+                ),
+                "REPLAYED",
+                "after the commit the attempt is over"
+            );
+        }
+        drop.store(false, std::sync::atomic::Ordering::SeqCst);
+        via_relay = connect(relay).await;
+    }
+    // Attempt ids are bounded.
+    let t = s
+        .client
+        .seal(seal_req(b"x", true))
+        .await
+        .unwrap()
+        .into_inner()
+        .request_state;
+    let err = s
+        .client
+        .open(with_attempt(&t, &"a".repeat(129), OpenMode::Consume))
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&err), "TOO_LARGE");
+    s.stop().await;
+}

@@ -187,7 +187,72 @@ fn lease(rid: u8, until: u64) -> Lease {
     Lease {
         rid: [rid; 16],
         until,
+        attempt: None,
     }
+}
+
+async fn attempts_are_idempotent(l: Arc<dyn Ledger>) {
+    let now = wall_now();
+    let (x, y) = (Some([7u8; 16]), Some([8u8; 16]));
+    // Consume: the same attempt gets the same success; another, REPLAYED.
+    let k = key(FAR);
+    assert_eq!(l.consume_as(&k, x).await.unwrap(), Consumed::Now);
+    assert_eq!(l.consume_as(&k, x).await.unwrap(), Consumed::Again(None));
+    assert_eq!(l.consume_as(&k, y).await.unwrap(), Consumed::Before);
+    assert_eq!(l.consume_as(&k, None).await.unwrap(), Consumed::Before);
+    // Concurrent: one attempt wins; its own retries agree, others do not.
+    let k = key(FAR);
+    let tasks: Vec<_> = (0..16u8)
+        .map(|i| {
+            let l = l.clone();
+            tokio::spawn(async move { (i, l.consume_as(&k, Some([i; 16])).await.unwrap()) })
+        })
+        .collect();
+    let mut winner = None;
+    for t in tasks {
+        let (i, c) = t.await.unwrap();
+        if c == Consumed::Now {
+            assert!(winner.replace(i).is_none(), "two winners");
+        } else {
+            assert_eq!(c, Consumed::Before);
+        }
+    }
+    let w = winner.unwrap();
+    assert_eq!(
+        l.consume_as(&k, Some([w; 16])).await.unwrap(),
+        Consumed::Again(None)
+    );
+    // Reserve: the same attempt gets the lease it holds.
+    let k = key(FAR);
+    let held = Lease {
+        attempt: x,
+        ..lease(1, now + 60)
+    };
+    assert_eq!(l.reserve(&k, held, now).await.unwrap(), Consumed::Now);
+    let again = Lease {
+        attempt: x,
+        ..lease(2, now + 90)
+    };
+    assert_eq!(
+        l.reserve(&k, again, now + 1).await.unwrap(),
+        Consumed::Again(Some(held))
+    );
+    let other = Lease {
+        attempt: y,
+        ..lease(3, now + 90)
+    };
+    assert_eq!(
+        l.reserve(&k, other, now + 1).await.unwrap(),
+        Consumed::InUse
+    );
+    assert_eq!(
+        l.commit(&k, held.rid, now + 2).await.unwrap(),
+        Committed::Done
+    );
+    assert_eq!(
+        l.reserve(&k, again, now + 3).await.unwrap(),
+        Consumed::Before
+    );
 }
 
 async fn reserve_commit_release(l: Arc<dyn Ledger>) {
@@ -295,6 +360,7 @@ async fn concurrent_reserves_one_winner(l: Arc<dyn Ledger>) {
 }
 
 contract!(
+    attempts_are_idempotent,
     reserve_commit_release,
     lease_expiry,
     concurrent_reserves_one_winner,

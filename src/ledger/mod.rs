@@ -64,13 +64,19 @@ pub enum Consumed {
     PastHorizon,
     /// Another attempt holds a live reservation of the token (`IN_USE`).
     InUse,
+    /// The same attempt (its keyed attempt hash) consumed the token before
+    /// (`None`), or holds its live reservation (`Some`, the lease it holds):
+    /// the same success again.
+    Again(Option<Lease>),
 }
 
-/// A reservation's id (random, 16 bytes) and when its lease ends.
+/// A reservation's id (random, 16 bytes), when its lease ends, and the
+/// keyed hash of the attempt that took it, if the caller named one.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Lease {
     pub rid: [u8; 16],
     pub until: u64,
+    pub attempt: Option<[u8; 16]>,
 }
 
 impl std::fmt::Debug for Lease {
@@ -102,6 +108,21 @@ pub struct LedgerError(pub String);
 pub trait Ledger: Send + Sync + 'static {
     /// Records `key` if absent. `Ok(Now)` only once the record is durable.
     async fn consume(&self, key: &LedgerKey) -> Result<Consumed, LedgerError>;
+    /// Like `consume`, remembering `attempt` (a keyed hash of the caller's
+    /// attempt id) with the record: the same attempt asking again gets
+    /// `Again(None)` instead of `Before`.
+    async fn consume_as(
+        &self,
+        key: &LedgerKey,
+        attempt: Option<[u8; 16]>,
+    ) -> Result<Consumed, LedgerError> {
+        match attempt {
+            None => self.consume(key).await,
+            Some(_) => Err(LedgerError(
+                "this ledger does not support attempt ids".into(),
+            )),
+        }
+    }
     /// Reserves `key` for `lease` (`Consumed::Now` = reserved by this call):
     /// absent, or reserved under a lease that ended before `now`, becomes
     /// reserved; consumed is `Before`; reserved under a live lease is `InUse`.

@@ -65,7 +65,17 @@ impl Default for PgOptions {
     }
 }
 
-type Waiter = (LedgerKey, oneshot::Sender<Result<Consumed, LedgerError>>);
+/// A consumption to decide: the key, the keyed hash of the caller's attempt
+/// id (if any), and where the answer goes.
+type Waiter = (
+    LedgerKey,
+    Option<[u8; 16]>,
+    oneshot::Sender<Result<Consumed, LedgerError>>,
+);
+
+/// What the database holds for a key that was not inserted: its state, whether
+/// a reservation's lease is live, and the attempt that made it.
+type Existing = HashMap<[u8; 32], (i16, bool, Option<Vec<u8>>)>;
 
 pub struct PgLedger {
     pool: Pool,
@@ -224,7 +234,9 @@ async fn migrate(pool: &Pool, limit: Duration) -> Result<(), LedgerError> {
          -- (rid, lease_until), 2 = consumed.
          ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS state smallint NOT NULL DEFAULT 2;
          ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS lease_until bigint;
-         ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS rid bytea;"
+         ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS rid bytea;
+         -- Keyed hash of the caller's attempt id (idempotent retries).
+         ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS attempt bytea;"
     );
     timed("migrate", limit * 5, tx.batch_execute(&ddl)).await?;
     timed("commit", limit, tx.commit()).await?;
@@ -313,28 +325,37 @@ async fn run_batcher(
             healthy.store(result.is_ok(), Ordering::Relaxed);
             drop(permit);
             match result {
-                Ok((inserted, horizon, in_use)) => {
+                Ok((inserted, horizon, existing)) => {
+                    // The attempt each inserted id was inserted with (the
+                    // first waiter of that id in the sorted batch).
                     let mut fresh: HashMap<[u8; 32], bool> =
                         inserted.into_iter().map(|id| (id, true)).collect();
-                    for (key, reply) in batch {
-                        // The first waiter of an inserted id gets Now; any
-                        // later waiter of the same id in this batch, Before;
-                        // a key below the database's horizon, PastHorizon.
+                    for (key, attempt, reply) in batch {
+                        // The first waiter of an inserted id gets Now; a later
+                        // waiter of the same id, or a key found in the table,
+                        // is judged by what is there; a key below the
+                        // database's horizon, PastHorizon.
                         let now = fresh.get_mut(&key.id).map(std::mem::take).unwrap_or(false);
                         let c = if now {
                             Consumed::Now
                         } else if i64::try_from(key.expires_at).unwrap_or(i64::MAX) < horizon {
                             Consumed::PastHorizon
-                        } else if in_use.contains(&key.id) {
-                            Consumed::InUse
                         } else {
-                            Consumed::Before
+                            match existing.get(&key.id) {
+                                Some((1, _, _)) => Consumed::InUse,
+                                Some((_, _, Some(a)))
+                                    if attempt.is_some_and(|x| x[..] == a[..]) =>
+                                {
+                                    Consumed::Again(None)
+                                }
+                                _ => Consumed::Before,
+                            }
                         };
                         let _ = reply.send(Ok(c));
                     }
                 }
                 Err(e) => {
-                    for (_, reply) in batch {
+                    for (_, _, reply) in batch {
                         let _ = reply.send(Err(LedgerError(e.0.clone())));
                     }
                 }
@@ -352,30 +373,41 @@ async fn insert_batch(
     batch: &[Waiter],
     limit: Duration,
     skew: i64,
-) -> Result<(Vec<[u8; 32]>, i64, Vec<[u8; 32]>), LedgerError> {
+) -> Result<(Vec<[u8; 32]>, i64, Existing), LedgerError> {
     // Rows go in sorted by id (ORDER BY below), so that concurrent batches on
     // other replicas take their row locks in the same order and cannot
-    // deadlock on overlapping keys.
-    let mut keys: Vec<(&[u8], i64)> = batch
+    // deadlock on overlapping keys. A stable sort keeps the first waiter of
+    // an id first: its attempt is the one recorded.
+    /// (id, expiry, attempt hash) of one row to insert.
+    type Row<'a> = (&'a [u8], i64, Option<&'a [u8]>);
+    let mut keys: Vec<Row<'_>> = batch
         .iter()
-        .map(|(k, _)| (&k.id[..], i64::try_from(k.expires_at).unwrap_or(i64::MAX)))
+        .map(|(k, a, _)| {
+            (
+                &k.id[..],
+                i64::try_from(k.expires_at).unwrap_or(i64::MAX),
+                a.as_ref().map(|a| &a[..]),
+            )
+        })
         .collect();
-    keys.sort_unstable();
+    keys.sort_by(|a, b| a.0.cmp(b.0));
     keys.dedup_by(|a, b| a.0 == b.0);
     let ids: Vec<&[u8]> = keys.iter().map(|k| k.0).collect();
     let expiries: Vec<i64> = keys.iter().map(|k| k.1).collect();
+    let attempts: Vec<Option<&[u8]>> = keys.iter().map(|k| k.2).collect();
     let client = timed("connect", limit, pool.get()).await?;
     // One statement: the horizon by the database's clock, the insert of
     // every key at or above it, and the horizon itself as the last row.
     let sql = format!(
         "WITH h AS (SELECT extract(epoch FROM statement_timestamp())::bigint - $3 AS horizon),
               ins AS (
-                INSERT INTO {TABLE} (id, expires_at)
-                SELECT t.id, t.expires_at
-                  FROM unnest($1::bytea[], $2::bigint[]) AS t(id, expires_at), h
+                INSERT INTO {TABLE} (id, expires_at, attempt)
+                SELECT t.id, t.expires_at, t.attempt
+                  FROM unnest($1::bytea[], $2::bigint[], $4::bytea[]) AS t(id, expires_at, attempt), h
                  WHERE t.expires_at >= h.horizon
                  ORDER BY t.id
-                ON CONFLICT (id) DO UPDATE SET state = 2, lease_until = NULL, rid = NULL
+                ON CONFLICT (id) DO UPDATE
+                   SET state = 2, lease_until = NULL, rid = NULL, attempt = EXCLUDED.attempt
                  WHERE {TABLE}.state = 1
                    AND {TABLE}.lease_until < extract(epoch FROM statement_timestamp())::bigint
                 RETURNING id)
@@ -386,7 +418,12 @@ async fn insert_batch(
     let mut attempt = 0;
     let rows = loop {
         attempt += 1;
-        match tokio::time::timeout(limit, client.query(&stmt, &[&ids, &expiries, &skew])).await {
+        match tokio::time::timeout(
+            limit,
+            client.query(&stmt, &[&ids, &expiries, &skew, &attempts]),
+        )
+        .await
+        {
             Ok(Ok(rows)) => break rows,
             // A deadlock or serialization failure rolled the statement back
             // whole: nothing was committed, so one retry is safe.
@@ -409,17 +446,20 @@ async fn insert_batch(
         }
     }
     let horizon = horizon.ok_or_else(|| LedgerError("no horizon row".into()))?;
-    // Keys that were not inserted: consumed before, or reserved by another
-    // attempt under a live lease (IN_USE). Asked only when there are any.
-    let mut in_use = Vec::new();
+    // Keys that were not inserted: consumed before (by this attempt or
+    // another), or reserved under a live lease (IN_USE). Asked only when
+    // there are any; a reservation's state is 1 only while its lease lives
+    // (an ended one was taken over by the insert).
+    let mut existing = Existing::new();
     if inserted.len() < ids.len() {
         let rows = timed(
-            "in-use check",
+            "existing check",
             limit,
             client.query(
                 &format!(
-                    "SELECT id FROM {TABLE} WHERE id = ANY($1) AND state = 1
-                       AND lease_until >= extract(epoch FROM statement_timestamp())::bigint"
+                    "SELECT id, state, coalesce(lease_until >=
+                              extract(epoch FROM statement_timestamp())::bigint, false), attempt
+                       FROM {TABLE} WHERE id = ANY($1)"
                 ),
                 &[&ids],
             ),
@@ -428,11 +468,11 @@ async fn insert_batch(
         for r in &rows {
             let id: &[u8] = r.get(0);
             if let Ok(id) = <[u8; 32]>::try_from(id) {
-                in_use.push(id);
+                existing.insert(id, (r.get(1), r.get(2), r.get(3)));
             }
         }
     }
-    Ok((inserted, horizon, in_use))
+    Ok((inserted, horizon, existing))
 }
 
 /// A connection whose statement passed the client timeout: the statement is
@@ -460,9 +500,17 @@ impl PgLedger {
 #[async_trait::async_trait]
 impl Ledger for PgLedger {
     async fn consume(&self, key: &LedgerKey) -> Result<Consumed, LedgerError> {
+        self.consume_as(key, None).await
+    }
+
+    async fn consume_as(
+        &self,
+        key: &LedgerKey,
+        attempt: Option<[u8; 16]>,
+    ) -> Result<Consumed, LedgerError> {
         let (tx, rx) = oneshot::channel();
         self.tx
-            .send((*key, tx))
+            .send((*key, attempt, tx))
             .map_err(|_| LedgerError("batcher stopped".into()))?;
         rx.await
             .map_err(|_| LedgerError("batcher stopped".into()))?
@@ -490,19 +538,20 @@ impl Ledger for PgLedger {
         let until = i64::try_from(lease.until).unwrap_or(i64::MAX);
         let now = i64::try_from(now).unwrap_or(i64::MAX);
         let rid = &lease.rid[..];
+        let attempt = lease.attempt.as_ref().map(|a| &a[..]);
         let client = timed("connect", self.timeout, self.pool.get()).await?;
         let sql = format!(
             "WITH h AS (SELECT extract(epoch FROM statement_timestamp())::bigint - $5 AS horizon)
-             INSERT INTO {TABLE} (id, expires_at, state, lease_until, rid)
-             SELECT $1, $2, 1, $3, $4 FROM h WHERE $2 >= h.horizon
-             ON CONFLICT (id) DO UPDATE SET state = 1, lease_until = $3, rid = $4
+             INSERT INTO {TABLE} (id, expires_at, state, lease_until, rid, attempt)
+             SELECT $1, $2, 1, $3, $4, $7 FROM h WHERE $2 >= h.horizon
+             ON CONFLICT (id) DO UPDATE SET state = 1, lease_until = $3, rid = $4, attempt = $7
               WHERE {TABLE}.state = 1 AND {TABLE}.lease_until < $6
              RETURNING id"
         );
         let rows = timed(
             "reserve",
             self.timeout,
-            client.query(&sql, &[&id, &exp, &until, &rid, &self.skew, &now]),
+            client.query(&sql, &[&id, &exp, &until, &rid, &self.skew, &now, &attempt]),
         )
         .await?;
         if !rows.is_empty() {
@@ -511,14 +560,35 @@ impl Ledger for PgLedger {
         let row = timed(
             "reserve check",
             self.timeout,
-            client.query_opt(&format!("SELECT state FROM {TABLE} WHERE id = $1"), &[&id]),
+            client.query_opt(
+                &format!("SELECT state, lease_until, rid, attempt FROM {TABLE} WHERE id = $1"),
+                &[&id],
+            ),
         )
         .await?;
-        Ok(match row.map(|r| r.get::<_, i16>(0)) {
+        let Some(row) = row else {
             // Not inserted and not there: below the database's horizon.
-            None => Consumed::PastHorizon,
-            Some(1) => Consumed::InUse,
-            Some(_) => Consumed::Before,
+            return Ok(Consumed::PastHorizon);
+        };
+        let (state, held_until, held_rid, held_attempt): (
+            i16,
+            Option<i64>,
+            Option<&[u8]>,
+            Option<&[u8]>,
+        ) = (row.get(0), row.get(1), row.get(2), row.get(3));
+        Ok(match state {
+            1 if attempt.is_some() && held_attempt == attempt => {
+                let rid = held_rid
+                    .and_then(|r| <[u8; 16]>::try_from(r).ok())
+                    .ok_or_else(|| LedgerError("unexpected rid length".into()))?;
+                Consumed::Again(Some(Lease {
+                    rid,
+                    until: held_until.and_then(|u| u64::try_from(u).ok()).unwrap_or(0),
+                    attempt: lease.attempt,
+                }))
+            }
+            1 => Consumed::InUse,
+            _ => Consumed::Before,
         })
     }
 

@@ -54,8 +54,14 @@ const V_COMMITTED: u8 = 3;
 /// Work for the writer thread. Every decision is made by this one thread,
 /// so check-then-write needs no compare-and-swap.
 enum Job {
-    /// Decide a consumption at `now` (an expired reservation is taken over).
-    Consume(LedgerKey, u64, oneshot::Sender<Result<Consumed, String>>),
+    /// Decide a consumption at `now` (an expired reservation is taken over),
+    /// by an attempt (keyed hash) if named.
+    Consume(
+        LedgerKey,
+        u64,
+        Option<[u8; 16]>,
+        oneshot::Sender<Result<Consumed, String>>,
+    ),
     /// Decide a reservation.
     Reserve(
         LedgerKey,
@@ -319,22 +325,27 @@ impl Writer {
         let mut answers = Vec::with_capacity(jobs.len());
         for job in jobs {
             let answer = match job {
-                Job::Consume(key, now, _) | Job::Reserve(key, _, now, _)
-                    if key.expires_at < self.horizon =>
-                {
-                    let _ = now;
+                Job::Consume(key, ..) | Job::Reserve(key, ..) if key.expires_at < self.horizon => {
                     Answer::Consumed(Consumed::PastHorizon)
                 }
-                Job::Consume(key, now, _) => {
+                Job::Consume(key, now, attempt, _) => {
                     let k = key.to_bytes();
+                    let same = |a: Option<[u8; 16]>| attempt.is_some() && a == *attempt;
                     let c = match Record::decode(get(&overlay, &k)?.as_deref()) {
                         Record::Absent => Consumed::Now,
                         Record::Reserved { until, .. } if until < *now => Consumed::Now,
                         Record::Reserved { .. } => Consumed::InUse,
-                        Record::Consumed | Record::Committed(_) => Consumed::Before,
+                        Record::Consumed { attempt: a } | Record::Committed { attempt: a, .. }
+                            if same(a) =>
+                        {
+                            Consumed::Again(None)
+                        }
+                        Record::Consumed { .. } | Record::Committed { .. } => Consumed::Before,
                     };
                     if c == Consumed::Now {
-                        overlay.insert(k, Some(vec![V_CONSUMED]));
+                        let mut v = vec![V_CONSUMED];
+                        v.extend(attempt.iter().flatten());
+                        overlay.insert(k, Some(v));
                     }
                     Answer::Consumed(c)
                 }
@@ -343,13 +354,25 @@ impl Writer {
                     let c = match Record::decode(get(&overlay, &k)?.as_deref()) {
                         Record::Absent => Consumed::Now,
                         Record::Reserved { until, .. } if until < *now => Consumed::Now,
+                        Record::Reserved {
+                            until,
+                            rid,
+                            attempt: a,
+                        } if lease.attempt.is_some() && a == lease.attempt => {
+                            Consumed::Again(Some(Lease {
+                                rid,
+                                until,
+                                attempt: a,
+                            }))
+                        }
                         Record::Reserved { .. } => Consumed::InUse,
-                        Record::Consumed | Record::Committed(_) => Consumed::Before,
+                        Record::Consumed { .. } | Record::Committed { .. } => Consumed::Before,
                     };
                     if c == Consumed::Now {
                         let mut v = vec![V_RESERVED];
                         v.extend_from_slice(&lease.until.to_be_bytes());
                         v.extend_from_slice(&lease.rid);
+                        v.extend(lease.attempt.iter().flatten());
                         overlay.insert(k, Some(v));
                     }
                     Answer::Consumed(c)
@@ -357,13 +380,18 @@ impl Writer {
                 Job::Commit(key, rid, now, _) => {
                     let k = key.to_bytes();
                     let c = match Record::decode(get(&overlay, &k)?.as_deref()) {
-                        Record::Reserved { until, rid: r } if r == *rid && until >= *now => {
+                        Record::Reserved {
+                            until,
+                            rid: r,
+                            attempt,
+                        } if r == *rid && until >= *now => {
                             let mut v = vec![V_COMMITTED];
                             v.extend_from_slice(rid);
+                            v.extend(attempt.iter().flatten());
                             overlay.insert(k, Some(v));
                             Committed::Done
                         }
-                        Record::Committed(r) if r == *rid => Committed::Done,
+                        Record::Committed { rid: r, .. } if r == *rid => Committed::Done,
                         _ => Committed::LeaseLost,
                     };
                     Answer::Committed(c)
@@ -443,7 +471,7 @@ enum Answer {
 
 fn answer_job(job: Job, answer: Result<Answer, String>) {
     match (job, answer) {
-        (Job::Consume(_, _, r) | Job::Reserve(_, _, _, r), a) => {
+        (Job::Consume(_, _, _, r) | Job::Reserve(_, _, _, r), a) => {
             let _ = r.send(a.and_then(|a| match a {
                 Answer::Consumed(c) => Ok(c),
                 _ => Err("internal: mismatched answer".into()),
@@ -468,35 +496,55 @@ fn answer_job(job: Job, answer: Result<Answer, String>) {
     }
 }
 
-/// A record's value, decoded.
+/// A record's value, decoded. Each kind may end with the 16-byte keyed hash
+/// of the attempt that made it.
 enum Record {
     Absent,
-    Consumed,
-    Reserved { until: u64, rid: [u8; 16] },
-    Committed([u8; 16]),
+    Consumed {
+        attempt: Option<[u8; 16]>,
+    },
+    Reserved {
+        until: u64,
+        rid: [u8; 16],
+        attempt: Option<[u8; 16]>,
+    },
+    Committed {
+        rid: [u8; 16],
+        attempt: Option<[u8; 16]>,
+    },
+}
+
+fn arr16(b: &[u8]) -> [u8; 16] {
+    let mut a = [0u8; 16];
+    a.copy_from_slice(&b[..16]);
+    a
 }
 
 impl Record {
     fn decode(v: Option<&[u8]>) -> Record {
+        let attempt = |rest: &[u8], at: usize| (rest.len() == at + 16).then(|| arr16(&rest[at..]));
         match v {
             None => Record::Absent,
-            Some([V_RESERVED, rest @ ..]) if rest.len() == 24 => {
+            Some([V_RESERVED, rest @ ..]) if rest.len() == 24 || rest.len() == 40 => {
                 let mut until = [0u8; 8];
                 until.copy_from_slice(&rest[..8]);
-                let mut rid = [0u8; 16];
-                rid.copy_from_slice(&rest[8..]);
                 Record::Reserved {
                     until: u64::from_be_bytes(until),
-                    rid,
+                    rid: arr16(&rest[8..24]),
+                    attempt: attempt(rest, 24),
                 }
             }
-            Some([V_COMMITTED, rest @ ..]) if rest.len() == 16 => {
-                let mut rid = [0u8; 16];
-                rid.copy_from_slice(rest);
-                Record::Committed(rid)
+            Some([V_COMMITTED, rest @ ..]) if rest.len() == 16 || rest.len() == 32 => {
+                Record::Committed {
+                    rid: arr16(&rest[..16]),
+                    attempt: attempt(rest, 16),
+                }
             }
+            Some([V_CONSUMED, rest @ ..]) if rest.len() == 16 => Record::Consumed {
+                attempt: Some(arr16(rest)),
+            },
             // V_CONSUMED, and anything unexpected: consumed (fail closed).
-            Some(_) => Record::Consumed,
+            Some(_) => Record::Consumed { attempt: None },
         }
     }
 }
@@ -504,7 +552,7 @@ impl Record {
 fn refuse(jobs: Vec<Job>) {
     for j in jobs {
         match j {
-            Job::Consume(_, _, r) | Job::Reserve(_, _, _, r) => {
+            Job::Consume(_, _, _, r) | Job::Reserve(_, _, _, r) => {
                 let _ = r.send(Err(DEAD.to_owned()));
             }
             Job::Commit(_, _, _, r) => {
@@ -527,8 +575,16 @@ fn refuse(jobs: Vec<Job>) {
 #[async_trait::async_trait]
 impl Ledger for SledLedger {
     async fn consume(&self, key: &LedgerKey) -> Result<Consumed, LedgerError> {
+        self.consume_as(key, None).await
+    }
+
+    async fn consume_as(
+        &self,
+        key: &LedgerKey,
+        attempt: Option<[u8; 16]>,
+    ) -> Result<Consumed, LedgerError> {
         let (key, now) = (*key, self.clock.now_unix());
-        self.ask(|r| Job::Consume(key, now, r)).await
+        self.ask(|r| Job::Consume(key, now, attempt, r)).await
     }
 
     async fn reserve(
