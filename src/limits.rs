@@ -388,23 +388,72 @@ pub fn limited_incoming(
 
 // === request bytes in flight ===
 
+/// The process-wide budget of request bytes in flight.
+#[derive(Debug)]
+struct Budget {
+    used: AtomicUsize,
+    max: usize,
+}
+
+impl Budget {
+    /// Takes `n` bytes if they fit.
+    fn take(&self, n: usize) -> bool {
+        let mut cur = self.used.load(Ordering::Relaxed);
+        loop {
+            let Some(next) = cur.checked_add(n).filter(|v| *v <= self.max) else {
+                return false;
+            };
+            match self
+                .used
+                .compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Relaxed)
+            {
+                Ok(_) => return true,
+                Err(seen) => cur = seen,
+            }
+        }
+    }
+}
+
+/// The bytes one request holds: shared by its body (while tonic reads it)
+/// and its response future (until the answer exists); given back when the
+/// last of the two is dropped.
+#[derive(Debug)]
+struct Held {
+    bytes: AtomicUsize,
+    budget: Arc<Budget>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.budget
+            .used
+            .fetch_sub(*self.bytes.get_mut(), Ordering::AcqRel);
+    }
+}
+
 /// A tower layer charging every request's body bytes to one budget.
 #[derive(Clone, Debug)]
 pub struct InflightBytesLayer {
-    budget: Arc<Semaphore>,
+    budget: Arc<Budget>,
 }
 
 impl InflightBytesLayer {
     pub fn new(max_bytes: usize) -> Self {
         InflightBytesLayer {
-            budget: Arc::new(Semaphore::new(
-                max_bytes.clamp(64 * 1024, Semaphore::MAX_PERMITS),
-            )),
+            budget: Arc::new(Budget {
+                used: AtomicUsize::new(0),
+                max: max_bytes.max(64 * 1024),
+            }),
         }
     }
     /// Bytes currently free in the budget.
     pub fn available(&self) -> usize {
-        self.budget.available_permits()
+        self.budget.max
+            - self
+                .budget
+                .used
+                .load(Ordering::Relaxed)
+                .min(self.budget.max)
     }
 }
 
@@ -421,40 +470,51 @@ impl<S> tower_layer::Layer<S> for InflightBytesLayer {
 #[derive(Clone, Debug)]
 pub struct InflightBytes<S> {
     inner: S,
-    budget: Arc<Semaphore>,
+    budget: Arc<Budget>,
 }
-
-/// Permits a request holds: shared by its body (while tonic reads it) and
-/// its response future (until the answer exists).
-type Held = Arc<Mutex<Vec<OwnedSemaphorePermit>>>;
 
 impl<S> tower_service::Service<http::Request<tonic::body::Body>> for InflightBytes<S>
 where
-    S: tower_service::Service<http::Request<tonic::body::Body>> + Send,
-    S::Future: Send + 'static,
+    S: tower_service::Service<http::Request<tonic::body::Body>>,
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = Pin<Box<dyn std::future::Future<Output = Result<S::Response, S::Error>> + Send>>;
+    type Future = HoldingFuture<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
-        let held: Held = Arc::default();
+        let held = Arc::new(Held {
+            bytes: AtomicUsize::new(0),
+            budget: self.budget.clone(),
+        });
         let (parts, body) = req.into_parts();
         let body = tonic::body::Body::new(Metered {
             inner: body,
-            budget: self.budget.clone(),
             held: held.clone(),
         });
-        let fut = self.inner.call(http::Request::from_parts(parts, body));
-        Box::pin(async move {
-            let r = fut.await;
-            drop(held);
-            r
-        })
+        HoldingFuture {
+            inner: self.inner.call(http::Request::from_parts(parts, body)),
+            _held: held,
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The inner response future, holding the request's bytes until it ends.
+    pub struct HoldingFuture<F> {
+        #[pin]
+        inner: F,
+        _held: Arc<Held>,
+    }
+}
+
+impl<F: std::future::Future> std::future::Future for HoldingFuture<F> {
+    type Output = F::Output;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        self.project().inner.poll(cx)
     }
 }
 
@@ -462,8 +522,7 @@ pin_project_lite::pin_project! {
     struct Metered {
         #[pin]
         inner: tonic::body::Body,
-        budget: Arc<Semaphore>,
-        held: Held,
+        held: Arc<Held>,
     }
 }
 
@@ -479,14 +538,12 @@ impl HttpBody for Metered {
         match this.inner.poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
-                    let n = u32::try_from(data.len()).unwrap_or(u32::MAX);
-                    match this.budget.clone().try_acquire_many_owned(n) {
-                        Ok(p) => this.held.lock().unwrap_or_else(|e| e.into_inner()).push(p),
-                        Err(_) => {
-                            LIMIT_STATS.inflight_refused.fetch_add(1, Ordering::Relaxed);
-                            return Poll::Ready(Some(Err(crate::error::Reject::Overloaded.into())));
-                        }
+                    let n = data.len();
+                    if !this.held.budget.take(n) {
+                        LIMIT_STATS.inflight_refused.fetch_add(1, Ordering::Relaxed);
+                        return Poll::Ready(Some(Err(crate::error::Reject::Overloaded.into())));
                     }
+                    this.held.bytes.fetch_add(n, Ordering::Relaxed);
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
