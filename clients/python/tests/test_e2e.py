@@ -38,15 +38,28 @@ def ask(amount: int) -> Elicit[Confirm]:
     return Elicit(f"Transfer {amount}?", Confirm)
 
 
-def replica(tag: str, stateseal_addr: str, served: list, bearer: str | None = None) -> MCPServer:
+#: Tools whose next confirmed execution raises once (shared by the replicas).
+FAIL_ONCE: set[str] = set()
+
+
+def replica(
+    tag: str, stateseal_addr: str, served: list, bearer: str | None = None, reask: bool = True
+) -> MCPServer:
     server = MCPServer("transfer-service")
 
     @server.tool()
     async def transfer(amount: int, confirm: Annotated[Confirm, Resolve(ask)]) -> str:
         return f"transferred {amount}" if confirm.confirm else "cancelled"
 
+    @server.tool()
+    async def pay(amount: int, confirm: Annotated[Confirm, Resolve(ask)]) -> str:
+        if "pay" in FAIL_ONCE:
+            FAIL_ONCE.discard("pay")
+            raise RuntimeError("payment backend hiccup")
+        return f"paid {amount}" if confirm.confirm else "cancelled"
+
     client = RequestStateClient(stateseal_addr, bearer=bearer)
-    install(server, StatesealBoundary(client, audience="transfer-service"))
+    install(server, StatesealBoundary(client, audience="transfer-service", reask=reask))
 
     async def record(ctx, call_next):
         if ctx.method == "tools/call":
@@ -80,12 +93,14 @@ def front(backends: list[str]) -> Starlette:
 
 
 @asynccontextmanager
-async def deployment(stateseal_addr: str, bearer: str | None = None):
+async def deployment(stateseal_addr: str, bearer: str | None = None, reask: bool = True):
     served: list = []
     ports = [free_port(), free_port(), free_port()]
     apps = [
-        replica("A", stateseal_addr, served, bearer).streamable_http_app(stateless_http=True, json_response=True),
-        replica("B", stateseal_addr, served, bearer).streamable_http_app(stateless_http=True, json_response=True),
+        replica(tag, stateseal_addr, served, bearer, reask).streamable_http_app(
+            stateless_http=True, json_response=True
+        )
+        for tag in ("A", "B")
     ]
     apps.append(front([f"http://127.0.0.1:{ports[0]}", f"http://127.0.0.1:{ports[1]}"]))
     servers = [
@@ -132,20 +147,65 @@ def answers(r: types.InputRequiredResult) -> dict:
     return {key: {"action": "accept", "content": {"confirm": True}} for key in r.input_requests}
 
 
-async def test_replayed_state_and_answers_are_rejected(stateseal):
-    async with deployment(stateseal) as (url, _):
+async def test_a_replay_is_asked_again_never_executed(stateseal):
+    async with deployment(stateseal) as (url, served):
         async with Client(url, elicitation_callback=accept) as client:
             r = await first_round(client)
             done = await client.session.call_tool(
                 "transfer", {"amount": 42}, input_responses=answers(r), request_state=r.request_state
             )
             assert "transferred 42" in json.dumps(done.model_dump(mode="json"))
+            # The replay gets a fresh question (a new requestState), not a
+            # second transfer.
+            again = await client.session.call_tool(
+                "transfer",
+                {"amount": 42},
+                input_responses=answers(r),
+                request_state=r.request_state,
+                allow_input_required=True,
+            )
+            assert isinstance(again, types.InputRequiredResult), again
+            assert again.request_state and again.request_state != r.request_state
+
+
+async def test_a_replay_is_refused_when_reask_is_off(stateseal):
+    async with deployment(stateseal, reask=False) as (url, _):
+        async with Client(url, elicitation_callback=accept) as client:
+            r = await first_round(client)
+            await client.session.call_tool(
+                "transfer", {"amount": 42}, input_responses=answers(r), request_state=r.request_state
+            )
             with pytest.raises(MCPError) as e:
                 await client.session.call_tool(
                     "transfer", {"amount": 42}, input_responses=answers(r), request_state=r.request_state
                 )
             assert e.value.error.code == types.INVALID_PARAMS
             assert e.value.error.message == "Invalid or expired requestState"
+
+
+async def test_a_failed_handler_does_not_burn_the_retry(stateseal):
+    FAIL_ONCE.clear()
+    FAIL_ONCE.add("pay")
+    async with deployment(stateseal) as (url, served):
+        async with Client(url, elicitation_callback=accept) as client:
+            r = await client.session.call_tool("pay", {"amount": 5}, allow_input_required=True)
+            assert isinstance(r, types.InputRequiredResult), r
+            # The handler raises after stateseal opened the token: released.
+            failed = await client.session.call_tool(
+                "pay", {"amount": 5}, input_responses=answers(r), request_state=r.request_state
+            )
+            assert failed.is_error, failed
+            # The corrected retry with the same state and answers succeeds.
+            done = await client.session.call_tool(
+                "pay", {"amount": 5}, input_responses=answers(r), request_state=r.request_state
+            )
+            assert "paid 5" in json.dumps(done.model_dump(mode="json")), done
+            # And it was consumed by that success.
+            again = await client.session.call_tool(
+                "pay", {"amount": 5}, input_responses=answers(r), request_state=r.request_state,
+                allow_input_required=True,
+            )
+            assert isinstance(again, types.InputRequiredResult), again
 
 
 async def test_changed_arguments_or_modified_state_are_rejected(stateseal):
@@ -174,7 +234,7 @@ async def test_stateseal_unreachable_is_a_retryable_internal_error(tmp_path):
             with pytest.raises(MCPError) as e:
                 await client.session.call_tool("transfer", {"amount": 42}, allow_input_required=True)
             assert e.value.error.code == types.INTERNAL_ERROR
-            assert "Internal error" in e.value.error.message
+            assert "Temporarily unavailable" in e.value.error.message
 
 
 async def test_rejection_reasons_stay_in_the_server_log(stateseal, caplog):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import weakref
 from dataclasses import dataclass
 
 import grpc
@@ -17,22 +19,36 @@ DOMAIN = "stateseal"
 class StatesealError(Exception):
     """A rejection (or transport failure) from stateseal.
 
-    `reason` is stateseal's ErrorInfo reason (MALFORMED, TOO_LARGE, BAD_METHOD,
-    EXPIRED, REPLAYED, UNKNOWN_KEY, REJECTED, LEDGER_UNAVAILABLE), or the gRPC
-    code name when the failure did not come from stateseal itself.
+    `reason` is stateseal's ErrorInfo reason (see the service README's error
+    table), or the gRPC code name when the failure did not come from stateseal
+    itself (`from_stateseal` is then False).
     """
 
-    def __init__(self, reason: str, code: grpc.StatusCode, message: str) -> None:
+    #: Rejections of the request or token: the MCP client's side.
+    CLIENT_REASONS = frozenset(
+        {"MALFORMED", "TOO_LARGE", "BAD_METHOD", "EXPIRED", "REPLAYED", "UNKNOWN_KEY",
+         "REJECTED", "IN_USE", "LEASE_EXPIRED"}
+    )
+    #: Transient server-side conditions: retry.
+    TRANSIENT_REASONS = frozenset({"LEDGER_UNAVAILABLE", "CLOCK_UNSYNCED", "OVERLOADED"})
+
+    def __init__(self, reason: str, code: grpc.StatusCode, message: str, from_stateseal: bool = True) -> None:
         super().__init__(f"{reason}: {message}")
         self.reason = reason
         self.code = code
+        self.from_stateseal = from_stateseal
 
     @property
     def retryable(self) -> bool:
-        return self.reason == "LEDGER_UNAVAILABLE" or self.code in (
-            grpc.StatusCode.UNAVAILABLE,
-            grpc.StatusCode.DEADLINE_EXCEEDED,
-        )
+        """A transient outage: the same request may be retried."""
+        if self.from_stateseal:
+            return self.reason in self.TRANSIENT_REASONS
+        return self.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+    @property
+    def client_fault(self) -> bool:
+        """A rejection of what the MCP client sent (token, binding)."""
+        return self.from_stateseal and self.reason in self.CLIENT_REASONS
 
 
 @dataclass(frozen=True)
@@ -48,18 +64,20 @@ class Opened:
     expires_at_unix: int
     key_id: str
     consumed: bool
+    #: OPEN_MODE_RESERVE on a single-use token: pass it to commit() or release().
+    reservation: str = ""
+    lease_expires_at_unix: int = 0
 
 
 def _error(e: grpc.aio.AioRpcError) -> StatesealError:
-    reason = e.code().name
     for key, value in e.trailing_metadata() or ():
         if key == "grpc-status-details-bin":
             status = status_pb2.Status.FromString(value)
             for detail in status.details:
                 info = error_details_pb2.ErrorInfo()
                 if detail.Unpack(info) and info.domain == DOMAIN:
-                    reason = info.reason
-    return StatesealError(reason, e.code(), e.details() or "")
+                    return StatesealError(info.reason, e.code(), e.details() or "")
+    return StatesealError(e.code().name, e.code(), e.details() or "", from_stateseal=False)
 
 
 def _binding(subject: str, method: str, params_json: str | None, params_digest: bytes | None):
@@ -88,14 +106,30 @@ class RequestStateClient:
         timeout: float = 5.0,
         round_robin: bool = True,
     ) -> None:
-        options = [("grpc.lb_policy_name", "round_robin")] if round_robin else []
-        if credentials is not None:
-            self._channel = grpc.aio.secure_channel(target, credentials, options=options)
-        else:
-            self._channel = grpc.aio.insecure_channel(target, options=options)
-        self._stub = stateseal_pb2_grpc.RequestStateStub(self._channel)
+        self._target = target
+        self._credentials = credentials
+        self._options = [("grpc.lb_policy_name", "round_robin")] if round_robin else []
+        # A grpc.aio channel belongs to the event loop it was created in, so
+        # the client creates one lazily per running loop: building the client
+        # at import time (before any loop) works, and so do several loops.
+        self._per_loop: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, tuple[grpc.aio.Channel, stateseal_pb2_grpc.RequestStateStub]
+        ] = weakref.WeakKeyDictionary()
         self._metadata = (("authorization", f"Bearer {bearer}"),) if bearer else ()
         self._timeout = timeout
+
+    @property
+    def _stub(self) -> stateseal_pb2_grpc.RequestStateStub:
+        loop = asyncio.get_running_loop()
+        entry = self._per_loop.get(loop)
+        if entry is None:
+            if self._credentials is not None:
+                channel = grpc.aio.secure_channel(self._target, self._credentials, options=self._options)
+            else:
+                channel = grpc.aio.insecure_channel(self._target, options=self._options)
+            entry = (channel, stateseal_pb2_grpc.RequestStateStub(channel))
+            self._per_loop[loop] = entry
+        return entry[1]
 
     def __repr__(self) -> str:  # never the bearer secret
         return "RequestStateClient(..)"
@@ -131,16 +165,47 @@ class RequestStateClient:
         method: str,
         params_json: str | None = None,
         params_digest: bytes | None = None,
+        reserve: bool = False,
+        lease_seconds: int = 0,
+        attempt_id: str = "",
     ) -> Opened:
+        """Opens a token. A single-use token is consumed, or with `reserve`
+        reserved for a lease (then commit() or release() it). With
+        `attempt_id`, the same attempt opening again gets the same success,
+        so a retry after a timeout is safe."""
         req = stateseal_pb2.OpenRequest(
             request_state=request_state,
             binding=_binding(subject, method, params_json, params_digest),
+            mode=stateseal_pb2.OPEN_MODE_RESERVE if reserve else stateseal_pb2.OPEN_MODE_CONSUME,
+            lease_seconds=lease_seconds,
+            attempt_id=attempt_id,
         )
         try:
             r = await self._stub.Open(req, timeout=self._timeout, metadata=self._metadata)
         except grpc.aio.AioRpcError as e:
             raise _error(e) from None
-        return Opened(r.state, r.expires_at_unix, r.key_id, r.consumed)
+        return Opened(r.state, r.expires_at_unix, r.key_id, r.consumed, r.reservation, r.lease_expires_at_unix)
+
+    async def commit(self, reservation: str) -> None:
+        """Makes a reservation a durable consumption."""
+        try:
+            await self._stub.Commit(
+                stateseal_pb2.CommitRequest(reservation=reservation), timeout=self._timeout, metadata=self._metadata
+            )
+        except grpc.aio.AioRpcError as e:
+            raise _error(e) from None
+
+    async def release(self, reservation: str) -> None:
+        """Gives a reservation back: the token can be opened again."""
+        try:
+            await self._stub.Release(
+                stateseal_pb2.ReleaseRequest(reservation=reservation), timeout=self._timeout, metadata=self._metadata
+            )
+        except grpc.aio.AioRpcError as e:
+            raise _error(e) from None
 
     async def close(self) -> None:
-        await self._channel.close()
+        """Closes the channel of the running loop (others close with their loop)."""
+        entry = self._per_loop.pop(asyncio.get_running_loop(), None)
+        if entry is not None:
+            await entry[0].close()

@@ -6,21 +6,35 @@ Inbound (`tools/call`, `prompts/get`, `resources/read` carrying
 - the audience (this MCP service's name) and the verified principal, hashed
   together into the subject;
 - the method;
-- the whole request params (stateseal drops `inputResponses`, `requestState`
-  and `_meta`, canonicalizes with RFC 8785 and hashes), which covers
-  everything the SDK's boundary binds (tool/prompt name or resource URI and
-  arguments) and more;
-and, for single-use targets, consumed at most once across every replica.
-The handler then sees the plaintext the server minted, as with the SDK's own
-boundary, which is what lets the SDK trust its resolver state.
+- the request params under stateseal's binding v2 (the tool or prompt name
+  and its arguments, or the resource URI; numbers exact);
+and, for single-use targets, consumed at most once across every replica:
+- by default in two phases: stateseal *reserves* the token for a lease, the
+  handler runs, and the reservation is *committed* when the handler returns
+  and *released* when it raises (or when sealing the next round fails), so a
+  failed handler never burns the user's retry;
+- for targets listed in `at_most_once`, consumed before the handler runs
+  (at most once even if the handler crashes; a failure then costs the retry).
+Each incoming request gets an attempt id, so an Open that timed out after
+stateseal recorded it is retried safely (twice at most).
 
 Outbound: an `input_required` result's `requestState` is sealed under the
 same binding, single-use unless the target is listed in `reusable`.
 
-Errors: every stateseal rejection becomes the SDK's usual invalid-params error
-("Invalid or expired requestState") with the reason kept in this server's log
-only; `LEDGER_UNAVAILABLE` (or stateseal unreachable) becomes a retryable
-internal error.
+Errors (the package README has the table):
+- REPLAYED, EXPIRED, IN_USE: the request is run again without `requestState`
+  and `inputResponses` (re-ask), so the handler answers a fresh
+  `input_required` — a replayed token gets a new question, never an
+  execution (`reask=False` answers -32602 instead);
+- other rejections: the SDK's usual -32602 "Invalid or expired requestState",
+  the reason in this server's log only;
+- transient stateseal conditions (ledger unavailable, clock unsynced,
+  overloaded, unreachable): -32603 "Temporarily unavailable; retry";
+- anything else between this server and stateseal (authentication,
+  configuration): -32603 "Internal error" and an ERROR log naming the cause.
+
+Requests without `requestState` whose result is not `input_required` cost
+nothing: no serialization, no principal call.
 """
 
 from __future__ import annotations
@@ -28,6 +42,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import uuid
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import replace
 from typing import Any
@@ -43,6 +58,13 @@ from .client import RequestStateClient, StatesealError
 __all__ = ["StatesealBoundary", "install"]
 
 logger = logging.getLogger("stateseal_mcp")
+
+
+def _is_error(result: Any) -> bool:
+    """A tool result that reports failure (`isError`)."""
+    if isinstance(result, Mapping):
+        return bool(result.get("isError"))
+    return bool(getattr(result, "is_error", False))
 
 
 def _target(method: str, params: Mapping[str, Any]) -> str:
@@ -63,6 +85,12 @@ class StatesealBoundary:
       may open more than once; every other target is single-use (the default,
       and what the MCP specification's clients already do: a requestState is
       echoed once).
+    - `at_most_once`: targets consumed before their handler runs (at most
+      once even if the handler crashes); every other single-use target is
+      reserved, then committed when the handler returns or released when it
+      fails.
+    - `reask`: on REPLAYED, EXPIRED or IN_USE, run the request again without
+      its state so the handler asks afresh (default), instead of -32602.
     - `ttl_seconds`: 0 = the stateseal server's default.
     """
 
@@ -73,12 +101,16 @@ class StatesealBoundary:
         audience: str,
         principal: Callable[[ServerRequestContext[Any, Any]], str | None] = authenticated_principal,
         reusable: Collection[str] = (),
+        at_most_once: Collection[str] = (),
+        reask: bool = True,
         ttl_seconds: int = 0,
     ) -> None:
         self._client = client
         self._audience = audience
         self._principal = principal
         self._reusable = frozenset(reusable)
+        self._at_most_once = frozenset(at_most_once)
+        self._reask = reask
         self._ttl = ttl_seconds
 
     def _subject(self, ctx: ServerRequestContext[Any, Any]) -> str:
@@ -94,28 +126,103 @@ class StatesealBoundary:
         if ctx.method not in INPUT_REQUIRED_METHODS:
             return await call_next(ctx)
         params: Mapping[str, Any] = ctx.params or {}
-        subject = self._subject(ctx)
-        params_json = json.dumps(params, ensure_ascii=False, allow_nan=False)
         wire = params.get("requestState")
-        if wire is not None:
-            if not isinstance(wire, str):
-                self._reject(ctx.method, "NON_STRING")
+        if wire is None:
+            # No state to open: bind and seal only if the handler asks.
+            return await self._seal_if_asked(ctx, params, await call_next(ctx))
+        if not isinstance(wire, str):
+            self._reject(ctx.method, "NON_STRING")
+        subject = self._subject(ctx)
+        params_json = self._params_json(ctx.method, params)
+        target = _target(ctx.method, params)
+        reserve = target not in self._at_most_once
+        try:
+            opened = await self._open(wire, subject, ctx.method, params_json, reserve)
+        except StatesealError as e:
+            if e.client_fault and self._reask and e.reason in ("REPLAYED", "EXPIRED", "IN_USE"):
+                logger.info("requestState %s on %s: asking again", e.reason, ctx.method)
+                fresh = {k: v for k, v in params.items() if k not in ("requestState", "inputResponses")}
+                fresh_ctx = replace(ctx, params=fresh)
+                return await self._seal_if_asked(fresh_ctx, fresh, await call_next(fresh_ctx))
+            self._fail(ctx.method, e)
+        ctx = replace(ctx, params={**params, "requestState": opened.state.decode("utf-8")})
+        reservation = opened.reservation
+        try:
+            result = await call_next(ctx)
+            result = await self._seal_if_asked(ctx, params, result, subject=subject, params_json=params_json)
+        except BaseException:
+            if reservation:
+                await self._release(ctx.method, reservation)
+            raise
+        if reservation and _is_error(result):
+            # The tool reported failure (the SDK turns a raising tool into an
+            # error result): give the token back for the corrected retry.
+            await self._release(ctx.method, reservation)
+            return result
+        if reservation:
             try:
-                opened = await self._client.open(
-                    wire, subject=subject, method=ctx.method, params_json=params_json
+                await self._client.commit(reservation)
+            except StatesealError as e:
+                # The handler ran; its answer stands. Without the commit the
+                # token may open again after the lease (documented for
+                # reserve mode: handlers there must be idempotent).
+                logger.error("stateseal commit failed on %s: %s", ctx.method, e.reason)
+        return result
+
+    async def _open(self, wire: str, subject: str, method: str, params_json: str, reserve: bool):
+        attempt = uuid.uuid4().hex
+        for n in range(3):
+            try:
+                return await self._client.open(
+                    wire,
+                    subject=subject,
+                    method=method,
+                    params_json=params_json,
+                    reserve=reserve,
+                    attempt_id=attempt,
                 )
             except StatesealError as e:
-                if e.retryable:
-                    logger.warning("stateseal unavailable on %s: %s", ctx.method, e.reason)
-                    raise MCPError(code=INTERNAL_ERROR, message="Temporarily unavailable; retry") from None
-                self._reject(ctx.method, e.reason)
-            ctx = replace(ctx, params={**params, "requestState": opened.state.decode("utf-8")})
-        result = await call_next(ctx)
+                # Safe: the same attempt id gets the same success if the
+                # first try was recorded.
+                if n < 2 and not e.from_stateseal and e.retryable:
+                    logger.warning("stateseal open on %s: %s; retrying", method, e.reason)
+                    continue
+                raise
+        raise AssertionError("unreachable")
+
+    async def _release(self, method: str, reservation: str) -> None:
+        try:
+            await self._client.release(reservation)
+        except StatesealError as e:
+            # The lease ends by itself; the retry waits for it at worst.
+            logger.warning("stateseal release failed on %s: %s", method, e.reason)
+
+    def _params_json(self, method: str, params: Mapping[str, Any]) -> str:
+        try:
+            return json.dumps(params, ensure_ascii=False, allow_nan=False)
+        except (ValueError, TypeError, UnicodeEncodeError):
+            # NaN, infinities, lone surrogates: not bindable; refuse cleanly.
+            logger.warning("params on %s cannot be bound (not strict JSON)", method)
+            raise MCPError(code=INVALID_PARAMS, message="Invalid params") from None
+
+    async def _seal_if_asked(
+        self,
+        ctx: ServerRequestContext[Any, Any],
+        params: Mapping[str, Any],
+        result: HandlerResult,
+        *,
+        subject: str | None = None,
+        params_json: str | None = None,
+    ) -> HandlerResult:
         if not is_input_required(result):
             return result
         state = result.get("requestState") if isinstance(result, Mapping) else result.request_state
         if not isinstance(state, str):
             return result
+        if subject is None:
+            subject = self._subject(ctx)
+        if params_json is None:
+            params_json = self._params_json(ctx.method, params)
         target = _target(ctx.method, params)
         try:
             sealed = await self._client.seal(
@@ -127,11 +234,19 @@ class StatesealBoundary:
                 single_use=target not in self._reusable,
             )
         except StatesealError as e:
-            logger.error("stateseal refused to seal on %s: %s", ctx.method, e.reason)
-            raise MCPError(code=INTERNAL_ERROR, message="Internal error") from None
+            self._fail(ctx.method, e, sealing=True)
         if isinstance(result, Mapping):
             return {**result, "requestState": sealed.request_state}
         return result.model_copy(update={"request_state": sealed.request_state})
+
+    def _fail(self, method: str, e: StatesealError, sealing: bool = False):
+        if e.retryable:
+            logger.warning("stateseal unavailable on %s: %s", method, e.reason)
+            raise MCPError(code=INTERNAL_ERROR, message="Temporarily unavailable; retry") from None
+        if e.client_fault and not sealing:
+            self._reject(method, e.reason)
+        logger.error("stateseal call failed on %s: %s (check credentials and configuration)", method, e.reason)
+        raise MCPError(code=INTERNAL_ERROR, message="Internal error") from None
 
     @staticmethod
     def _reject(method: str, reason: str):
