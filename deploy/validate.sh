@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Validates deploy/ offline: renders base and overlay with kustomize, checks
 # them against the Kubernetes schemas (strict) for the lowest supported
-# version, lints the YAML, and checks our own rules.
+# version, lints the YAML, checks our own rules, and checks and unit-tests the
+# Prometheus alerting rules with promtool.
 # Usage: deploy/validate.sh [VENV_DIR]   (tools are installed into the venv)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -25,3 +26,10 @@ echo "kubernetes-validate --strict -k $MIN_K8S: ok"
 "$venv/bin/yamllint" -c "$here/.yamllint.yaml" "$here" "$out/base.yaml" "$out/single-node.yaml"
 echo "yamllint: ok"
 "$venv/bin/python" "$here/check_rules.py" "$out/base.yaml" "$out/single-node.yaml"
+
+# Alerting rules: syntax, and unit tests that fire and do not fire each alert.
+if ! command -v promtool >/dev/null 2>&1; then
+  echo "promtool not found; installing Debian's prometheus package"
+  apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus
+fi
+(cd "$here/alerts" && promtool check rules stateseal-rules.yaml && promtool test rules stateseal-rules.test.yaml)

@@ -699,6 +699,8 @@ impl RootKey {
 pub struct Keyring {
     keys: HashMap<KeyId, Arc<RootKey>>,
     primary: Arc<RootKey>,
+    /// When the primary was promoted (Unix seconds), from the keyset file.
+    primary_since: Option<u64>,
 }
 
 impl Keyring {
@@ -706,6 +708,7 @@ impl Keyring {
         file.validate()?;
         let mut keys = HashMap::new();
         let mut primary = None;
+        let mut primary_since = None;
         for rec in &file.keys {
             let Some(material) = rec.material.clone() else {
                 continue; // retired
@@ -718,11 +721,16 @@ impl Keyring {
             });
             if rec.state == KeyState::Primary {
                 primary = Some(key.clone());
+                primary_since = rec.promoted_at.or(Some(rec.created_at));
             }
             keys.insert(KeyId(rec.id), key);
         }
         let primary = primary.ok_or(KeysetError::Invalid("exactly one key must be primary"))?;
-        Ok(Keyring { keys, primary })
+        Ok(Keyring {
+            keys,
+            primary,
+            primary_since,
+        })
     }
 
     pub fn load(path: &Path) -> Result<Self, KeysetError> {
@@ -731,6 +739,11 @@ impl Keyring {
 
     pub fn primary(&self) -> &Arc<RootKey> {
         &self.primary
+    }
+
+    /// When the primary key became primary (Unix seconds), if known.
+    pub fn primary_since(&self) -> Option<u64> {
+        self.primary_since
     }
 
     /// A key that may open tokens (staged or primary); `None` if unknown or retired.

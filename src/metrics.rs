@@ -94,6 +94,9 @@ pub struct Metrics {
     auth_failures: AtomicU64,
 }
 
+/// Readiness as last reported (for `stateseal_ready`).
+pub static READY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// The process-wide metrics.
 pub static METRICS: Metrics = Metrics::new();
 
@@ -204,6 +207,27 @@ pub fn render(src: &Sources) -> String {
     let _ = writeln!(out, "# HELP stateseal_reload_failures_total New versions of watched files rejected.\n# TYPE stateseal_reload_failures_total counter\nstateseal_reload_failures_total {}", src.reload.failures.load(Ordering::Relaxed));
     let ring = src.keys.current();
     let _ = writeln!(out, "# HELP stateseal_primary_key_id Id of the key that seals.\n# TYPE stateseal_primary_key_id gauge\nstateseal_primary_key_id {}", ring.primary().id().0);
+    if let Some(t) = ring.primary_since() {
+        let _ = writeln!(out, "# HELP stateseal_primary_key_promoted_timestamp_seconds When the key that seals became primary (Unix seconds).\n# TYPE stateseal_primary_key_promoted_timestamp_seconds gauge\nstateseal_primary_key_promoted_timestamp_seconds {t}");
+    }
+    let _ = writeln!(out, "# HELP stateseal_ready 1 while readiness reports SERVING.\n# TYPE stateseal_ready gauge\nstateseal_ready {}", u8::from(READY.load(Ordering::Relaxed)));
+    for (name, help, v) in [
+        (
+            "stateseal_tls_certificate_expiry_timestamp_seconds",
+            "notAfter of the server certificate in force (Unix seconds).",
+            &crate::tls::CERT_NOT_AFTER,
+        ),
+        (
+            "stateseal_tls_client_ca_expiry_timestamp_seconds",
+            "Earliest notAfter of the client CA bundle in force (Unix seconds).",
+            &crate::tls::CLIENT_CA_NOT_AFTER,
+        ),
+    ] {
+        let v = v.load(Ordering::Relaxed);
+        if v > 0 {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+        }
+    }
     let _ = writeln!(out, "# HELP stateseal_keys Keys in force (staged and primary).\n# TYPE stateseal_keys gauge\nstateseal_keys {}", ring.summary().len());
     out
 }

@@ -361,6 +361,7 @@ fn behind_auth<S>(
 }
 
 async fn set_health(health: &tonic_health::server::HealthReporter, ready: bool) {
+    crate::metrics::READY.store(ready, std::sync::atomic::Ordering::Relaxed);
     let status = if ready {
         tonic_health::ServingStatus::Serving
     } else {

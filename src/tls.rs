@@ -52,6 +52,7 @@ impl TlsFiles {
         if certs.is_empty() {
             return Err(format!("{}: no certificate", self.cert.display()));
         }
+        let cert_not_after = not_after(certs[0].as_ref());
         let key = PrivateKeyDer::from_pem_file(&self.key)
             .map_err(|_| format!("{}: no usable private key", self.key.display()))?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -61,12 +62,15 @@ impl TlsFiles {
         let builder = match &self.client_ca {
             Some(ca) => {
                 let mut roots = rustls::RootCertStore::empty();
+                let mut ca_not_after = i64::MAX;
                 for c in CertificateDer::pem_file_iter(ca)
                     .map_err(|e| format!("{}: {e}", ca.display()))?
                 {
                     let c = c.map_err(|e| format!("{}: {e}", ca.display()))?;
+                    ca_not_after = ca_not_after.min(not_after(c.as_ref()));
                     roots.add(c).map_err(|e| format!("{}: {e}", ca.display()))?;
                 }
+                CLIENT_CA_NOT_AFTER.store(ca_not_after, Ordering::Relaxed);
                 if roots.is_empty() {
                     return Err(format!("{}: no CA certificate", ca.display()));
                 }
@@ -85,6 +89,7 @@ impl TlsFiles {
             )
         })?;
         cfg.alpn_protocols = vec![b"h2".to_vec()];
+        CERT_NOT_AFTER.store(cert_not_after, Ordering::Relaxed);
         Ok(Arc::new(cfg))
     }
 }
@@ -97,6 +102,18 @@ impl Connected for AuthedStream {
     fn connect_info(&self) -> PeerIdentity {
         self.peer().clone()
     }
+}
+
+/// notAfter (Unix seconds) of the server certificate in force, and the
+/// earliest notAfter of the client CA bundle in force (0: none loaded); for
+/// the expiry alerts.
+pub static CERT_NOT_AFTER: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
+pub static CLIENT_CA_NOT_AFTER: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
+
+fn not_after(der: &[u8]) -> i64 {
+    x509_parser::parse_x509_certificate(der)
+        .map(|(_, c)| c.validity().not_after.timestamp())
+        .unwrap_or(0)
 }
 
 /// The URI and DNS subject alternative names of a DER certificate.

@@ -209,6 +209,9 @@ async fn logs_of_a_full_run_hold_no_key_state_or_token_bytes() {
         "stateseal_primary_key_id 1",
         "stateseal_request_duration_seconds_bucket{rpc=\"Open\",le=\"+Inf\"} 9",
         "stateseal_ledger_flushes_total ",
+        "stateseal_ready 1",
+        "stateseal_clock_synced 1",
+        "stateseal_primary_key_promoted_timestamp_seconds ",
     ] {
         assert!(metrics.contains(want), "missing {want:?} in\n{metrics}");
     }
