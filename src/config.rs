@@ -11,7 +11,7 @@ use crate::auth::Authenticator;
 use crate::auth::Tenants;
 use crate::binding::Tenant;
 use crate::clock::{Clock, SystemClock};
-use crate::keyring::{Keyring, KeyringHandle, KeysetError, KeysetFile};
+use crate::keyring::{Keyring, KeyringHandle, KeysetError, KeysetFile, RetirePolicy};
 use crate::ledger::postgres::{PgLedger, PgOptions};
 use crate::ledger::sled::SledLedger;
 use crate::ledger::{Ledger, LedgerError};
@@ -67,16 +67,8 @@ pub enum KeysCommand {
     Retire {
         file: PathBuf,
         id: u32,
-        /// The servers' --max-ttl, in seconds.
-        #[arg(long, default_value_t = 3600)]
-        max_ttl: u64,
-        /// The servers' --clock-skew, in seconds.
-        #[arg(long, default_value_t = 60)]
-        clock_skew: u64,
-        /// Seconds a written keyset may take to reach every replica (a
-        /// mounted Secret: kubelet sync period plus its cache TTL).
-        #[arg(long, default_value_t = 120)]
-        rollout: u64,
+        #[command(flatten)]
+        policy: PolicyArgs,
         /// Retire even if tokens sealed under it may still be unexpired.
         #[arg(long)]
         force: bool,
@@ -88,16 +80,34 @@ pub enum KeysCommand {
         /// One JSON document instead of a table.
         #[arg(long)]
         json: bool,
-        /// The servers' --max-ttl, in seconds (for the retirement time).
-        #[arg(long, default_value_t = 3600)]
-        max_ttl: u64,
-        /// The servers' --clock-skew, in seconds.
-        #[arg(long, default_value_t = 60)]
-        clock_skew: u64,
-        /// Seconds a written keyset may take to reach every replica.
-        #[arg(long, default_value_t = 120)]
-        rollout: u64,
+        #[command(flatten)]
+        policy: PolicyArgs,
     },
+}
+
+/// What retirement must wait for (`keys retire`, `keys list`).
+#[derive(Clone, Copy, Debug, Args)]
+pub struct PolicyArgs {
+    /// The servers' --max-ttl, in seconds.
+    #[arg(long, default_value_t = 3600)]
+    pub max_ttl: u64,
+    /// The servers' --clock-skew, in seconds.
+    #[arg(long, default_value_t = 60)]
+    pub clock_skew: u64,
+    /// Seconds a written keyset may take to reach every replica (a mounted
+    /// Secret: kubelet sync period plus its cache TTL).
+    #[arg(long, default_value_t = 120)]
+    pub rollout: u64,
+}
+
+impl From<PolicyArgs> for RetirePolicy {
+    fn from(a: PolicyArgs) -> Self {
+        RetirePolicy {
+            max_ttl: a.max_ttl,
+            clock_skew: a.clock_skew,
+            rollout: a.rollout,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

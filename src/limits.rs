@@ -161,9 +161,6 @@ impl<IO, P> Counted<IO, P> {
             _permit: self._permit,
         }
     }
-    pub fn get_ref(&self) -> &IO {
-        &self.inner
-    }
     pub fn peer(&self) -> &P {
         &self.peer
     }

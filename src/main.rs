@@ -4,7 +4,7 @@ use anyhow::Context;
 use clap::Parser;
 use stateseal::clock::{Clock, SystemClock};
 use stateseal::config::{Cli, Command, KeysCommand, LogFormat};
-use stateseal::keyring::{KeysetFile, RetirePolicy};
+use stateseal::keyring::KeysetFile;
 
 /// Errors end the process with exit code 1 and one line: the error and its
 /// causes, never a backtrace (whatever RUST_BACKTRACE says).
@@ -86,35 +86,17 @@ fn keys(cmd: KeysCommand) -> anyhow::Result<()> {
         KeysCommand::Retire {
             file,
             id,
-            max_ttl,
-            clock_skew,
-            rollout,
+            policy,
             force,
         } => {
             let mut ks = KeysetFile::read(&file)?;
-            let policy = RetirePolicy {
-                max_ttl,
-                clock_skew,
-                rollout,
-            };
-            ks.retire(id, now, policy, force)?;
+            ks.retire(id, now, policy.into(), force)?;
             ks.write(&file, false)?;
             println!("key {id} is retired");
         }
-        KeysCommand::List {
-            file,
-            json,
-            max_ttl,
-            clock_skew,
-            rollout,
-        } => {
+        KeysCommand::List { file, json, policy } => {
             let ks = KeysetFile::read(&file)?;
-            let policy = RetirePolicy {
-                max_ttl,
-                clock_skew,
-                rollout,
-            };
-            let listing = ks.listing(now, policy);
+            let listing = ks.listing(now, policy.into());
             if json {
                 println!("{}", serde_json::to_string_pretty(&listing)?);
             } else {

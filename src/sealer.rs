@@ -180,7 +180,7 @@ impl Sealer {
                 params_digest_for(input.version, method, j)?
             }
         };
-        self.bind(tenant, input.subject, input.method, params, input.version)
+        Ok(self.bind(tenant, input.subject, method, params, input.version))
     }
 
     /// The cheap checks of a binding: subject and method.
@@ -202,23 +202,23 @@ impl Sealer {
         Ok(())
     }
 
-    /// A binding from checked parts and a computed digest.
+    /// A binding from parts that passed [`Sealer::check_binding`] and a
+    /// computed digest.
     pub fn bind(
         &self,
         tenant: &Tenant,
         subject: &str,
-        method: &str,
+        method: Method,
         params: ParamsDigest,
         version: BindingVersion,
-    ) -> Result<Binding, Reject> {
-        let method = self.check_binding(subject, method)?;
-        Ok(Binding {
+    ) -> Binding {
+        Binding {
             tenant: tenant.clone(),
             subject: subject.to_owned(),
             method,
             params,
             version,
-        })
+        }
     }
 
     /// Seals `state` under the primary key.

@@ -56,8 +56,9 @@ impl RequestStateService {
                 (digest, json_version)
             }
         };
-        self.sealer
-            .bind(tenant, &b.subject, &b.method, digest, version)
+        Ok(self
+            .sealer
+            .bind(tenant, &b.subject, method, digest, version))
     }
 }
 

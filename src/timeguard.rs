@@ -25,8 +25,6 @@ use crate::ledger::Ledger;
 #[derive(Debug)]
 pub struct TimeGuard {
     synced: AtomicBool,
-    /// Wall clock minus reference, seconds (last check).
-    offset: AtomicI64,
     skew: u64,
     anchor_wall: u64,
     anchor: Instant,
@@ -45,7 +43,6 @@ impl TimeGuard {
         let wall = WallClock.now_unix();
         let g = Arc::new(TimeGuard {
             synced: AtomicBool::new(true),
-            offset: AtomicI64::new(0),
             skew,
             anchor_wall: wall,
             anchor: Instant::now(),
@@ -59,7 +56,6 @@ impl TimeGuard {
     pub fn always_synced() -> Arc<Self> {
         Arc::new(TimeGuard {
             synced: AtomicBool::new(true),
-            offset: AtomicI64::new(0),
             skew: u64::MAX,
             anchor_wall: 0,
             anchor: Instant::now(),
@@ -104,7 +100,6 @@ impl TimeGuard {
             reference
         };
         let offset = wall as i64 - reference as i64;
-        self.offset.store(offset, Ordering::Relaxed);
         GUARD_OFFSET.store(offset, Ordering::Relaxed);
         let ok = offset.unsigned_abs() <= self.skew;
         let was = self.synced.swap(ok, Ordering::SeqCst);
@@ -123,18 +118,6 @@ impl TimeGuard {
             );
         }
         ok
-    }
-
-    /// One check against the ledger's reference (or the monotonic one).
-    pub async fn check(&self, ledger: &dyn Ledger) -> bool {
-        let reference = match ledger.reference_now().await {
-            Ok(Some(t)) => t,
-            Ok(None) => self.monotonic_now(),
-            // No reference answer: keep the last verdict (readiness follows
-            // the ledger's own health anyway).
-            Err(_) => return self.synced(),
-        };
-        self.judge(WallClock.now_unix(), reference)
     }
 }
 
@@ -159,10 +142,14 @@ pub async fn run(
 ) {
     let mut last_record = Instant::now();
     loop {
-        if guard.check(&*ledger).await && last_record.elapsed() >= record_every {
-            last_record = Instant::now();
-            if let Err(e) = ledger.record_high_water(WallClock.now_unix()).await {
-                tracing::warn!(error = %e, "cannot record the clock high-water mark");
+        // A reference that cannot be read keeps the last verdict (readiness
+        // follows the ledger's own health anyway) and records nothing.
+        if let Vouch::Trusted(wall) = guard.vouch(&*ledger).await {
+            if last_record.elapsed() >= record_every {
+                last_record = Instant::now();
+                if let Err(e) = ledger.record_high_water(wall).await {
+                    tracing::warn!(error = %e, "cannot record the clock high-water mark");
+                }
             }
         }
         tokio::time::sleep(every).await;

@@ -116,12 +116,6 @@ fn not_after(der: &[u8]) -> i64 {
         .unwrap_or(0)
 }
 
-/// The URI and DNS subject alternative names of a DER certificate.
-pub fn sans(der: &[u8]) -> (Vec<String>, Vec<String>) {
-    let c = identity(der);
-    (c.uris, c.dns)
-}
-
 /// The SANs and expiry of a DER certificate (already verified by rustls).
 pub fn identity(der: &[u8]) -> CertIdentity {
     use x509_parser::extensions::GeneralName;

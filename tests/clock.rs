@@ -305,11 +305,15 @@ async fn a_stalled_consumption_is_not_accepted_after_collection() {
     }
     #[async_trait::async_trait]
     impl Ledger for Stalling {
-        async fn consume(&self, key: &LedgerKey) -> Result<Consumed, LedgerError> {
+        async fn consume_as(
+            &self,
+            key: &LedgerKey,
+            attempt: Option<[u8; 16]>,
+        ) -> Result<Consumed, LedgerError> {
             if self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) > 0 {
                 self.release.notified().await;
             }
-            self.inner.consume(key).await
+            self.inner.consume_as(key, attempt).await
         }
         async fn ready(&self) -> bool {
             self.inner.ready().await

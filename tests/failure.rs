@@ -34,11 +34,15 @@ struct Faulty {
 
 #[async_trait::async_trait]
 impl Ledger for Faulty {
-    async fn consume(&self, key: &LedgerKey) -> Result<Consumed, LedgerError> {
+    async fn consume_as(
+        &self,
+        key: &LedgerKey,
+        attempt: Option<[u8; 16]>,
+    ) -> Result<Consumed, LedgerError> {
         if self.broken.load(Ordering::SeqCst) {
             return Err(LedgerError("injected: no space left on device".into()));
         }
-        self.inner.consume(key).await
+        self.inner.consume_as(key, attempt).await
     }
     async fn ready(&self) -> bool {
         !self.broken.load(Ordering::SeqCst) && self.inner.ready().await

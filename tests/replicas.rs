@@ -30,11 +30,16 @@ macro_rules! require_postgres {
     };
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_processes_one_database_each_token_accepted_exactly_once() {
-    let url = require_postgres!();
-    let tmp = tempfile::tempdir().unwrap();
-    let ks = tmp.path().join("keyset.json");
+/// Three stateseal processes on one database sharing a keyset made with
+/// `keys init` in `dir`, and a client of each.
+async fn three_replicas(
+    url: &str,
+    dir: &std::path::Path,
+) -> (
+    Vec<common::process::ServerProcess>,
+    Vec<stateseal::proto::request_state_client::RequestStateClient<tonic::transport::Channel>>,
+) {
+    let ks = dir.join("keyset.json");
     assert!(command()
         .args(["keys", "init"])
         .arg(&ks)
@@ -46,19 +51,27 @@ async fn three_processes_one_database_each_token_accepted_exactly_once() {
         "--ledger",
         "postgres",
         "--database-url",
-        url.as_str(),
+        url,
         "--keyset",
         ks.to_str().unwrap(),
         "--expected-replicas",
         "3",
     ];
     let procs: Vec<_> = (0..3)
-        .map(|i| spawn(&tmp.path().join(format!("d{i}")), &args, &[]))
+        .map(|i| spawn(&dir.join(format!("d{i}")), &args, &[]))
         .collect();
     let mut clients = Vec::new();
     for p in &procs {
         clients.push(connect(p.addr).await);
     }
+    (procs, clients)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_processes_one_database_each_token_accepted_exactly_once() {
+    let url = require_postgres!();
+    let tmp = tempfile::tempdir().unwrap();
+    let (procs, mut clients) = three_replicas(&url, tmp.path()).await;
     const TOKENS: usize = 1000;
     const CALLERS: usize = 8;
     let mut tokens = Vec::with_capacity(TOKENS);
@@ -283,27 +296,7 @@ async fn three_processes_race_reserves_and_commits() {
     use stateseal::proto::{CommitRequest, OpenMode, OpenRequest};
     let url = require_postgres!();
     let tmp = tempfile::tempdir().unwrap();
-    let ks = tmp.path().join("keyset.json");
-    stateseal::keyring::KeysetFile::generate(1)
-        .write(&ks, true)
-        .unwrap();
-    let args = [
-        "--ledger",
-        "postgres",
-        "--database-url",
-        url.as_str(),
-        "--keyset",
-        ks.to_str().unwrap(),
-        "--expected-replicas",
-        "3",
-    ];
-    let procs: Vec<_> = (0..3)
-        .map(|i| spawn(&tmp.path().join(format!("d{i}")), &args, &[]))
-        .collect();
-    let mut clients = Vec::new();
-    for p in &procs {
-        clients.push(connect(p.addr).await);
-    }
+    let (procs, mut clients) = three_replicas(&url, tmp.path()).await;
     const TOKENS: usize = 200;
     const CALLERS: usize = 6;
     let mut tokens = Vec::new();

@@ -3,7 +3,7 @@
 //! panic; every refusal is one of the fixed reasons.
 #![no_main]
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use libfuzzer_sys::fuzz_target;
@@ -18,7 +18,7 @@ use stateseal::sealer::{BindingInput, Limits, ParamsInput, Sealer};
 /// An in-memory ledger, emptied at the start of every fuzz input (never in
 /// the middle of one: that would make a consumed key consumable again).
 #[derive(Default)]
-struct MemLedger(Mutex<HashSet<[u8; 40]>>);
+struct MemLedger(Mutex<HashMap<[u8; 40], Option<[u8; 16]>>>);
 
 impl MemLedger {
     fn clear(&self) {
@@ -28,12 +28,19 @@ impl MemLedger {
 
 #[async_trait::async_trait]
 impl Ledger for MemLedger {
-    async fn consume(&self, key: &LedgerKey) -> Result<Consumed, LedgerError> {
-        let mut set = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        Ok(if set.insert(key.to_bytes()) {
-            Consumed::Now
-        } else {
-            Consumed::Before
+    async fn consume_as(
+        &self,
+        key: &LedgerKey,
+        attempt: Option<[u8; 16]>,
+    ) -> Result<Consumed, LedgerError> {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(match map.get(&key.to_bytes()) {
+            None => {
+                map.insert(key.to_bytes(), attempt);
+                Consumed::Now
+            }
+            Some(a) if attempt.is_some() && *a == attempt => Consumed::Again(None),
+            Some(_) => Consumed::Before,
         })
     }
     async fn ready(&self) -> bool {

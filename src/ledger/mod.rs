@@ -106,22 +106,18 @@ pub struct LedgerError(pub String);
 
 #[async_trait::async_trait]
 pub trait Ledger: Send + Sync + 'static {
-    /// Records `key` if absent. `Ok(Now)` only once the record is durable.
-    async fn consume(&self, key: &LedgerKey) -> Result<Consumed, LedgerError>;
-    /// Like `consume`, remembering `attempt` (a keyed hash of the caller's
-    /// attempt id) with the record: the same attempt asking again gets
-    /// `Again(None)` instead of `Before`.
+    /// Records `key` if absent, with `attempt` (a keyed hash of the
+    /// caller's attempt id, if any): the same attempt asking again gets
+    /// `Again(None)` instead of `Before`. `Ok(Now)` only once the record is
+    /// durable.
     async fn consume_as(
         &self,
         key: &LedgerKey,
         attempt: Option<[u8; 16]>,
-    ) -> Result<Consumed, LedgerError> {
-        match attempt {
-            None => self.consume(key).await,
-            Some(_) => Err(LedgerError(
-                "this ledger does not support attempt ids".into(),
-            )),
-        }
+    ) -> Result<Consumed, LedgerError>;
+    /// `consume_as` without an attempt id.
+    async fn consume(&self, key: &LedgerKey) -> Result<Consumed, LedgerError> {
+        self.consume_as(key, None).await
     }
     /// Reserves `key` for `lease` (`Consumed::Now` = reserved by this call):
     /// absent, or reserved under a lease that ended before `now`, becomes

@@ -499,10 +499,6 @@ impl PgLedger {
 
 #[async_trait::async_trait]
 impl Ledger for PgLedger {
-    async fn consume(&self, key: &LedgerKey) -> Result<Consumed, LedgerError> {
-        self.consume_as(key, None).await
-    }
-
     async fn consume_as(
         &self,
         key: &LedgerKey,

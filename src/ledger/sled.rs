@@ -574,10 +574,6 @@ fn refuse(jobs: Vec<Job>) {
 
 #[async_trait::async_trait]
 impl Ledger for SledLedger {
-    async fn consume(&self, key: &LedgerKey) -> Result<Consumed, LedgerError> {
-        self.consume_as(key, None).await
-    }
-
     async fn consume_as(
         &self,
         key: &LedgerKey,
