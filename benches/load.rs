@@ -247,6 +247,7 @@ impl Ctx {
                 state: self.state.clone(),
                 ttl_seconds: 0,
                 single_use,
+                ..Default::default()
             })
             .await
             .map(|r| r.into_inner().request_state)

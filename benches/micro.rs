@@ -41,6 +41,7 @@ impl Ours {
                 expires_at: u32::MAX,
                 single_use: true,
                 binding: stateseal::binding::BindingVersion::V1,
+                manifest: false,
             },
         }
     }

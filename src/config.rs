@@ -227,6 +227,19 @@ pub struct ServeArgs {
     /// Largest lease an OPEN_MODE_RESERVE may ask for (longer asks are capped).
     #[arg(long, env = "STATESEAL_MAX_LEASE_S", default_value_t = 300)]
     pub max_lease_s: u32,
+    /// Largest input_requests_json / input_responses_json accepted, in bytes.
+    #[arg(long, env = "STATESEAL_MAX_INPUT_BYTES", default_value_t = 262144)]
+    pub max_input_bytes: usize,
+    /// What Seal does with a form field whose name or title asks for a
+    /// password, token, key or payment credential: deny (BAD_INPUT_REQUESTS),
+    /// warn (seal and log) or off.
+    #[arg(
+        long,
+        env = "STATESEAL_CREDENTIAL_FIELDS",
+        value_enum,
+        default_value = "deny"
+    )]
+    pub credential_fields: crate::manifest::CredentialPolicy,
     /// How often expired ledger records are collected, in milliseconds.
     #[arg(long, env = "STATESEAL_GC_INTERVAL_MS", default_value_t = 30_000)]
     pub gc_interval_ms: u64,
@@ -299,9 +312,12 @@ impl ServeArgs {
                 "--default-ttl and --max-ttl must be positive, and default <= max".into(),
             ));
         }
-        if self.max_state_bytes > 16 * 1024 * 1024 || self.max_params_bytes > 64 * 1024 * 1024 {
+        if self.max_state_bytes > 16 * 1024 * 1024
+            || self.max_params_bytes > 64 * 1024 * 1024
+            || self.max_input_bytes > 16 * 1024 * 1024
+        {
             return Err(ConfigError::Invalid(
-                "--max-state-bytes is capped at 16 MiB and --max-params-bytes at 64 MiB".into(),
+                "--max-state-bytes and --max-input-bytes are capped at 16 MiB and --max-params-bytes at 64 MiB".into(),
             ));
         }
         Ok(Limits {
@@ -312,6 +328,8 @@ impl ServeArgs {
             clock_skew: self.clock_skew,
             default_lease: self.default_lease_s.clamp(1, self.max_lease_s.max(1)),
             max_lease: self.max_lease_s.max(1),
+            max_input_json: self.max_input_bytes,
+            credential_policy: self.credential_fields,
             ..Limits::default()
         })
     }

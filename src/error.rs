@@ -36,11 +36,14 @@ pub enum Reject {
     InUse,
     /// The reservation's lease ended (or was taken over) before Commit.
     LeaseExpired,
+    /// `input_requests_json` is not a valid MCP `inputRequests` object, or a
+    /// form field asks for a credential (policy `deny`).
+    BadInputRequests,
 }
 
 impl Reject {
     /// Every reason, for documentation checks and metrics.
-    pub const ALL: [Reject; 12] = [
+    pub const ALL: [Reject; 13] = [
         Reject::Malformed,
         Reject::TooLarge,
         Reject::BadMethod,
@@ -53,6 +56,7 @@ impl Reject {
         Reject::ClockUnsynced,
         Reject::InUse,
         Reject::LeaseExpired,
+        Reject::BadInputRequests,
     ];
 
     /// The machine-readable reason (`google.rpc.ErrorInfo.reason`).
@@ -70,6 +74,7 @@ impl Reject {
             Reject::ClockUnsynced => "CLOCK_UNSYNCED",
             Reject::InUse => "IN_USE",
             Reject::LeaseExpired => "LEASE_EXPIRED",
+            Reject::BadInputRequests => "BAD_INPUT_REQUESTS",
         }
     }
 
@@ -88,6 +93,7 @@ impl Reject {
             Reject::ClockUnsynced => "server clock out of agreement; retry on another replica",
             Reject::InUse => "single-use token reserved by another attempt",
             Reject::LeaseExpired => "reservation lease expired",
+            Reject::BadInputRequests => "input requests invalid or not allowed",
         }
     }
 }

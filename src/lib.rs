@@ -47,6 +47,7 @@ pub mod hardening;
 pub mod keyring;
 pub mod ledger;
 pub mod limits;
+pub mod manifest;
 pub mod metrics;
 pub mod reload;
 pub mod sealer;
@@ -90,6 +91,7 @@ pub mod proto {
                 .field("state_len", &self.state.len())
                 .field("ttl_seconds", &self.ttl_seconds)
                 .field("single_use", &self.single_use)
+                .field("input_requests_len", &self.input_requests_json.len())
                 .finish()
         }
     }
@@ -109,6 +111,8 @@ pub mod proto {
                 .field("binding", &self.binding)
                 .field("mode", &self.mode)
                 .field("lease_seconds", &self.lease_seconds)
+                .field("attempt_id_len", &self.attempt_id.len())
+                .field("input_responses_len", &self.input_responses_json.len())
                 .finish()
         }
     }
@@ -121,6 +125,8 @@ pub mod proto {
                 .field("consumed", &self.consumed)
                 .field("reservation_len", &self.reservation.len())
                 .field("lease_expires_at_unix", &self.lease_expires_at_unix)
+                .field("input_responses_len", &self.input_responses_json.len())
+                .field("dropped", &self.dropped.len())
                 .finish()
         }
     }

@@ -34,6 +34,10 @@ pub struct Limits {
     /// Lease of a reservation that asks for 0 seconds, and the largest.
     pub default_lease: u32,
     pub max_lease: u32,
+    /// Largest `input_requests_json` / `input_responses_json`, in bytes.
+    pub max_input_json: usize,
+    /// What Seal does with a form field that asks for a credential.
+    pub credential_policy: crate::manifest::CredentialPolicy,
 }
 
 impl Default for Limits {
@@ -47,6 +51,8 @@ impl Default for Limits {
             clock_skew: 60,
             default_lease: 30,
             max_lease: 300,
+            max_input_json: 256 * 1024,
+            credential_policy: crate::manifest::CredentialPolicy::Deny,
         }
     }
 }
@@ -89,6 +95,8 @@ impl std::fmt::Debug for Sealed {
 /// (where it moves into the response message).
 pub struct OpenedState {
     pub state: Zeroizing<Vec<u8>>,
+    /// The sealed manifest of the questions, if the token has one.
+    pub manifest: Option<Zeroizing<Vec<u8>>>,
     pub expires_at: u64,
     pub key_id: KeyId,
     /// This call consumed a single-use token.
@@ -229,6 +237,18 @@ impl Sealer {
         ttl_seconds: u32,
         single_use: bool,
     ) -> Result<Sealed, Reject> {
+        self.seal_with_manifest(binding, state, ttl_seconds, single_use, None)
+    }
+
+    /// Seals `state`, and the encoded manifest of the questions when given.
+    pub fn seal_with_manifest(
+        &self,
+        binding: &Binding,
+        state: &[u8],
+        ttl_seconds: u32,
+        single_use: bool,
+        manifest: Option<&[u8]>,
+    ) -> Result<Sealed, Reject> {
         if state.len() > self.limits.max_state {
             return Err(Reject::TooLarge);
         }
@@ -249,8 +269,15 @@ impl Sealer {
             expires_at: expires_at_u32,
             single_use,
             binding: binding.version,
+            manifest: manifest.is_some(),
         };
-        let token = token::seal(&key.tenant_keys(&binding.tenant), header, binding, state)?;
+        let token = token::seal_with_manifest(
+            &key.tenant_keys(&binding.tenant),
+            header,
+            binding,
+            manifest,
+            state,
+        )?;
         Ok(Sealed {
             token,
             expires_at,
@@ -399,6 +426,7 @@ impl Sealer {
         }
         Ok(OpenedState {
             state: opened.state,
+            manifest: opened.manifest,
             expires_at,
             key_id,
             consumed,

@@ -104,12 +104,17 @@ pub enum ServeError {
     Ledger(#[from] crate::ledger::LedgerError),
 }
 
-/// The largest gRPC message accepted: room for the largest params JSON plus a
-/// token carrying the largest state. Bigger messages are refused by the
-/// transport (RESOURCE_EXHAUSTED) before any of our checks.
+/// The largest gRPC message accepted: room for the largest params JSON, a
+/// token carrying the largest state and manifest, and the largest input
+/// requests or responses. Bigger messages are refused by the transport
+/// (RESOURCE_EXHAUSTED) before any of our checks.
 pub fn max_message_size(sealer: &Sealer) -> usize {
+    use crate::token::{encoded_len, MANIFEST_ROOM, OVERHEAD};
     let l = sealer.limits();
-    l.max_params_json + crate::token::encoded_len(crate::token::OVERHEAD + l.max_state) + 64 * 1024
+    l.max_params_json
+        + encoded_len(OVERHEAD + MANIFEST_ROOM + l.max_state)
+        + l.max_input_json
+        + 64 * 1024
 }
 
 /// The largest message health and reflection accept: a service name or a

@@ -11,6 +11,7 @@ use tonic::{Request, Response, Status};
 use crate::binding::{params_digest_for, Binding, BindingVersion, ParamsDigest, Tenant};
 use crate::error::Reject;
 use crate::limits::CanonPool;
+use crate::manifest::{Answers, Manifest};
 use crate::proto::request_state_server::RequestState;
 use crate::proto::{self, binding::Params};
 use crate::sealer::{OpenMode, Sealer};
@@ -62,6 +63,70 @@ impl RequestStateService {
     }
 }
 
+impl RequestStateService {
+    /// Validates `inputRequests` and encodes its manifest (on the bounded
+    /// pool when big).
+    async fn manifest(&self, json: String) -> Result<Vec<u8>, Reject> {
+        let limits = self.sealer.limits();
+        if json.len() > limits.max_input_json {
+            return Err(Reject::TooLarge);
+        }
+        let policy = limits.credential_policy;
+        let (manifest, warned) = self
+            .canon
+            .run(json, move |j| Manifest::build(j, policy))
+            .await
+            .map_err(|_| Reject::Overloaded)??;
+        for field in warned {
+            // A field name the MCP server chose, not user data.
+            tracing::warn!(
+                field = field.as_str(),
+                "form field looks like a credential; sealed under --credential-fields warn"
+            );
+        }
+        manifest.encode()
+    }
+
+    /// Checks `inputResponses` before the token is opened, so a malformed
+    /// answer never burns a single-use token.
+    async fn answers(&self, json: String) -> Result<Option<(Answers, String)>, Reject> {
+        if json.is_empty() {
+            return Ok(None);
+        }
+        if json.len() > self.sealer.limits().max_input_json {
+            return Err(Reject::TooLarge);
+        }
+        self.canon
+            .run(json, |j| Answers::parse(j).map(|a| Some((a, j.to_owned()))))
+            .await
+            .map_err(|_| Reject::Overloaded)?
+    }
+}
+
+/// The answers as Open returns them: filtered against the token's manifest,
+/// or as received when it has none.
+fn filtered(
+    manifest: Option<&[u8]>,
+    answers: Option<(Answers, String)>,
+) -> Result<(String, Vec<proto::DroppedResponse>), Reject> {
+    let Some((answers, raw)) = answers else {
+        return Ok((String::new(), Vec::new()));
+    };
+    let Some(manifest) = manifest else {
+        return Ok((raw, Vec::new()));
+    };
+    let f = Manifest::decode(manifest)?.filter(answers);
+    let dropped = f
+        .dropped
+        .into_iter()
+        .map(|(key, why)| proto::DroppedResponse {
+            key,
+            reason: why.code().to_owned(),
+        })
+        .collect();
+    Ok((f.json, dropped))
+}
+
 /// A process-unique id for the request's log lines.
 fn next_request_id() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(1);
@@ -90,7 +155,19 @@ impl RequestState for RequestStateService {
             .binding(&tenant, r.binding, BindingVersion::CURRENT)
             .await
         {
-            Ok(b) => self.sealer.seal(&b, &r.state, r.ttl_seconds, r.single_use),
+            Ok(b) => match r.input_requests_json.is_empty() {
+                true => self.sealer.seal(&b, &r.state, r.ttl_seconds, r.single_use),
+                false => match self.manifest(r.input_requests_json).await {
+                    Ok(m) => self.sealer.seal_with_manifest(
+                        &b,
+                        &r.state,
+                        r.ttl_seconds,
+                        r.single_use,
+                        Some(&m),
+                    ),
+                    Err(e) => Err(e),
+                },
+            },
             Err(e) => Err(e),
         };
         METRICS.request(Rpc::Seal, result.as_ref().err().copied(), started.elapsed());
@@ -141,18 +218,26 @@ impl RequestState for RequestStateService {
                 .binding(&tenant, r.binding, untrusted.header().binding)
                 .await
             {
-                Ok(binding) => {
-                    self.sealer
+                Ok(binding) => match self.answers(r.input_responses_json).await {
+                    Ok(answers) => self
+                        .sealer
                         .open_with(&binding, untrusted, mode, Some(&r.attempt_id))
                         .await
-                }
+                        .and_then(|o| {
+                            // Infallible for a token this service sealed:
+                            // the answers were checked above.
+                            let a = filtered(o.manifest.as_deref().map(|m| &m[..]), answers)?;
+                            Ok((o, a))
+                        }),
+                    Err(e) => Err(e),
+                },
                 Err(e) => Err(e),
             },
             (Err(e), _) | (_, Err(e)) => Err(e),
         };
         METRICS.request(Rpc::Open, result.as_ref().err().copied(), started.elapsed());
         match result {
-            Ok(mut o) => {
+            Ok((mut o, (input_responses_json, dropped))) => {
                 tracing::debug!(
                     tenant = tenant.as_str(),
                     key_id = o.key_id.0,
@@ -169,6 +254,8 @@ impl RequestState for RequestStateService {
                     consumed: o.consumed,
                     reservation,
                     lease_expires_at_unix,
+                    input_responses_json,
+                    dropped,
                 }))
             }
             Err(e) => {

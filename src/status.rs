@@ -14,7 +14,9 @@ pub const DOMAIN: &str = "stateseal";
 impl Reject {
     pub const fn code(self) -> Code {
         match self {
-            Reject::Malformed | Reject::TooLarge | Reject::BadMethod => Code::InvalidArgument,
+            Reject::Malformed | Reject::TooLarge | Reject::BadMethod | Reject::BadInputRequests => {
+                Code::InvalidArgument
+            }
             Reject::Expired | Reject::UnknownKey | Reject::LeaseExpired => Code::FailedPrecondition,
             Reject::InUse => Code::Aborted,
             Reject::Replayed => Code::AlreadyExists,

@@ -1,10 +1,15 @@
-//! The token wire format (version 1).
+//! The token wire format (versions 1 and 2).
 //!
 //! ```text
-//! token  = base64url-nopad( header[9] | nonce[24] | ciphertext[len(state)] | tag[16] )
+//! token  = base64url-nopad( header[9] | nonce[24] | ciphertext[len(plain)] | tag[16] )
 //! header = format[1] | key_id[4, big-endian] | expires_at[4, big-endian Unix seconds]
-//! format = 0x10 | flags      (high nibble: version 1; bit 0: single-use;
+//! format = version << 4 | flags
+//!                            (high nibble: 1 = plain is the state; 2 = plain
+//!                             carries a sealed manifest of the questions;
+//!                             bit 0: single-use;
 //!                             bits 1-3: params binding version - 1, so 0 = v1, 1 = v2)
+//! plain  = state                                            (version 1)
+//!        | len(manifest)[2, big-endian] | manifest | state  (version 2)
 //! AAD    = header | lp(tenant) | lp(subject) | lp(method) | params_digest[32]
 //!          where lp(x) = len(x)[4, big-endian] | x
 //! cipher = XChaCha20-Poly1305 under HKDF-SHA256(root[key_id], tenant)
@@ -29,11 +34,15 @@ use crate::error::Reject;
 use crate::keyring::{KeyId, TenantKeys, Wiped};
 
 pub const VERSION: u8 = 1;
+/// The format of a token whose plaintext starts with a manifest.
+pub const VERSION_MANIFEST: u8 = 2;
 pub const HEADER_LEN: usize = 9;
 pub const NONCE_LEN: usize = 24;
 pub const TAG_LEN: usize = 16;
 /// Bytes a token adds to the state before base64.
 pub const OVERHEAD: usize = HEADER_LEN + NONCE_LEN + TAG_LEN;
+/// The most a manifest adds (its length prefix and itself).
+pub const MANIFEST_ROOM: usize = 2 + crate::manifest::MAX_MANIFEST;
 
 const FLAG_SINGLE_USE: u8 = 0x01;
 const BINDING_SHIFT: u8 = 1;
@@ -52,22 +61,31 @@ pub struct Header {
     pub single_use: bool,
     /// The params binding the token was sealed under.
     pub binding: BindingVersion,
+    /// The plaintext starts with a manifest of the questions (format 2).
+    pub manifest: bool,
 }
 
 impl Header {
     pub fn to_bytes(self) -> [u8; HEADER_LEN] {
         let mut h = [0u8; HEADER_LEN];
         let binding = (self.binding.number() as u8 - 1) << BINDING_SHIFT;
-        h[0] = (VERSION << 4) | binding | if self.single_use { FLAG_SINGLE_USE } else { 0 };
+        let version = if self.manifest {
+            VERSION_MANIFEST
+        } else {
+            VERSION
+        };
+        h[0] = (version << 4) | binding | if self.single_use { FLAG_SINGLE_USE } else { 0 };
         h[1..5].copy_from_slice(&self.key_id.0.to_be_bytes());
         h[5..9].copy_from_slice(&self.expires_at.to_be_bytes());
         h
     }
 
     fn parse(h: &[u8; HEADER_LEN]) -> Result<Self, Reject> {
-        if h[0] >> 4 != VERSION {
-            return Err(Reject::Malformed);
-        }
+        let manifest = match h[0] >> 4 {
+            VERSION => false,
+            VERSION_MANIFEST => true,
+            _ => return Err(Reject::Malformed),
+        };
         let binding = match (h[0] & BINDING_MASK) >> BINDING_SHIFT {
             0 => BindingVersion::V1,
             1 => BindingVersion::V2,
@@ -80,6 +98,7 @@ impl Header {
             expires_at,
             single_use: h[0] & FLAG_SINGLE_USE != 0,
             binding,
+            manifest,
         })
     }
 }
@@ -111,15 +130,39 @@ pub fn seal_with_nonce(
     state: &[u8],
     nonce: &[u8; NONCE_LEN],
 ) -> Result<String, Reject> {
-    // The header names the binding version the digest was computed under.
+    seal_parts(keys, header, binding, None, state, nonce)
+}
+
+/// Seals `state`, and `manifest` when given (format 2; at most
+/// [`MAX_MANIFEST`](crate::manifest::MAX_MANIFEST) bytes).
+pub fn seal_parts(
+    keys: &TenantKeys,
+    header: Header,
+    binding: &Binding,
+    manifest: Option<&[u8]>,
+    state: &[u8],
+    nonce: &[u8; NONCE_LEN],
+) -> Result<String, Reject> {
+    // The header names the binding version the digest was computed under,
+    // and the format says whether a manifest leads the plaintext.
     let header = Header {
         binding: binding.version,
+        manifest: manifest.is_some(),
         ..header
     };
     let h = header.to_bytes();
-    let mut buf = Vec::with_capacity(OVERHEAD + state.len());
+    let extra = manifest.map_or(0, |m| 2 + m.len());
+    let mut buf = Zeroizing::new(Vec::with_capacity(OVERHEAD + extra + state.len()));
     buf.extend_from_slice(&h);
     buf.extend_from_slice(nonce);
+    if let Some(m) = manifest {
+        let len = u16::try_from(m.len())
+            .ok()
+            .filter(|&n| usize::from(n) <= crate::manifest::MAX_MANIFEST)
+            .ok_or(Reject::TooLarge)?;
+        buf.extend_from_slice(&len.to_be_bytes());
+        buf.extend_from_slice(m);
+    }
     buf.extend_from_slice(state);
     let tag = keys
         .aead
@@ -131,7 +174,7 @@ pub fn seal_with_nonce(
         // The only failure is a plaintext beyond XChaCha20's 256 GiB limit.
         .map_err(|_| Reject::TooLarge)?;
     buf.extend_from_slice(&tag);
-    Ok(URL_SAFE_NO_PAD.encode(&buf))
+    Ok(URL_SAFE_NO_PAD.encode(&*buf))
 }
 
 /// Seals `state` under a fresh random 192-bit nonce.
@@ -141,9 +184,20 @@ pub fn seal(
     binding: &Binding,
     state: &[u8],
 ) -> Result<String, Reject> {
+    seal_with_manifest(keys, header, binding, None, state)
+}
+
+/// Seals `state` and an optional manifest under a fresh random nonce.
+pub fn seal_with_manifest(
+    keys: &TenantKeys,
+    header: Header,
+    binding: &Binding,
+    manifest: Option<&[u8]>,
+    state: &[u8],
+) -> Result<String, Reject> {
     let mut nonce = [0u8; NONCE_LEN];
     rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut nonce);
-    seal_with_nonce(keys, header, binding, state, &nonce)
+    seal_parts(keys, header, binding, manifest, state, &nonce)
 }
 
 /// A token as received: parsed and bounds-checked, but NOT authenticated.
@@ -169,6 +223,8 @@ impl std::fmt::Debug for UntrustedToken {
 pub struct Opened {
     pub header: Header,
     pub state: Zeroizing<Vec<u8>>,
+    /// The sealed manifest (format 2 tokens).
+    pub manifest: Option<Zeroizing<Vec<u8>>>,
     /// The id under which a single-use token is recorded in the ledger.
     pub ledger_id: [u8; 32],
 }
@@ -185,7 +241,7 @@ impl std::fmt::Debug for Opened {
 impl UntrustedToken {
     /// Decodes and checks lengths and the header. `max_state` bounds the size.
     pub fn parse(token: &str, max_state: usize) -> Result<Self, Reject> {
-        if token.len() > encoded_len(OVERHEAD + max_state) {
+        if token.len() > encoded_len(OVERHEAD + max_state + MANIFEST_ROOM) {
             return Err(Reject::TooLarge);
         }
         // Strict: rejects padding, other alphabets and non-zero trailing bits,
@@ -201,6 +257,10 @@ impl UntrustedToken {
         let mut h = [0u8; HEADER_LEN];
         h.copy_from_slice(&bytes[..HEADER_LEN]);
         let header = Header::parse(&h)?;
+        // Only a token with a manifest may use the manifest's room.
+        if !header.manifest && bytes.len() > OVERHEAD + max_state {
+            return Err(Reject::TooLarge);
+        }
         Ok(UntrustedToken {
             bytes,
             raw_header: h,
@@ -238,10 +298,25 @@ impl UntrustedToken {
         // The plaintext moves to the front of the same allocation, which
         // becomes the state: no unwiped copy is left behind.
         self.bytes.drain(..HEADER_LEN + NONCE_LEN);
+        let manifest = if self.header.manifest {
+            let len = match self.bytes.get(..2) {
+                Some(l) => usize::from(u16::from_be_bytes([l[0], l[1]])),
+                None => return Err(Reject::Malformed),
+            };
+            if self.bytes.len() < 2 + len {
+                return Err(Reject::Malformed);
+            }
+            let m = Zeroizing::new(self.bytes[2..2 + len].to_vec());
+            self.bytes.drain(..2 + len);
+            Some(m)
+        } else {
+            None
+        };
         let state = Zeroizing::new(std::mem::take(&mut *self.bytes));
         Ok(Opened {
             header: self.header,
             state,
+            manifest,
             ledger_id: ledger_id(keys, &nonce),
         })
     }

@@ -124,6 +124,7 @@ fn generate() -> Value {
                 expires_at: v.expires_at,
                 single_use: v.single_use,
                 binding: stateseal::binding::BindingVersion::V1,
+                manifest: false,
             };
             let token = seal_with_nonce(&keys, header, &binding, v.state, &nonce(i)).unwrap();
             // Every vector opens, and gives back its state.

@@ -189,6 +189,7 @@ async fn a_caller_digest_and_params_json_bind_the_same() {
             state: b"s".to_vec(),
             ttl_seconds: 0,
             single_use: false,
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -414,8 +415,19 @@ async fn garbage_truncated_and_oversized_inputs_get_the_documented_reasons() {
         (t[..20].to_string(), "MALFORMED"),
         (URL_SAFE_NO_PAD.encode(&raw[..raw.len() - 3]), "REJECTED"),
         (URL_SAFE_NO_PAD.encode(&raw[..48]), "MALFORMED"),
-        ("A".repeat(10_000), "TOO_LARGE"),
-        (URL_SAFE_NO_PAD.encode([0x20u8; 60]), "MALFORMED"),
+        // Longer than a token with the largest state and manifest.
+        (
+            "A".repeat(
+                stateseal::token::encoded_len(49 + stateseal::token::MANIFEST_ROOM + 1024) + 4,
+            ),
+            "TOO_LARGE",
+        ),
+        // A version-1 header (no manifest) may not use the manifest's room.
+        (
+            URL_SAFE_NO_PAD.encode([[0x10u8, 0, 0, 0, 1].as_slice(), &[0u8; 49 + 1025]].concat()),
+            "TOO_LARGE",
+        ),
+        (URL_SAFE_NO_PAD.encode([0x30u8; 60]), "MALFORMED"),
         (
             URL_SAFE_NO_PAD.encode([[0x10u8, 0, 0, 0, 9].as_slice(), &[0u8; 60]].concat()),
             "UNKNOWN_KEY",

@@ -370,6 +370,7 @@ async fn params_amplification() {
                             state: b"x".to_vec(),
                             ttl_seconds: 0,
                             single_use: true,
+                            ..Default::default()
                         })
                         .await
                     {

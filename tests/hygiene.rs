@@ -46,6 +46,7 @@ fn debug_never_shows_state_tokens_subjects_or_params() {
         state: MARK.as_bytes().to_vec(),
         ttl_seconds: 1,
         single_use: true,
+        ..Default::default()
     };
     assert_hidden("SealRequest", format!("{seal:?}"));
     assert_hidden(
@@ -81,6 +82,7 @@ fn debug_never_shows_state_tokens_subjects_or_params() {
                 consumed: true,
                 reservation: MARK.into(),
                 lease_expires_at_unix: 1,
+                ..Default::default()
             }
         ),
     );
@@ -119,6 +121,7 @@ fn debug_never_shows_state_tokens_subjects_or_params() {
         expires_at: u32::MAX,
         single_use: true,
         binding: stateseal::binding::BindingVersion::V1,
+        manifest: false,
     };
     let t = stateseal::token::seal(&keys, header, &binding, MARK.as_bytes()).unwrap();
     let untrusted = UntrustedToken::parse(&t, 1 << 16).unwrap();

@@ -56,6 +56,7 @@ fn sealed() -> impl Strategy<Value = (Binding, Vec<u8>, Header, String)> {
                 expires_at: exp,
                 single_use,
                 binding: b.version,
+                manifest: false,
             };
             let t = token::seal(&keys(b.tenant.as_str()), header, &b, &state).unwrap();
             (b, state, header, t)
@@ -105,7 +106,7 @@ proptest! {
     #[test]
     fn splicing_two_tokens_is_rejected((b, _s, _h, t1) in sealed(), state2 in proptest::collection::vec(any::<u8>(), 0..512),
                                        at in any::<prop::sample::Index>()) {
-        let header = Header { key_id: KeyId(1), expires_at: 7, single_use: false, binding: stateseal::binding::BindingVersion::V1 };
+        let header = Header { key_id: KeyId(1), expires_at: 7, single_use: false, binding: stateseal::binding::BindingVersion::V1, manifest: false };
         let t2 = token::seal(&keys(b.tenant.as_str()), header, &b, &state2).unwrap();
         let (r1, r2) = (URL_SAFE_NO_PAD.decode(&t1).unwrap(), URL_SAFE_NO_PAD.decode(&t2).unwrap());
         let i = at.index(r1.len().min(r2.len()));

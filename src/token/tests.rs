@@ -22,6 +22,7 @@ const H: Header = Header {
     expires_at: 100,
     single_use: true,
     binding: crate::binding::BindingVersion::V1,
+    manifest: false,
 };
 
 #[test]
@@ -46,13 +47,17 @@ fn header_round_trip_and_reserved_bits() {
             binding: crate::binding::BindingVersion::V2,
             ..H
         },
+        Header {
+            manifest: true,
+            ..H
+        },
     ] {
         assert_eq!(Header::parse(&h.to_bytes()), Ok(h));
     }
     let mut b = H.to_bytes();
-    // Version nibble other than 1, or a binding version field other than
+    // Version nibble other than 1 and 2, or a binding version field other than
     // 0 (v1) and 1 (v2).
-    for bad in [0x00, 0x20, 0x14, 0x16, 0x18, 0x1e, 0xff] {
+    for bad in [0x00, 0x30, 0x14, 0x16, 0x18, 0x1e, 0x24, 0xff] {
         b[0] = bad;
         assert_eq!(Header::parse(&b), Err(Reject::Malformed), "{bad:#x}");
     }

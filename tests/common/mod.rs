@@ -153,6 +153,7 @@ pub fn seal_req(state: &[u8], single_use: bool) -> SealRequest {
         state: state.to_vec(),
         ttl_seconds: 0,
         single_use,
+        ..Default::default()
     }
 }
 

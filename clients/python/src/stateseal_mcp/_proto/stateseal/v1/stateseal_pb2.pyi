@@ -1,7 +1,8 @@
+from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -28,16 +29,18 @@ class Binding(_message.Message):
     def __init__(self, subject: _Optional[str] = ..., method: _Optional[str] = ..., params_digest: _Optional[bytes] = ..., params_json: _Optional[str] = ..., binding_version: _Optional[int] = ...) -> None: ...
 
 class SealRequest(_message.Message):
-    __slots__ = ("binding", "state", "ttl_seconds", "single_use")
+    __slots__ = ("binding", "state", "ttl_seconds", "single_use", "input_requests_json")
     BINDING_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     SINGLE_USE_FIELD_NUMBER: _ClassVar[int]
+    INPUT_REQUESTS_JSON_FIELD_NUMBER: _ClassVar[int]
     binding: Binding
     state: bytes
     ttl_seconds: int
     single_use: bool
-    def __init__(self, binding: _Optional[_Union[Binding, _Mapping]] = ..., state: _Optional[bytes] = ..., ttl_seconds: _Optional[int] = ..., single_use: _Optional[bool] = ...) -> None: ...
+    input_requests_json: str
+    def __init__(self, binding: _Optional[_Union[Binding, _Mapping]] = ..., state: _Optional[bytes] = ..., ttl_seconds: _Optional[int] = ..., single_use: _Optional[bool] = ..., input_requests_json: _Optional[str] = ...) -> None: ...
 
 class SealResponse(_message.Message):
     __slots__ = ("request_state", "expires_at_unix", "key_id")
@@ -50,34 +53,48 @@ class SealResponse(_message.Message):
     def __init__(self, request_state: _Optional[str] = ..., expires_at_unix: _Optional[int] = ..., key_id: _Optional[str] = ...) -> None: ...
 
 class OpenRequest(_message.Message):
-    __slots__ = ("request_state", "binding", "mode", "lease_seconds", "attempt_id")
+    __slots__ = ("request_state", "binding", "mode", "lease_seconds", "attempt_id", "input_responses_json")
     REQUEST_STATE_FIELD_NUMBER: _ClassVar[int]
     BINDING_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_ID_FIELD_NUMBER: _ClassVar[int]
+    INPUT_RESPONSES_JSON_FIELD_NUMBER: _ClassVar[int]
     request_state: str
     binding: Binding
     mode: OpenMode
     lease_seconds: int
     attempt_id: str
-    def __init__(self, request_state: _Optional[str] = ..., binding: _Optional[_Union[Binding, _Mapping]] = ..., mode: _Optional[_Union[OpenMode, str]] = ..., lease_seconds: _Optional[int] = ..., attempt_id: _Optional[str] = ...) -> None: ...
+    input_responses_json: str
+    def __init__(self, request_state: _Optional[str] = ..., binding: _Optional[_Union[Binding, _Mapping]] = ..., mode: _Optional[_Union[OpenMode, str]] = ..., lease_seconds: _Optional[int] = ..., attempt_id: _Optional[str] = ..., input_responses_json: _Optional[str] = ...) -> None: ...
 
 class OpenResponse(_message.Message):
-    __slots__ = ("state", "expires_at_unix", "key_id", "consumed", "reservation", "lease_expires_at_unix")
+    __slots__ = ("state", "expires_at_unix", "key_id", "consumed", "reservation", "lease_expires_at_unix", "input_responses_json", "dropped")
     STATE_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_AT_UNIX_FIELD_NUMBER: _ClassVar[int]
     KEY_ID_FIELD_NUMBER: _ClassVar[int]
     CONSUMED_FIELD_NUMBER: _ClassVar[int]
     RESERVATION_FIELD_NUMBER: _ClassVar[int]
     LEASE_EXPIRES_AT_UNIX_FIELD_NUMBER: _ClassVar[int]
+    INPUT_RESPONSES_JSON_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
     state: bytes
     expires_at_unix: int
     key_id: str
     consumed: bool
     reservation: str
     lease_expires_at_unix: int
-    def __init__(self, state: _Optional[bytes] = ..., expires_at_unix: _Optional[int] = ..., key_id: _Optional[str] = ..., consumed: _Optional[bool] = ..., reservation: _Optional[str] = ..., lease_expires_at_unix: _Optional[int] = ...) -> None: ...
+    input_responses_json: str
+    dropped: _containers.RepeatedCompositeFieldContainer[DroppedResponse]
+    def __init__(self, state: _Optional[bytes] = ..., expires_at_unix: _Optional[int] = ..., key_id: _Optional[str] = ..., consumed: _Optional[bool] = ..., reservation: _Optional[str] = ..., lease_expires_at_unix: _Optional[int] = ..., input_responses_json: _Optional[str] = ..., dropped: _Optional[_Iterable[_Union[DroppedResponse, _Mapping]]] = ...) -> None: ...
+
+class DroppedResponse(_message.Message):
+    __slots__ = ("key", "reason")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    reason: str
+    def __init__(self, key: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class CommitRequest(_message.Message):
     __slots__ = ("reservation",)

@@ -1,0 +1,788 @@
+//! The sealed manifest of what was asked (README, MCP binding profile).
+//!
+//! Seal may carry the `input_required` result's `inputRequests` object. It is
+//! validated against the MCP 2026-07-28 schema and reduced to a compact
+//! manifest — for each key: the kind of question and, for a form, what each
+//! field accepts — which travels encrypted inside the token (format 2,
+//! `docs/token-format.md`). Open may carry the retry's `inputResponses`; with
+//! a manifest in the token, the answers come back filtered against it, each
+//! drop listed with a fixed reason code.
+//!
+//! Rules (each a test in `tests/manifest.rs`):
+//! - input requests: an object of 1..=64 unique, non-empty keys; each an
+//!   object with `method` `elicitation/create` (form mode — `mode` absent or
+//!   `"form"` — with a flat `requestedSchema` of primitive properties; or URL
+//!   mode with `elicitationId` and an `https` URL, `http` only to loopback),
+//!   `sampling/createMessage` (with `messages` and `maxTokens`) or
+//!   `roots/list`. A form field whose name or title asks for a password,
+//!   token, key or payment credential is refused under the `deny` policy
+//!   (the default), logged under `warn`, not looked at under `off`.
+//! - answers: a key nobody asked is dropped (`UNASKED`); an answer of the
+//!   wrong shape for its question (an elicitation answer without a valid
+//!   `action`, a sampling answer without `role` and `content`, a roots answer
+//!   without `roots`) is dropped (`KIND_MISMATCH`); a form `accept` whose
+//!   `content` does not satisfy the sealed schema (types, enums, required,
+//!   bounds, formats, no unknown fields) is dropped (`INVALID_CONTENT`);
+//!   `content` on a URL-mode answer is removed (`URL_CONTENT`) and on a
+//!   `decline`/`cancel` answer too (`UNEXPECTED_CONTENT`), the rest of the
+//!   answer kept.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use serde_json::{Map, Value};
+
+use crate::canon::{canonicalize, NumberMode};
+use crate::error::Reject;
+
+/// Largest compact manifest, in bytes (sealed inside the token).
+pub const MAX_MANIFEST: usize = 16 * 1024;
+/// Most questions in one `inputRequests` object.
+pub const MAX_QUESTIONS: usize = 64;
+/// Most fields in one form.
+pub const MAX_FIELDS: usize = 64;
+/// Longest key (of a question or a form field), in bytes.
+pub const MAX_KEY: usize = 256;
+
+/// What Seal does with a form field that asks for a credential.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum CredentialPolicy {
+    /// Refuse the seal with BAD_INPUT_REQUESTS (the specification's MUST NOT).
+    #[default]
+    Deny,
+    /// Seal, and log a warning with the field name.
+    Warn,
+    /// Do not look.
+    Off,
+}
+
+/// Why an answer, or part of it, was dropped. The wire strings are fixed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DropReason {
+    Unasked,
+    KindMismatch,
+    InvalidContent,
+    UrlContent,
+    UnexpectedContent,
+}
+
+impl DropReason {
+    pub const ALL: [DropReason; 5] = [
+        DropReason::Unasked,
+        DropReason::KindMismatch,
+        DropReason::InvalidContent,
+        DropReason::UrlContent,
+        DropReason::UnexpectedContent,
+    ];
+
+    pub const fn code(self) -> &'static str {
+        match self {
+            DropReason::Unasked => "UNASKED",
+            DropReason::KindMismatch => "KIND_MISMATCH",
+            DropReason::InvalidContent => "INVALID_CONTENT",
+            DropReason::UrlContent => "URL_CONTENT",
+            DropReason::UnexpectedContent => "UNEXPECTED_CONTENT",
+        }
+    }
+}
+
+/// The questions, by key. Serialized compactly (short member names).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Manifest(BTreeMap<String, Question>);
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "k")]
+enum Question {
+    #[serde(rename = "f")]
+    Form {
+        #[serde(rename = "p")]
+        fields: BTreeMap<String, Field>,
+        #[serde(rename = "r", default, skip_serializing_if = "Vec::is_empty")]
+        required: Vec<String>,
+    },
+    #[serde(rename = "u")]
+    Url,
+    #[serde(rename = "s")]
+    Sampling,
+    #[serde(rename = "r")]
+    Roots,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+enum FieldKind {
+    #[serde(rename = "s")]
+    String,
+    #[serde(rename = "n")]
+    Number,
+    #[serde(rename = "i")]
+    Integer,
+    #[serde(rename = "b")]
+    Boolean,
+    /// A multi-select: an array of strings from `choices`.
+    #[serde(rename = "m")]
+    Multi,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+enum StrFormat {
+    #[serde(rename = "email")]
+    Email,
+    #[serde(rename = "uri")]
+    Uri,
+    #[serde(rename = "date")]
+    Date,
+    #[serde(rename = "date-time")]
+    DateTime,
+}
+
+/// What one form field accepts. `lo`/`hi` are the length bounds of a
+/// string, the value bounds of a number, the item bounds of a multi-select.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct Field {
+    #[serde(rename = "t")]
+    kind: FieldKind,
+    #[serde(rename = "e", default, skip_serializing_if = "Option::is_none")]
+    choices: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    lo: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    hi: Option<f64>,
+    #[serde(rename = "fmt", default, skip_serializing_if = "Option::is_none")]
+    format: Option<StrFormat>,
+}
+
+/// One JSON text, checked: well formed, no duplicate keys at any depth
+/// (two parsers keeping different duplicates would disagree on what was
+/// asked or answered), nesting bounded. Then parsed.
+fn parse_checked(json: &str, bad: Reject) -> Result<Value, Reject> {
+    canonicalize(json, NumberMode::Exact).map_err(|_| bad)?;
+    serde_json::from_str(json).map_err(|_| bad)
+}
+
+fn bad<T>() -> Result<T, Reject> {
+    Err(Reject::BadInputRequests)
+}
+
+impl Manifest {
+    /// Validates an `inputRequests` object and builds its manifest. Returns
+    /// the manifest and the names of credential-looking fields that the
+    /// `warn` policy let through (empty otherwise).
+    pub fn build(json: &str, policy: CredentialPolicy) -> Result<(Manifest, Vec<String>), Reject> {
+        let v = parse_checked(json, Reject::BadInputRequests)?;
+        let Value::Object(requests) = v else {
+            return bad();
+        };
+        if requests.is_empty() || requests.len() > MAX_QUESTIONS {
+            return bad();
+        }
+        let mut questions = BTreeMap::new();
+        let mut warned = Vec::new();
+        for (key, request) in &requests {
+            if key.is_empty() || key.len() > MAX_KEY {
+                return bad();
+            }
+            let q = question(request, policy, &mut warned)?;
+            questions.insert(key.clone(), q);
+        }
+        Ok((Manifest(questions), warned))
+    }
+
+    /// The compact form sealed in the token.
+    pub fn encode(&self) -> Result<Vec<u8>, Reject> {
+        let bytes = serde_json::to_vec(self).map_err(|_| Reject::BadInputRequests)?;
+        if bytes.len() > MAX_MANIFEST {
+            return Err(Reject::TooLarge);
+        }
+        Ok(bytes)
+    }
+
+    /// The manifest of an authenticated token.
+    pub fn decode(bytes: &[u8]) -> Result<Manifest, Reject> {
+        // Only this code writes manifests, and the token's tag covers them:
+        // a failure here is a bug, answered as an unreadable token.
+        serde_json::from_slice(bytes).map_err(|_| Reject::Malformed)
+    }
+
+    /// The answers filtered against the questions.
+    pub fn filter(&self, answers: Answers) -> Filtered {
+        let mut kept: BTreeMap<String, Box<RawValue>> = BTreeMap::new();
+        let mut dropped = Vec::new();
+        for (key, raw) in answers.0 {
+            let Some(q) = self.0.get(&key) else {
+                dropped.push((key, DropReason::Unasked));
+                continue;
+            };
+            match judge(q, &raw) {
+                Verdict::Keep => {
+                    kept.insert(key, raw);
+                }
+                Verdict::Drop(why) => dropped.push((key, why)),
+                Verdict::StripContent(why) => {
+                    let stripped = without_content(&raw);
+                    dropped.push((key.clone(), why));
+                    kept.insert(key, stripped);
+                }
+            }
+        }
+        Filtered {
+            json: serde_json::to_string(&kept).expect("raw JSON values serialize"),
+            dropped,
+        }
+    }
+}
+
+/// `inputResponses` as received: checked, each answer's text kept verbatim.
+pub struct Answers(BTreeMap<String, Box<RawValue>>);
+
+impl Answers {
+    /// Checks the retry's `inputResponses` (one JSON object, no duplicate
+    /// keys at any depth). Done before the token is opened, so a malformed
+    /// answer never costs a single-use token.
+    pub fn parse(json: &str) -> Result<Answers, Reject> {
+        if !matches!(parse_checked(json, Reject::Malformed)?, Value::Object(_)) {
+            return Err(Reject::Malformed);
+        }
+        serde_json::from_str(json)
+            .map(Answers)
+            .map_err(|_| Reject::Malformed)
+    }
+}
+
+/// What Open returns with a manifest: the answers kept (as JSON) and the
+/// drops.
+#[derive(Debug, PartialEq)]
+pub struct Filtered {
+    pub json: String,
+    pub dropped: Vec<(String, DropReason)>,
+}
+
+enum Verdict {
+    Keep,
+    Drop(DropReason),
+    StripContent(DropReason),
+}
+
+fn judge(q: &Question, raw: &RawValue) -> Verdict {
+    let Ok(Value::Object(answer)) = serde_json::from_str::<Value>(raw.get()) else {
+        return Verdict::Drop(DropReason::KindMismatch);
+    };
+    match q {
+        Question::Form { .. } | Question::Url => {
+            let action = match answer.get("action").and_then(Value::as_str) {
+                Some(a @ ("accept" | "decline" | "cancel")) => a,
+                _ => return Verdict::Drop(DropReason::KindMismatch),
+            };
+            let has_content = answer.contains_key("content");
+            match (q, action) {
+                (Question::Url, _) if has_content => Verdict::StripContent(DropReason::UrlContent),
+                (Question::Form { fields, required }, "accept") => {
+                    let ok = match answer.get("content") {
+                        Some(Value::Object(c)) => form_content_ok(fields, required, c),
+                        None => required.is_empty(),
+                        Some(_) => false,
+                    };
+                    if ok {
+                        Verdict::Keep
+                    } else {
+                        Verdict::Drop(DropReason::InvalidContent)
+                    }
+                }
+                (_, _) if has_content => Verdict::StripContent(DropReason::UnexpectedContent),
+                _ => Verdict::Keep,
+            }
+        }
+        Question::Sampling => {
+            let shaped = answer.get("role").is_some_and(Value::is_string)
+                && answer
+                    .get("content")
+                    .is_some_and(|c| c.is_object() || c.is_array());
+            if shaped {
+                Verdict::Keep
+            } else {
+                Verdict::Drop(DropReason::KindMismatch)
+            }
+        }
+        Question::Roots => {
+            if answer.get("roots").is_some_and(Value::is_array) {
+                Verdict::Keep
+            } else {
+                Verdict::Drop(DropReason::KindMismatch)
+            }
+        }
+    }
+}
+
+fn without_content(raw: &RawValue) -> Box<RawValue> {
+    let mut members: BTreeMap<String, Box<RawValue>> =
+        serde_json::from_str(raw.get()).expect("checked to be an object");
+    members.remove("content");
+    RawValue::from_string(serde_json::to_string(&members).expect("raw JSON values serialize"))
+        .expect("serialized JSON is JSON")
+}
+
+fn form_content_ok(
+    fields: &BTreeMap<String, Field>,
+    required: &[String],
+    content: &Map<String, Value>,
+) -> bool {
+    required.iter().all(|r| content.contains_key(r))
+        && content
+            .iter()
+            .all(|(name, v)| fields.get(name).is_some_and(|f| field_ok(f, v)))
+}
+
+fn within(f: &Field, x: f64) -> bool {
+    f.lo.is_none_or(|lo| x >= lo) && f.hi.is_none_or(|hi| x <= hi)
+}
+
+fn field_ok(f: &Field, v: &Value) -> bool {
+    match f.kind {
+        FieldKind::Boolean => v.is_boolean(),
+        FieldKind::Number => v.as_f64().is_some_and(|x| within(f, x)),
+        FieldKind::Integer => v.as_f64().is_some_and(|x| x.fract() == 0.0 && within(f, x)),
+        FieldKind::String => {
+            let Some(s) = v.as_str() else { return false };
+            if let Some(choices) = &f.choices {
+                return choices.iter().any(|c| c == s);
+            }
+            within(f, s.chars().count() as f64) && f.format.is_none_or(|fmt| format_ok(fmt, s))
+        }
+        FieldKind::Multi => {
+            let Some(items) = v.as_array() else {
+                return false;
+            };
+            let choices = f.choices.as_deref().unwrap_or_default();
+            let mut seen = std::collections::HashSet::new();
+            within(f, items.len() as f64)
+                && items.iter().all(|i| {
+                    i.as_str()
+                        .is_some_and(|s| choices.iter().any(|c| c == s) && seen.insert(s))
+                })
+        }
+    }
+}
+
+fn format_ok(fmt: StrFormat, s: &str) -> bool {
+    match fmt {
+        StrFormat::Email => match s.split_once('@') {
+            Some((local, domain)) => {
+                !local.is_empty()
+                    && domain.contains('.')
+                    && !domain.starts_with('.')
+                    && !domain.ends_with('.')
+                    && !domain.contains('@')
+                    && !s.chars().any(|c| c.is_whitespace() || c.is_control())
+            }
+            None => false,
+        },
+        StrFormat::Uri => uri_scheme(s).is_some() && !s.chars().any(|c| c.is_whitespace()),
+        StrFormat::Date => date_ok(s),
+        StrFormat::DateTime => date_time_ok(s),
+    }
+}
+
+/// The scheme of an absolute URI (RFC 3986: ALPHA *( ALPHA / DIGIT / "+" /
+/// "-" / "." ) ":"), lowercased.
+fn uri_scheme(s: &str) -> Option<String> {
+    let (scheme, rest) = s.split_once(':')?;
+    let mut chars = scheme.chars();
+    let first_ok = chars.next().is_some_and(|c| c.is_ascii_alphabetic());
+    let rest_ok = chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+    (first_ok && rest_ok && !rest.is_empty()).then(|| scheme.to_ascii_lowercase())
+}
+
+fn digits(s: &str) -> Option<u32> {
+    (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| s.parse().ok())
+        .flatten()
+}
+
+/// RFC 3339 `full-date`.
+fn date_ok(s: &str) -> bool {
+    let b = s.as_bytes();
+    if b.len() != 10 || b[4] != b'-' || b[7] != b'-' {
+        return false;
+    }
+    let (Some(y), Some(m), Some(d)) = (digits(&s[0..4]), digits(&s[5..7]), digits(&s[8..10]))
+    else {
+        return false;
+    };
+    let leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+    let days = match m {
+        1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
+        4 | 6 | 9 | 11 => 30,
+        2 if leap => 29,
+        2 => 28,
+        _ => return false,
+    };
+    (1..=days).contains(&d)
+}
+
+/// RFC 3339 `date-time`.
+fn date_time_ok(s: &str) -> bool {
+    let Some((date, time)) = s.split_once(['T', 't']) else {
+        return false;
+    };
+    if !date_ok(date) || time.len() < 9 {
+        return false;
+    }
+    let (clock, zone) = time.split_at(8);
+    let c = clock.as_bytes();
+    if c[2] != b':' || c[5] != b':' {
+        return false;
+    }
+    let (Some(h), Some(mi), Some(sec)) = (
+        digits(&clock[0..2]),
+        digits(&clock[3..5]),
+        digits(&clock[6..8]),
+    ) else {
+        return false;
+    };
+    if h > 23 || mi > 59 || sec > 60 {
+        return false;
+    }
+    let zone = match zone.strip_prefix('.') {
+        Some(frac) => {
+            let n = frac.bytes().take_while(u8::is_ascii_digit).count();
+            if n == 0 {
+                return false;
+            }
+            &frac[n..]
+        }
+        None => zone,
+    };
+    match zone {
+        "Z" | "z" => true,
+        z if z.len() == 6 && (z.starts_with('+') || z.starts_with('-')) && &z[3..4] == ":" => {
+            matches!((digits(&z[1..3]), digits(&z[4..6])), (Some(zh), Some(zm)) if zh <= 23 && zm <= 59)
+        }
+        _ => false,
+    }
+}
+
+fn question(
+    request: &Value,
+    policy: CredentialPolicy,
+    warned: &mut Vec<String>,
+) -> Result<Question, Reject> {
+    let Value::Object(r) = request else {
+        return bad();
+    };
+    let params = r.get("params");
+    match r.get("method").and_then(Value::as_str) {
+        Some("elicitation/create") => {
+            let Some(Value::Object(p)) = params else {
+                return bad();
+            };
+            if !p.get("message").is_some_and(Value::is_string) {
+                return bad();
+            }
+            match p.get("mode").map(|m| m.as_str()) {
+                None | Some(Some("form")) => form(p, policy, warned),
+                Some(Some("url")) => {
+                    let url = p.get("url").and_then(Value::as_str);
+                    if !p.get("elicitationId").is_some_and(Value::is_string)
+                        || !url.is_some_and(url_ok)
+                    {
+                        return bad();
+                    }
+                    Ok(Question::Url)
+                }
+                _ => bad(),
+            }
+        }
+        Some("sampling/createMessage") => {
+            let Some(Value::Object(p)) = params else {
+                return bad();
+            };
+            let max_tokens_ok = p
+                .get("maxTokens")
+                .and_then(Value::as_f64)
+                .is_some_and(|n| n >= 1.0 && n.fract() == 0.0);
+            if !p.get("messages").is_some_and(Value::is_array) || !max_tokens_ok {
+                return bad();
+            }
+            Ok(Question::Sampling)
+        }
+        Some("roots/list") => match params {
+            None | Some(Value::Object(_)) => Ok(Question::Roots),
+            _ => bad(),
+        },
+        _ => bad(),
+    }
+}
+
+/// A URL-mode elicitation opens a page outside the client: `https`, or
+/// `http` only to a loopback host (local development).
+fn url_ok(url: &str) -> bool {
+    if url.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return false;
+    }
+    match uri_scheme(url).as_deref() {
+        Some("https") => url.len() > "https://".len() && url[..8].eq_ignore_ascii_case("https://"),
+        Some("http") => {
+            let rest = &url["http://".len().min(url.len())..];
+            let host = rest.split(['/', '?', '#']).next().unwrap_or("");
+            let host = host.rsplit_once('@').map_or(host, |(_, h)| h);
+            let host = match host.strip_prefix('[') {
+                Some(v6) => v6.split(']').next().unwrap_or(""),
+                None => host.split(':').next().unwrap_or(""),
+            };
+            url[..7].eq_ignore_ascii_case("http://")
+                && matches!(host, "localhost" | "127.0.0.1" | "::1")
+        }
+        _ => false,
+    }
+}
+
+/// Words that mark a form field as asking for a secret (compared with the
+/// field's name and title, lowercased, letters and digits only).
+const CREDENTIAL_WORDS: &[&str] = &[
+    "password",
+    "passwd",
+    "passphrase",
+    "passcode",
+    "secret",
+    "token",
+    "apikey",
+    "accesskey",
+    "privatekey",
+    "secretkey",
+    "credential",
+    "cardnumber",
+    "creditcard",
+    "debitcard",
+    "cvv",
+    "cvc",
+    "securitycode",
+    "iban",
+    "pin",
+    "otp",
+];
+
+fn looks_like_credential(text: &str) -> bool {
+    let norm: String = text
+        .chars()
+        .filter(|c| c.is_alphanumeric())
+        .flat_map(char::to_lowercase)
+        .collect();
+    CREDENTIAL_WORDS.iter().any(|w| match *w {
+        // Short words only as the whole name, so "spinner" or "hotpot" pass.
+        "pin" | "otp" | "cvv" | "cvc" | "iban" => norm == *w,
+        w => norm.contains(w),
+    })
+}
+
+fn form(
+    p: &Map<String, Value>,
+    policy: CredentialPolicy,
+    warned: &mut Vec<String>,
+) -> Result<Question, Reject> {
+    let Some(Value::Object(schema)) = p.get("requestedSchema") else {
+        return bad();
+    };
+    if schema.get("type").and_then(Value::as_str) != Some("object") {
+        return bad();
+    }
+    let Some(Value::Object(props)) = schema.get("properties") else {
+        return bad();
+    };
+    if props.len() > MAX_FIELDS {
+        return bad();
+    }
+    let mut fields = BTreeMap::new();
+    for (name, def) in props {
+        if name.is_empty() || name.len() > MAX_KEY {
+            return bad();
+        }
+        let Value::Object(def) = def else {
+            return bad();
+        };
+        let title = def.get("title").and_then(Value::as_str).unwrap_or("");
+        if policy != CredentialPolicy::Off
+            && (looks_like_credential(name) || looks_like_credential(title))
+        {
+            if policy == CredentialPolicy::Deny {
+                return bad();
+            }
+            warned.push(name.clone());
+        }
+        fields.insert(name.clone(), field(def)?);
+    }
+    let required = match schema.get("required") {
+        None => Vec::new(),
+        Some(Value::Array(r)) => {
+            let mut out: Vec<String> = Vec::with_capacity(r.len());
+            for name in r {
+                match name.as_str() {
+                    Some(n) if fields.contains_key(n) && !out.iter().any(|o| o == n) => {
+                        out.push(n.to_owned())
+                    }
+                    _ => return bad(),
+                }
+            }
+            out
+        }
+        Some(_) => return bad(),
+    };
+    Ok(Question::Form { fields, required })
+}
+
+/// A bound keyword: absent, or a finite number (a non-negative integer for
+/// lengths and item counts).
+fn bound(def: &Map<String, Value>, name: &str, count: bool) -> Result<Option<f64>, Reject> {
+    match def.get(name) {
+        None => Ok(None),
+        Some(v) => match v.as_f64() {
+            Some(x) if x.is_finite() && (!count || (x >= 0.0 && x.fract() == 0.0)) => Ok(Some(x)),
+            _ => bad(),
+        },
+    }
+}
+
+fn strings(v: Option<&Value>) -> Result<Option<Vec<String>>, Reject> {
+    match v {
+        None => Ok(None),
+        Some(Value::Array(a)) if !a.is_empty() => a
+            .iter()
+            .map(|s| {
+                s.as_str()
+                    .map(str::to_owned)
+                    .ok_or(Reject::BadInputRequests)
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some),
+        Some(_) => bad(),
+    }
+}
+
+/// The `const` values of a `oneOf` / `anyOf` list of `{const, title}`.
+fn consts(v: Option<&Value>) -> Result<Option<Vec<String>>, Reject> {
+    match v {
+        None => Ok(None),
+        Some(Value::Array(a)) if !a.is_empty() => a
+            .iter()
+            .map(|o| {
+                o.get("const")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+                    .ok_or(Reject::BadInputRequests)
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some),
+        Some(_) => bad(),
+    }
+}
+
+fn ordered(lo: Option<f64>, hi: Option<f64>) -> Result<(), Reject> {
+    match (lo, hi) {
+        (Some(lo), Some(hi)) if lo > hi => bad(),
+        _ => Ok(()),
+    }
+}
+
+fn field(def: &Map<String, Value>) -> Result<Field, Reject> {
+    let mut f = Field {
+        kind: FieldKind::String,
+        choices: None,
+        lo: None,
+        hi: None,
+        format: None,
+    };
+    match def.get("type").and_then(Value::as_str) {
+        Some("string") => {
+            f.choices = match (strings(def.get("enum"))?, consts(def.get("oneOf"))?) {
+                (Some(_), Some(_)) => return bad(),
+                (e, o) => e.or(o),
+            };
+            f.lo = bound(def, "minLength", true)?;
+            f.hi = bound(def, "maxLength", true)?;
+            f.format = match def.get("format").map(|v| v.as_str()) {
+                None => None,
+                Some(Some("email")) => Some(StrFormat::Email),
+                Some(Some("uri")) => Some(StrFormat::Uri),
+                Some(Some("date")) => Some(StrFormat::Date),
+                Some(Some("date-time")) => Some(StrFormat::DateTime),
+                Some(_) => return bad(),
+            };
+        }
+        Some(t @ ("number" | "integer")) => {
+            f.kind = if t == "number" {
+                FieldKind::Number
+            } else {
+                FieldKind::Integer
+            };
+            f.lo = bound(def, "minimum", false)?;
+            f.hi = bound(def, "maximum", false)?;
+        }
+        Some("boolean") => f.kind = FieldKind::Boolean,
+        Some("array") => {
+            f.kind = FieldKind::Multi;
+            let Some(Value::Object(items)) = def.get("items") else {
+                return bad();
+            };
+            f.choices = match items.get("type").and_then(Value::as_str) {
+                Some("string") => strings(items.get("enum"))?,
+                None => consts(items.get("anyOf"))?,
+                Some(_) => return bad(),
+            };
+            if f.choices.is_none() {
+                return bad();
+            }
+            f.lo = bound(def, "minItems", true)?;
+            f.hi = bound(def, "maxItems", true)?;
+        }
+        _ => return bad(),
+    }
+    ordered(f.lo, f.hi)?;
+    Ok(f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credential_words() {
+        for yes in [
+            "password",
+            "New Password",
+            "api_key",
+            "API Key",
+            "accessToken",
+            "card-number",
+            "pin",
+            "OTP",
+            "client_secret",
+        ] {
+            assert!(looks_like_credential(yes), "{yes}");
+        }
+        for no in [
+            "name",
+            "spinner",
+            "hotpot",
+            "amount",
+            "email",
+            "confirm",
+            "pinned_note",
+        ] {
+            assert!(!looks_like_credential(no), "{no}");
+        }
+    }
+
+    #[test]
+    fn formats() {
+        assert!(date_ok("2024-02-29") && !date_ok("2023-02-29") && !date_ok("2024-13-01"));
+        assert!(date_time_ok("2026-07-28T10:00:00Z"));
+        assert!(date_time_ok("2026-07-28t10:00:00.123+02:00"));
+        assert!(!date_time_ok("2026-07-28 10:00:00Z") && !date_time_ok("2026-07-28T25:00:00Z"));
+        assert!(format_ok(StrFormat::Email, "a@example.com"));
+        assert!(!format_ok(StrFormat::Email, "a@b") && !format_ok(StrFormat::Email, "a b@c.d"));
+        assert!(format_ok(StrFormat::Uri, "mailto:x") && !format_ok(StrFormat::Uri, "no scheme"));
+        assert!(url_ok("https://example.com/x") && url_ok("http://127.0.0.1:8080/cb"));
+        assert!(url_ok("http://[::1]:3000/"));
+        assert!(!url_ok("http://example.com/") && !url_ok("javascript:alert(1)"));
+        assert!(!url_ok("http://localhost.evil.com/") && !url_ok("https://"));
+    }
+}
