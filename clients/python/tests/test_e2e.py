@@ -67,7 +67,19 @@ def replica(
         return await call_next(ctx)
 
     server.middleware.insert(0, record)
+
+    async def inner(ctx, call_next):
+        # What the handler side sees, after the boundary.
+        if ctx.method == "tools/call" and (ctx.params or {}).get("inputResponses") is not None:
+            SEEN_ANSWERS.append(ctx.params["inputResponses"])
+        return await call_next(ctx)
+
+    server.middleware.append(inner)
     return server
+
+
+#: inputResponses as the handlers saw them (after the boundary).
+SEEN_ANSWERS: list = []
 
 
 def front(backends: list[str]) -> Starlette:
@@ -270,3 +282,27 @@ async def test_bearer_credentials(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+
+
+async def test_answers_are_filtered_against_the_sealed_questions(stateseal):
+    SEEN_ANSWERS.clear()
+    async with deployment(stateseal) as (url, _):
+        async with Client(url, elicitation_callback=accept) as client:
+            r = await first_round(client)
+            # An answer to a question nobody asked never reaches the handler.
+            forged = {**answers(r), "admin_override": {"action": "accept", "content": {"admin": True}}}
+            done = await client.session.call_tool(
+                "transfer", {"amount": 42}, input_responses=forged, request_state=r.request_state
+            )
+            assert "transferred 42" in json.dumps(done.model_dump(mode="json")), done
+            assert SEEN_ANSWERS[-1] == answers(r)
+            # An answer of the wrong type is dropped: the SDK asks again
+            # instead of failing the call.
+            r = await first_round(client)
+            wrong = {key: {"action": "accept", "content": {"confirm": "yes"}} for key in r.input_requests}
+            again = await client.session.call_tool(
+                "transfer", {"amount": 42}, input_responses=wrong, request_state=r.request_state,
+                allow_input_required=True,
+            )
+            assert isinstance(again, types.InputRequiredResult), again
+            assert SEEN_ANSWERS[-1] == {}

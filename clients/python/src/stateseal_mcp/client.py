@@ -67,6 +67,11 @@ class Opened:
     #: OPEN_MODE_RESERVE on a single-use token: pass it to commit() or release().
     reservation: str = ""
     lease_expires_at_unix: int = 0
+    #: With `input_responses_json`: the answers filtered against the token's
+    #: sealed manifest (as sent when it has none), and what was dropped as
+    #: (key, reason) pairs.
+    input_responses_json: str = ""
+    dropped: tuple[tuple[str, str], ...] = ()
 
 
 def _error(e: grpc.aio.AioRpcError) -> StatesealError:
@@ -144,12 +149,17 @@ class RequestStateClient:
         params_digest: bytes | None = None,
         ttl_seconds: int = 0,
         single_use: bool = False,
+        input_requests_json: str = "",
     ) -> Sealed:
+        """Seals `state`. With `input_requests_json` (the input_required
+        result's `inputRequests`), the questions are validated and sealed as
+        a manifest that Open filters answers against."""
         req = stateseal_pb2.SealRequest(
             binding=_binding(subject, method, params_json, params_digest),
             state=state,
             ttl_seconds=ttl_seconds,
             single_use=single_use,
+            input_requests_json=input_requests_json,
         )
         try:
             r = await self._stub.Seal(req, timeout=self._timeout, metadata=self._metadata)
@@ -168,6 +178,7 @@ class RequestStateClient:
         reserve: bool = False,
         lease_seconds: int = 0,
         attempt_id: str = "",
+        input_responses_json: str = "",
     ) -> Opened:
         """Opens a token. A single-use token is consumed, or with `reserve`
         reserved for a lease (then commit() or release() it). With
@@ -179,12 +190,22 @@ class RequestStateClient:
             mode=stateseal_pb2.OPEN_MODE_RESERVE if reserve else stateseal_pb2.OPEN_MODE_CONSUME,
             lease_seconds=lease_seconds,
             attempt_id=attempt_id,
+            input_responses_json=input_responses_json,
         )
         try:
             r = await self._stub.Open(req, timeout=self._timeout, metadata=self._metadata)
         except grpc.aio.AioRpcError as e:
             raise _error(e) from None
-        return Opened(r.state, r.expires_at_unix, r.key_id, r.consumed, r.reservation, r.lease_expires_at_unix)
+        return Opened(
+            r.state,
+            r.expires_at_unix,
+            r.key_id,
+            r.consumed,
+            r.reservation,
+            r.lease_expires_at_unix,
+            r.input_responses_json,
+            tuple((d.key, d.reason) for d in r.dropped),
+        )
 
     async def commit(self, reservation: str) -> None:
         """Makes a reservation a durable consumption."""

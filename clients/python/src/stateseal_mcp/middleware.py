@@ -136,8 +136,10 @@ class StatesealBoundary:
         params_json = self._params_json(ctx.method, params)
         target = _target(ctx.method, params)
         reserve = target not in self._at_most_once
+        answers = params.get("inputResponses")
+        answers_json = self._json(ctx.method, answers) if answers is not None else ""
         try:
-            opened = await self._open(wire, subject, ctx.method, params_json, reserve)
+            opened = await self._open(wire, subject, ctx.method, params_json, reserve, answers_json)
         except StatesealError as e:
             if e.client_fault and self._reask and e.reason in ("REPLAYED", "EXPIRED", "IN_USE"):
                 logger.info("requestState %s on %s: asking again", e.reason, ctx.method)
@@ -145,7 +147,15 @@ class StatesealBoundary:
                 fresh_ctx = replace(ctx, params=fresh)
                 return await self._seal_if_asked(fresh_ctx, fresh, await call_next(fresh_ctx))
             self._fail(ctx.method, e)
-        ctx = replace(ctx, params={**params, "requestState": opened.state.decode("utf-8")})
+        inner = {**params, "requestState": opened.state.decode("utf-8")}
+        if answers is not None:
+            # The handler sees only answers to questions this server asked,
+            # of the right shape; a dropped one is simply missing, so the
+            # SDK's resolvers ask again.
+            inner["inputResponses"] = json.loads(opened.input_responses_json)
+            for key, why in opened.dropped:
+                logger.info("inputResponses[%s] dropped on %s: %s", json.dumps(key), ctx.method, why)
+        ctx = replace(ctx, params=inner)
         reservation = opened.reservation
         try:
             result = await call_next(ctx)
@@ -169,7 +179,7 @@ class StatesealBoundary:
                 logger.error("stateseal commit failed on %s: %s", ctx.method, e.reason)
         return result
 
-    async def _open(self, wire: str, subject: str, method: str, params_json: str, reserve: bool):
+    async def _open(self, wire: str, subject: str, method: str, params_json: str, reserve: bool, answers_json: str):
         attempt = uuid.uuid4().hex
         for n in range(3):
             try:
@@ -180,6 +190,7 @@ class StatesealBoundary:
                     params_json=params_json,
                     reserve=reserve,
                     attempt_id=attempt,
+                    input_responses_json=answers_json,
                 )
             except StatesealError as e:
                 # Safe: the same attempt id gets the same success if the
@@ -198,8 +209,12 @@ class StatesealBoundary:
             logger.warning("stateseal release failed on %s: %s", method, e.reason)
 
     def _params_json(self, method: str, params: Mapping[str, Any]) -> str:
+        return self._json(method, params)
+
+    @staticmethod
+    def _json(method: str, value: Any) -> str:
         try:
-            return json.dumps(params, ensure_ascii=False, allow_nan=False)
+            return json.dumps(value, ensure_ascii=False, allow_nan=False)
         except (ValueError, TypeError, UnicodeEncodeError):
             # NaN, infinities, lone surrogates: not bindable; refuse cleanly.
             logger.warning("params on %s cannot be bound (not strict JSON)", method)
@@ -216,7 +231,11 @@ class StatesealBoundary:
     ) -> HandlerResult:
         if not is_input_required(result):
             return result
-        state = result.get("requestState") if isinstance(result, Mapping) else result.request_state
+        if isinstance(result, Mapping):
+            state, questions = result.get("requestState"), result.get("inputRequests")
+        else:
+            state = result.request_state
+            questions = result.model_dump(mode="json", by_alias=True, exclude_none=True).get("inputRequests")
         if not isinstance(state, str):
             return result
         if subject is None:
@@ -232,6 +251,9 @@ class StatesealBoundary:
                 state=state.encode("utf-8"),
                 ttl_seconds=self._ttl,
                 single_use=target not in self._reusable,
+                # The questions travel sealed in the token: the retry's
+                # answers are filtered against them.
+                input_requests_json=self._json(ctx.method, questions) if questions else "",
             )
         except StatesealError as e:
             self._fail(ctx.method, e, sealing=True)
