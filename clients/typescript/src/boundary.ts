@@ -1,0 +1,307 @@
+// StatesealBoundary: wraps the tool, prompt and resource handlers of an
+// `@modelcontextprotocol/server` (≥ 2.4) McpServer so that every
+// `requestState` is sealed, bound, filtered and single-use by stateseal.
+//
+// Why wrap handlers and not `ServerOptions.requestState.verify`: the hook sees
+// `ctx.mcpReq` but no params (not even the tool name), so it cannot check the
+// params binding. The wrapper knows the name (from registration) and the
+// arguments (from the SDK), and sees `ctx.mcpReq.requestState()` (the raw
+// wire string: leave the `verify` hook unset) and `ctx.mcpReq.inputResponses`.
+
+import { randomBytes } from 'node:crypto';
+
+import { ProtocolError } from '@modelcontextprotocol/server';
+
+import { asciiJson, type BindableMethod, BindingError, paramsDigestOf, subjectFor } from './binding.js';
+import { type Binding, type Opened, RequestStateClient, StatesealError } from './client.js';
+
+const INVALID_PARAMS = -32602;
+const INTERNAL_ERROR = -32603;
+
+/** What the wrapper needs of the SDK's handler context. */
+interface Ctx {
+  mcpReq: {
+    method: string;
+    requestState: () => unknown;
+    inputResponses?: Record<string, unknown>;
+  };
+  http?: { authInfo?: { clientId?: string; extra?: Record<string, unknown> } };
+}
+
+type Logger = Pick<Console, 'info' | 'warn' | 'error'>;
+
+export interface BoundaryOptions {
+  /** This MCP service's identity, the same on every replica (and in every
+   * language): it enters the subject. */
+  audience: string;
+  /** The authenticated end user, or null. Default: the Python SDK's
+   * `authenticated_principal` format — compact ASCII JSON of
+   * `[clientId, extra.iss, extra.sub]` from `ctx.http.authInfo` — so that
+   * Python and TypeScript replicas derive the same subject. */
+  principal?: (ctx: Ctx) => string | null;
+  /** Targets (tool/prompt names, resource URIs) whose tokens may open more
+   * than once. Every other target is single-use. */
+  reusable?: Iterable<string>;
+  /** Targets consumed before the handler runs (at most once even if the
+   * handler crashes; a failure costs the user's retry). The others are
+   * reserved, then committed on success or released on failure. */
+  atMostOnce?: Iterable<string>;
+  /** On REPLAYED, EXPIRED or IN_USE: run the handler again without state
+   * and answers, so it asks afresh (default true). False: -32602. */
+  reask?: boolean;
+  /** Token lifetime in seconds (0 = the service default). */
+  ttlSeconds?: number;
+  logger?: Logger;
+}
+
+/** The Python SDK's default principal, computed from `authInfo`. */
+export function defaultPrincipal(ctx: Ctx): string | null {
+  const auth = ctx.http?.authInfo;
+  if (!auth) return null;
+  const iss = auth.extra?.iss;
+  const sub = auth.extra?.sub;
+  return asciiJson([
+    auth.clientId ?? null,
+    iss === undefined || iss === null ? null : String(iss),
+    sub === undefined || sub === null ? null : String(sub),
+  ]);
+}
+
+function isInputRequired(r: unknown): r is { resultType: 'input_required'; requestState?: unknown; inputRequests?: unknown } {
+  return typeof r === 'object' && r !== null && (r as { resultType?: unknown }).resultType === 'input_required';
+}
+
+function isErrorResult(r: unknown): boolean {
+  return typeof r === 'object' && r !== null && (r as { isError?: unknown }).isError === true;
+}
+
+const REASK = new Set(['REPLAYED', 'EXPIRED', 'IN_USE']);
+
+export class StatesealBoundary {
+  readonly #client: RequestStateClient;
+  readonly #audience: string;
+  readonly #principal: (ctx: Ctx) => string | null;
+  readonly #reusable: Set<string>;
+  readonly #atMostOnce: Set<string>;
+  readonly #reask: boolean;
+  readonly #ttl: number;
+  readonly #log: Logger;
+
+  constructor(client: RequestStateClient, options: BoundaryOptions) {
+    this.#client = client;
+    this.#audience = options.audience;
+    this.#principal = options.principal ?? defaultPrincipal;
+    this.#reusable = new Set(options.reusable ?? []);
+    this.#atMostOnce = new Set(options.atMostOnce ?? []);
+    this.#reask = options.reask ?? true;
+    this.#ttl = options.ttlSeconds ?? 0;
+    this.#log = options.logger ?? console;
+  }
+
+  /** Wraps a tool callback: `server.registerTool(name, config, boundary.tool(name, cb))`.
+   * `cb` is `(args, ctx)` with an `inputSchema`, `(ctx)` without one. */
+  tool<F extends (...a: never[]) => unknown>(name: string, cb: F): F {
+    return this.#wrap('tools/call', name, (args) => ({ name, arguments: args ?? {} }), cb);
+  }
+
+  /** Wraps a prompt callback: `server.registerPrompt(name, config, boundary.prompt(name, cb))`. */
+  prompt<F extends (...a: never[]) => unknown>(name: string, cb: F): F {
+    return this.#wrap('prompts/get', name, (args) => ({ name, arguments: args ?? {} }), cb);
+  }
+
+  /** Wraps a static resource's read callback `(uri: URL, ctx)`. */
+  resource<F extends (...a: never[]) => unknown>(cb: F): F {
+    return this.#wrap('resources/read', undefined, (uri) => ({ uri: String(uri) }), cb);
+  }
+
+  #wrap<F extends (...a: never[]) => unknown>(
+    method: BindableMethod,
+    name: string | undefined,
+    params: (first: unknown) => Record<string, unknown>,
+    cb: F,
+  ): F {
+    const wrapped = async (...a: unknown[]) => {
+      const ctx = a[a.length - 1] as Ctx;
+      const first = a.length > 1 ? a[0] : undefined;
+      const p = params(first);
+      const target = name ?? String(p.uri);
+      const run = (c: Ctx) => (cb as unknown as (...x: unknown[]) => unknown)(...a.slice(0, -1), c);
+      return this.#serve(method, target, p, ctx, run);
+    };
+    return wrapped as unknown as F;
+  }
+
+  async #serve(
+    method: BindableMethod,
+    target: string,
+    params: Record<string, unknown>,
+    ctx: Ctx,
+    run: (c: Ctx) => unknown,
+  ): Promise<unknown> {
+    const wire = ctx.mcpReq.requestState();
+    if (wire === undefined) {
+      return this.#sealIfAsked(method, target, params, ctx, await run(ctx));
+    }
+    if (typeof wire !== 'string') this.#reject(method, 'NON_STRING');
+    const binding = this.#binding(method, params, ctx);
+    const answers = ctx.mcpReq.inputResponses;
+    let opened: Opened;
+    try {
+      opened = await this.#open(wire as string, binding, !this.#atMostOnce.has(target), answers);
+    } catch (e) {
+      if (e instanceof StatesealError && e.clientFault && this.#reask && REASK.has(e.reason)) {
+        this.#log.info(`stateseal: requestState ${e.reason} on ${method}: asking again`);
+        const fresh = withState(ctx, undefined, undefined);
+        return this.#sealIfAsked(method, target, params, fresh, await run(fresh));
+      }
+      this.#fail(method, e);
+    }
+    let filtered: Record<string, unknown> | undefined;
+    if (answers !== undefined) {
+      filtered = JSON.parse(opened.inputResponsesJson) as Record<string, unknown>;
+      for (const d of opened.dropped) {
+        this.#log.info(`stateseal: inputResponses[${JSON.stringify(d.key)}] dropped on ${method}: ${d.reason}`);
+      }
+    }
+    const inner = withState(ctx, opened.state.toString('utf8'), filtered);
+    const reservation = opened.reservation;
+    let result: unknown;
+    try {
+      result = await this.#sealIfAsked(method, target, params, inner, await run(inner));
+    } catch (e) {
+      if (reservation) await this.#release(method, reservation);
+      throw e;
+    }
+    if (reservation && isErrorResult(result)) {
+      // The tool reported failure: give the token back for the retry.
+      await this.#release(method, reservation);
+      return result;
+    }
+    if (reservation) {
+      try {
+        await this.#client.commit(reservation);
+      } catch (e) {
+        // The handler ran; its answer stands. Without the commit the token
+        // may open again after the lease (reserve mode: handlers there must
+        // be idempotent).
+        this.#log.error(`stateseal: commit failed on ${method}: ${reasonText(e)}`);
+      }
+    }
+    return result;
+  }
+
+  #binding(method: BindableMethod, params: Record<string, unknown>, ctx: Ctx): Binding {
+    let principal: string | null;
+    try {
+      principal = this.#principal(ctx);
+    } catch {
+      this.#log.error(`stateseal: principal binding raised on ${method}`);
+      throw new ProtocolError(INVALID_PARAMS, 'Invalid or expired requestState', { reason: 'invalid_request_state' });
+    }
+    try {
+      return {
+        subject: subjectFor(this.#audience, principal),
+        method,
+        paramsDigest: paramsDigestOf(method, params),
+      };
+    } catch (e) {
+      if (e instanceof BindingError) {
+        this.#log.warn(`stateseal: params on ${method} cannot be bound`);
+        throw new ProtocolError(INVALID_PARAMS, 'Invalid params');
+      }
+      throw e;
+    }
+  }
+
+  async #open(
+    wire: string,
+    binding: Binding,
+    reserve: boolean,
+    answers: Record<string, unknown> | undefined,
+  ): Promise<Opened> {
+    const attemptId = randomBytes(16).toString('hex');
+    const inputResponsesJson = answers === undefined ? '' : JSON.stringify(answers);
+    for (let n = 0; ; n++) {
+      try {
+        return await this.#client.open({ requestState: wire, binding, reserve, attemptId, inputResponsesJson });
+      } catch (e) {
+        // Safe: the same attempt id gets the same success if the first try
+        // was recorded.
+        if (n < 2 && e instanceof StatesealError && !e.fromStateseal && e.retryable) {
+          this.#log.warn(`stateseal: open on ${binding.method}: ${e.reason}; retrying`);
+          continue;
+        }
+        throw e;
+      }
+    }
+  }
+
+  async #release(method: string, reservation: string): Promise<void> {
+    try {
+      await this.#client.release(reservation);
+    } catch (e) {
+      // The lease ends by itself; the retry waits for it at worst.
+      this.#log.warn(`stateseal: release failed on ${method}: ${reasonText(e)}`);
+    }
+  }
+
+  async #sealIfAsked(
+    method: BindableMethod,
+    target: string,
+    params: Record<string, unknown>,
+    ctx: Ctx,
+    result: unknown,
+  ): Promise<unknown> {
+    if (!isInputRequired(result) || typeof result.requestState !== 'string') return result;
+    const binding = this.#binding(method, params, ctx);
+    let sealed;
+    try {
+      sealed = await this.#client.seal({
+        binding,
+        state: Buffer.from(result.requestState, 'utf8'),
+        ttlSeconds: this.#ttl,
+        singleUse: !this.#reusable.has(target),
+        // The questions travel sealed in the token: the retry's answers
+        // are filtered against them.
+        inputRequestsJson: result.inputRequests ? JSON.stringify(result.inputRequests) : '',
+      });
+    } catch (e) {
+      this.#fail(method, e, true);
+    }
+    return { ...result, requestState: sealed.requestState };
+  }
+
+  #fail(method: string, e: unknown, sealing = false): never {
+    if (e instanceof ProtocolError) throw e;
+    if (e instanceof StatesealError) {
+      if (e.retryable) {
+        this.#log.warn(`stateseal: unavailable on ${method}: ${e.reason}`);
+        throw new ProtocolError(INTERNAL_ERROR, 'Temporarily unavailable; retry');
+      }
+      if (e.clientFault && !sealing) this.#reject(method, e.reason);
+      this.#log.error(`stateseal: call failed on ${method}: ${e.reason} (check credentials and configuration)`);
+      throw new ProtocolError(INTERNAL_ERROR, 'Internal error');
+    }
+    throw e;
+  }
+
+  #reject(method: string, reason: string): never {
+    this.#log.warn(`stateseal: requestState rejected on ${method}: ${reason}`);
+    throw new ProtocolError(INVALID_PARAMS, 'Invalid or expired requestState', { reason: 'invalid_request_state' });
+  }
+}
+
+function reasonText(e: unknown): string {
+  return e instanceof StatesealError ? e.reason : 'error';
+}
+
+/** The context the handler sees: the plaintext state and the filtered
+ * answers in place of what came over the wire. */
+function withState(ctx: Ctx, state: string | undefined, answers: Record<string, unknown> | undefined): Ctx {
+  const mcpReq = Object.create(Object.getPrototypeOf(ctx.mcpReq) as object, Object.getOwnPropertyDescriptors(ctx.mcpReq)) as Ctx['mcpReq'];
+  Object.defineProperty(mcpReq, 'requestState', { value: () => state, enumerable: true, configurable: true, writable: true });
+  Object.defineProperty(mcpReq, 'inputResponses', { value: answers, enumerable: true, configurable: true, writable: true });
+  const out = Object.create(Object.getPrototypeOf(ctx) as object, Object.getOwnPropertyDescriptors(ctx)) as Ctx;
+  Object.defineProperty(out, 'mcpReq', { value: mcpReq, enumerable: true, configurable: true, writable: true });
+  return out;
+}

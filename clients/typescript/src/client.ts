@@ -1,0 +1,271 @@
+// A typed client for stateseal.v1.RequestState over @grpc/grpc-js. The
+// message types are generated from proto/ at build time.
+
+import * as grpc from '@grpc/grpc-js';
+import * as protoLoader from '@grpc/proto-loader';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+import type { ProtoGrpcType } from './_proto/stateseal.js';
+import type { RequestStateClient as RawClient } from './_proto/stateseal/v1/RequestState.js';
+import type { OpenResponse__Output } from './_proto/stateseal/v1/OpenResponse.js';
+import type { SealResponse__Output } from './_proto/stateseal/v1/SealResponse.js';
+import { BINDING_VERSION, type BindableMethod } from './binding.js';
+
+const PROTO = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'proto');
+
+let loaded: ProtoGrpcType | undefined;
+function proto(): ProtoGrpcType {
+  loaded ??= grpc.loadPackageDefinition(
+    protoLoader.loadSync('stateseal/v1/stateseal.proto', {
+      includeDirs: [PROTO],
+      keepCase: true,
+      longs: Number,
+      enums: String,
+      defaults: true,
+      oneofs: true,
+    }),
+  ) as unknown as ProtoGrpcType;
+  return loaded;
+}
+
+/** Reasons of `google.rpc.ErrorInfo` (domain "stateseal") that mean the
+ * caller's input is at fault. */
+const CLIENT_FAULTS = new Set([
+  'MALFORMED',
+  'TOO_LARGE',
+  'BAD_METHOD',
+  'EXPIRED',
+  'REPLAYED',
+  'UNKNOWN_KEY',
+  'REJECTED',
+  'IN_USE',
+  'LEASE_EXPIRED',
+  'BAD_INPUT_REQUESTS',
+]);
+/** Reasons that are transient: retry later or elsewhere. */
+const TRANSIENT = new Set(['LEDGER_UNAVAILABLE', 'CLOCK_UNSYNCED', 'OVERLOADED']);
+
+/** A failed stateseal call. `reason` is the ErrorInfo reason when stateseal
+ * answered, else the gRPC status name (e.g. `UNAVAILABLE`). Never carries a
+ * token or state. */
+export class StatesealError extends Error {
+  constructor(
+    readonly reason: string,
+    readonly code: grpc.status,
+    /** True when stateseal itself answered with a reason. */
+    readonly fromStateseal: boolean,
+  ) {
+    super(`stateseal: ${reason}`);
+    this.name = 'StatesealError';
+  }
+  /** The caller's input (token, binding, questions) was refused. */
+  get clientFault(): boolean {
+    return this.fromStateseal && CLIENT_FAULTS.has(this.reason);
+  }
+  /** Worth retrying: a transient stateseal condition, or the transport
+   * (`UNAVAILABLE`, `DEADLINE_EXCEEDED`) — safe for Open with an attempt id. */
+  get retryable(): boolean {
+    if (this.fromStateseal) return TRANSIENT.has(this.reason);
+    return this.code === grpc.status.UNAVAILABLE || this.code === grpc.status.DEADLINE_EXCEEDED;
+  }
+}
+
+// Minimal protobuf reading of google.rpc.Status → Any → ErrorInfo.
+function fields(buf: Buffer): Array<[number, Buffer]> {
+  const out: Array<[number, Buffer]> = [];
+  let i = 0;
+  const varint = (): number => {
+    let v = 0;
+    let shift = 0;
+    for (;;) {
+      if (i >= buf.length) throw new Error('truncated');
+      const b = buf[i++];
+      v += (b & 0x7f) * 2 ** shift;
+      if (b < 0x80) return v;
+      shift += 7;
+    }
+  };
+  while (i < buf.length) {
+    const tag = varint();
+    const wire = tag & 7;
+    if (wire === 2) {
+      const len = varint();
+      out.push([tag >>> 3, buf.subarray(i, i + len)]);
+      i += len;
+    } else if (wire === 0) {
+      varint();
+    } else {
+      throw new Error('unexpected wire type');
+    }
+  }
+  return out;
+}
+
+function reasonOf(err: grpc.ServiceError): string | undefined {
+  const bin = err.metadata?.get('grpc-status-details-bin')?.[0];
+  if (!(bin instanceof Buffer)) return undefined;
+  try {
+    for (const [n, any] of fields(bin)) {
+      if (n !== 3) continue;
+      const f = fields(any);
+      const type = f.find(([k]) => k === 1)?.[1].toString();
+      const value = f.find(([k]) => k === 2)?.[1];
+      if (type !== 'type.googleapis.com/google.rpc.ErrorInfo' || !value) continue;
+      const info = fields(value);
+      const reason = info.find(([k]) => k === 1)?.[1].toString();
+      const domain = info.find(([k]) => k === 2)?.[1].toString();
+      if (domain === 'stateseal' && reason) return reason;
+    }
+  } catch {
+    return undefined;
+  }
+  return undefined;
+}
+
+function toError(err: grpc.ServiceError): StatesealError {
+  const reason = reasonOf(err);
+  if (reason !== undefined) return new StatesealError(reason, err.code, true);
+  return new StatesealError(grpc.status[err.code] ?? 'UNKNOWN', err.code, false);
+}
+
+export interface ClientOptions {
+  /** TLS or mTLS channel credentials (`grpc.credentials.createSsl(ca, key, cert)`);
+   * plaintext when absent. */
+  credentials?: grpc.ChannelCredentials;
+  /** Sent as `authorization: Bearer …` (use with TLS off loopback). */
+  bearer?: string;
+  /** Deadline of each call, in milliseconds (default 5000). */
+  timeoutMs?: number;
+}
+
+export interface Binding {
+  subject: string;
+  method: BindableMethod;
+  /** The binding-v2 digest (see `paramsDigest`), or the params JSON for the
+   * service to digest. */
+  paramsDigest?: Buffer;
+  paramsJson?: string;
+}
+
+export interface Sealed {
+  requestState: string;
+  expiresAtUnix: number;
+  keyId: string;
+}
+
+export interface Opened {
+  state: Buffer;
+  expiresAtUnix: number;
+  keyId: string;
+  consumed: boolean;
+  /** OPEN_MODE_RESERVE on a single-use token: for commit() or release(). */
+  reservation: string;
+  leaseExpiresAtUnix: number;
+  /** With `inputResponsesJson`: the answers filtered against the token's
+   * manifest (as sent when it has none). */
+  inputResponsesJson: string;
+  dropped: Array<{ key: string; reason: string }>;
+}
+
+function wireBinding(b: Binding) {
+  if (b.paramsDigest) {
+    return {
+      subject: b.subject,
+      method: b.method,
+      params_digest: b.paramsDigest,
+      binding_version: BINDING_VERSION,
+    };
+  }
+  return { subject: b.subject, method: b.method, params_json: b.paramsJson ?? '' };
+}
+
+/** The stateseal client. One channel, shared by every call. */
+export class RequestStateClient {
+  readonly #raw: RawClient;
+  readonly #metadata: grpc.Metadata;
+  readonly #timeoutMs: number;
+
+  constructor(address: string, options: ClientOptions = {}) {
+    const Ctor = proto().stateseal.v1.RequestState;
+    this.#raw = new Ctor(address, options.credentials ?? grpc.credentials.createInsecure());
+    this.#metadata = new grpc.Metadata();
+    if (options.bearer !== undefined) this.#metadata.set('authorization', `Bearer ${options.bearer}`);
+    this.#timeoutMs = options.timeoutMs ?? 5000;
+  }
+
+  #call<Req, Res>(
+    fn: (req: Req, md: grpc.Metadata, opts: grpc.CallOptions, cb: (e: grpc.ServiceError | null, r?: Res) => void) => unknown,
+    req: Req,
+  ): Promise<Res> {
+    return new Promise((resolve, reject) => {
+      fn.call(this.#raw, req, this.#metadata, { deadline: Date.now() + this.#timeoutMs }, (e, r) => {
+        if (e) reject(toError(e));
+        else resolve(r as Res);
+      });
+    });
+  }
+
+  async seal(req: {
+    binding: Binding;
+    state: Buffer | Uint8Array;
+    ttlSeconds?: number;
+    singleUse?: boolean;
+    /** The input_required result's `inputRequests` (JSON), sealed as the
+     * token's manifest. */
+    inputRequestsJson?: string;
+  }): Promise<Sealed> {
+    const r = await this.#call<object, SealResponse__Output>(this.#raw.Seal as never, {
+      binding: wireBinding(req.binding),
+      state: req.state,
+      ttl_seconds: req.ttlSeconds ?? 0,
+      single_use: req.singleUse ?? false,
+      input_requests_json: req.inputRequestsJson ?? '',
+    });
+    return { requestState: r.request_state, expiresAtUnix: r.expires_at_unix, keyId: r.key_id };
+  }
+
+  async open(req: {
+    requestState: string;
+    binding: Binding;
+    reserve?: boolean;
+    leaseSeconds?: number;
+    attemptId?: string;
+    inputResponsesJson?: string;
+  }): Promise<Opened> {
+    const r = await this.#call<object, OpenResponse__Output>(this.#raw.Open as never, {
+      request_state: req.requestState,
+      binding: wireBinding(req.binding),
+      mode: req.reserve ? 'OPEN_MODE_RESERVE' : 'OPEN_MODE_CONSUME',
+      lease_seconds: req.leaseSeconds ?? 0,
+      attempt_id: req.attemptId ?? '',
+      input_responses_json: req.inputResponsesJson ?? '',
+    });
+    return {
+      state: r.state,
+      expiresAtUnix: r.expires_at_unix,
+      keyId: r.key_id,
+      consumed: r.consumed,
+      reservation: r.reservation,
+      leaseExpiresAtUnix: r.lease_expires_at_unix,
+      inputResponsesJson: r.input_responses_json,
+      dropped: r.dropped.map((d) => ({ key: d.key, reason: d.reason })),
+    };
+  }
+
+  async commit(reservation: string): Promise<void> {
+    await this.#call<object, object>(this.#raw.Commit as never, { reservation });
+  }
+
+  async release(reservation: string): Promise<void> {
+    await this.#call<object, object>(this.#raw.Release as never, { reservation });
+  }
+
+  close(): void {
+    this.#raw.close();
+  }
+
+  toString(): string {
+    return 'RequestStateClient(..)';
+  }
+}

@@ -1,0 +1,15 @@
+export { RequestStateClient, StatesealError } from './client.js';
+export type { Binding, ClientOptions, Opened, Sealed } from './client.js';
+export { StatesealBoundary, defaultPrincipal } from './boundary.js';
+export type { BoundaryOptions } from './boundary.js';
+export {
+  BINDING_VERSION,
+  BindingError,
+  asciiJson,
+  canonicalNumber,
+  canonicalize,
+  paramsDigest,
+  paramsDigestOf,
+  subjectFor,
+} from './binding.js';
+export type { BindableMethod } from './binding.js';
