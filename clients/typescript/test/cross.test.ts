@@ -1,0 +1,119 @@
+// One boundary across languages: a Python replica (clients/python on the
+// real Python SDK) and a TypeScript replica of the same MCP service behind
+// one front and one stateseal. Round 1 on Python and round 2 on TypeScript,
+// then the reverse; a replay is refused across languages.
+import assert from 'node:assert/strict';
+import { type ChildProcess, spawn } from 'node:child_process';
+import { type Server as HttpServer } from 'node:http';
+import { createConnection } from 'node:net';
+import { dirname, join } from 'node:path';
+import { after, before, test } from 'node:test';
+import { fileURLToPath } from 'node:url';
+
+import { serveHttp, transferServer } from '../examples/transfer-server.js';
+import { RequestStateClient, StatesealBoundary } from '../src/index.js';
+import { call, connect, front, port, startStateseal, text, yes } from './helpers.js';
+
+const here = dirname(fileURLToPath(import.meta.url));
+// A Python with clients/python and its test requirements installed (.ci/run
+// sets it to the venv of the Python step).
+const PYTHON = process.env.STATESEAL_PYTHON;
+
+let stateseal: { proc: ChildProcess; addr: string };
+let py: ChildProcess;
+let pyPort: number;
+let ts: HttpServer;
+let grpc: RequestStateClient;
+const route: number[] = [];
+let lb: HttpServer & { served: number[] };
+
+async function freePort(): Promise<number> {
+  const s = await serveHttp(() => {
+    throw new Error('unused');
+  }, 0);
+  const p = port(s);
+  await new Promise((r) => s.close(r));
+  return p;
+}
+
+async function listening(p: number, ms: number): Promise<void> {
+  const until = Date.now() + ms;
+  for (;;) {
+    const ok = await new Promise<boolean>((resolve) => {
+      const c = createConnection({ host: '127.0.0.1', port: p }, () => {
+        c.end();
+        resolve(true);
+      });
+      c.on('error', () => resolve(false));
+    });
+    if (ok) return;
+    if (Date.now() > until) throw new Error(`nothing listens on ${p}`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+before(async () => {
+  assert.ok(PYTHON, 'STATESEAL_PYTHON must name a Python with clients/python installed');
+  stateseal = await startStateseal();
+  pyPort = await freePort();
+  py = spawn(PYTHON, [join(here, '..', '..', 'test', 'fixtures', 'py_replica.py'), stateseal.addr, String(pyPort)], {
+    stdio: ['ignore', 'ignore', 'inherit'],
+  });
+  await listening(pyPort, 30_000);
+  grpc = new RequestStateClient(stateseal.addr);
+  const quiet = { info() {}, warn() {}, error() {} };
+  ts = await serveHttp(() => transferServer(new StatesealBoundary(grpc, { audience: 'transfer-service', logger: quiet })), 0);
+  lb = await front([port(ts), pyPort], route);
+});
+
+after(() => {
+  lb?.close();
+  ts?.close();
+  grpc?.close();
+  py?.kill('SIGTERM');
+  stateseal?.proc.kill('SIGTERM');
+});
+
+const url = () => `http://127.0.0.1:${port(lb)}/mcp`;
+
+test('round 1 on Python, round 2 on TypeScript, and a replay refused on Python', async () => {
+  const client = await connect(url());
+  route.push(pyPort, port(ts));
+  const r = await call(client, 'transfer', { amount: 42 });
+  assert.equal(r.resultType, 'input_required');
+  const done = await call(client, 'transfer', { amount: 42 }, { inputResponses: yes(r), requestState: r.requestState });
+  assert.equal(text(done), JSON.stringify([{ type: 'text', text: 'transferred 42' }]), 'served by TypeScript');
+  // The token was consumed on the TypeScript replica: Python asks again.
+  route.push(pyPort);
+  const replay = await call(client, 'transfer', { amount: 42 }, { inputResponses: yes(r), requestState: r.requestState });
+  assert.equal(replay.resultType, 'input_required');
+  assert.notEqual(replay.requestState, r.requestState);
+  assert.deepEqual(lb.served.slice(-3), [pyPort, port(ts), pyPort]);
+  await client.close();
+});
+
+test('round 1 on TypeScript, round 2 on Python, and a replay refused on TypeScript', async () => {
+  const client = await connect(url());
+  route.push(port(ts), pyPort);
+  const r = await call(client, 'transfer', { amount: 7 });
+  assert.equal(r.resultType, 'input_required');
+  const done = await call(client, 'transfer', { amount: 7 }, { inputResponses: yes(r), requestState: r.requestState });
+  assert.match(text(done), /transferred 7 \(python\)/, 'served by Python');
+  route.push(port(ts));
+  const replay = await call(client, 'transfer', { amount: 7 }, { inputResponses: yes(r), requestState: r.requestState });
+  assert.equal(replay.resultType, 'input_required');
+  assert.notEqual(replay.requestState, r.requestState);
+  // Changed arguments are refused across languages too.
+  route.push(port(ts), pyPort);
+  const r2 = await call(client, 'transfer', { amount: 8 });
+  // (The Python SDK answers a refusal with JSON-RPC -32602.)
+  await assert.rejects(
+    call(client, 'transfer', { amount: 800 }, { inputResponses: yes(r2), requestState: r2.requestState }),
+    (e: { code?: number; message?: string }) => e.code === -32602 && e.message === 'Invalid or expired requestState',
+  );
+  // ... and did not burn the token: the genuine retry completes on Python.
+  route.push(pyPort);
+  const genuine = await call(client, 'transfer', { amount: 8 }, { inputResponses: yes(r2), requestState: r2.requestState });
+  assert.match(text(genuine), /transferred 8 \(python\)/);
+  await client.close();
+});
