@@ -12,7 +12,8 @@
 //! - input requests: an object of 1..=64 unique, non-empty keys; each an
 //!   object with `method` `elicitation/create` (form mode — `mode` absent or
 //!   `"form"` — with a flat `requestedSchema` of primitive properties; or URL
-//!   mode with `elicitationId` and an `https` URL, `http` only to loopback),
+//!   mode with an `https` URL, `http` only to loopback, and `elicitationId`
+//!   a string when present),
 //!   `sampling/createMessage` (with `messages` and `maxTokens`) or
 //!   `roots/list`. A form field whose name or title asks for a password,
 //!   token, key or payment credential is refused under the `deny` policy
@@ -482,9 +483,9 @@ fn question(
                 None | Some(Some("form")) => form(p, policy, warned),
                 Some(Some("url")) => {
                     let url = p.get("url").and_then(Value::as_str);
-                    if !p.get("elicitationId").is_some_and(Value::is_string)
-                        || !url.is_some_and(url_ok)
-                    {
+                    // `elicitationId` is 2025-era; 2026-07-28 has none.
+                    let id_ok = p.get("elicitationId").is_none_or(Value::is_string);
+                    if !id_ok || !url.is_some_and(url_ok) {
                         return bad();
                     }
                     Ok(Question::Url)

@@ -324,7 +324,7 @@ async fn bad_input_requests_are_refused() {
         ("min above max", form(json!({"x": {"type": "number", "minimum": 2, "maximum": 1}}))),
         ("required not a property", json!({"q": {"method": "elicitation/create", "params": {"message": "m",
             "requestedSchema": {"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["b"]}}}}).to_string()),
-        ("url mode without id", r#"{"a":{"method":"elicitation/create","params":{"mode":"url","message":"m","url":"https://x.example"}}}"#.into()),
+        ("url mode with a non-string id", r#"{"a":{"method":"elicitation/create","params":{"mode":"url","message":"m","elicitationId":7,"url":"https://x.example"}}}"#.into()),
         ("url mode over http", r#"{"a":{"method":"elicitation/create","params":{"mode":"url","message":"m","elicitationId":"e","url":"http://x.example/"}}}"#.into()),
         ("url mode javascript", r#"{"a":{"method":"elicitation/create","params":{"mode":"url","message":"m","elicitationId":"e","url":"javascript:alert(1)"}}}"#.into()),
         ("sampling without maxTokens", r#"{"a":{"method":"sampling/createMessage","params":{"messages":[]}}}"#.into()),
@@ -338,9 +338,14 @@ async fn bad_input_requests_are_refused() {
         assert_eq!(err.code(), Code::InvalidArgument, "{what}");
         assert_eq!(reason(&err), "BAD_INPUT_REQUESTS", "{what}");
     }
-    // Loopback http is allowed for URL mode (local development).
-    let ok = r#"{"a":{"method":"elicitation/create","params":{"mode":"url","message":"m","elicitationId":"e","url":"http://127.0.0.1:8080/cb"}}}"#;
-    s.client.seal(seal_with(ok, false)).await.unwrap();
+    // Loopback http is allowed for URL mode (local development), and the
+    // 2026-07-28 URL mode carries no elicitationId.
+    for ok in [
+        r#"{"a":{"method":"elicitation/create","params":{"mode":"url","message":"m","elicitationId":"e","url":"http://127.0.0.1:8080/cb"}}}"#,
+        r#"{"a":{"method":"elicitation/create","params":{"mode":"url","message":"m","url":"https://x.example/"}}}"#,
+    ] {
+        s.client.seal(seal_with(ok, false)).await.unwrap();
+    }
 }
 
 #[tokio::test]

@@ -7,7 +7,7 @@ import { fileURLToPath } from 'node:url';
 import { acceptedContent, createMcpHandler, inputRequired, McpServer } from '@modelcontextprotocol/server';
 import * as z from 'zod';
 
-import { RequestStateClient, StatesealBoundary } from '../src/index.js';
+import { install, RequestStateClient, StatesealBoundary } from '../src/index.js';
 
 /** Tools whose next confirmed run fails once (for the tests). */
 export const FAIL_ONCE = new Set<string>();
@@ -18,6 +18,7 @@ const confirmSchema = z.object({ confirm: z.boolean() });
 
 export function transferServer(boundary: StatesealBoundary): McpServer {
   const server = new McpServer({ name: 'transfer-service', version: '1.0.0' });
+  install(server, boundary);
   const ask = (amount: number) =>
     inputRequired({
       inputRequests: {
@@ -29,7 +30,7 @@ export function transferServer(boundary: StatesealBoundary): McpServer {
     server.registerTool(
       name,
       { inputSchema: z.object({ amount: z.number() }) },
-      boundary.tool(name, async ({ amount }: { amount: number }, ctx) => {
+      async ({ amount }, ctx) => {
         if (ctx.mcpReq.inputResponses !== undefined) SEEN_ANSWERS.push(ctx.mcpReq.inputResponses);
         const state = ctx.mcpReq.requestState<string>();
         const confirmed = acceptedContent(ctx.mcpReq.inputResponses, 'confirm', confirmSchema);
@@ -39,7 +40,7 @@ export function transferServer(boundary: StatesealBoundary): McpServer {
         if (FAIL_ONCE.delete(name)) throw new Error(`${name} backend hiccup`);
         const verb = name === 'pay' ? 'paid' : 'transferred';
         return { content: [{ type: 'text' as const, text: confirmed.confirm ? `${verb} ${amount}` : 'cancelled' }] };
-      }),
+      },
     );
   }
   return server;

@@ -1,12 +1,16 @@
-// StatesealBoundary: wraps the tool, prompt and resource handlers of an
-// `@modelcontextprotocol/server` (≥ 2.4) McpServer so that every
-// `requestState` is sealed, bound, filtered and single-use by stateseal.
+// StatesealBoundary: wraps the low-level `tools/call`, `prompts/get` and
+// `resources/read` handlers of an `@modelcontextprotocol/server` (≥ 2.4)
+// McpServer so that every `requestState` is sealed, bound, filtered and
+// single-use by stateseal.
 //
-// Why wrap handlers and not `ServerOptions.requestState.verify`: the hook sees
-// `ctx.mcpReq` but no params (not even the tool name), so it cannot check the
-// params binding. The wrapper knows the name (from registration) and the
-// arguments (from the SDK), and sees `ctx.mcpReq.requestState()` (the raw
-// wire string: leave the `verify` hook unset) and `ctx.mcpReq.inputResponses`.
+// Why not `ServerOptions.requestState.verify`: the hook sees `ctx.mcpReq` but
+// no params (not even the tool name), so it cannot check the params binding.
+// The low-level handler sees the request's params as received (the tool name
+// and the raw arguments, before schema parsing), `ctx.mcpReq.requestState()`
+// (the raw wire string: leave the `verify` hook unset) and
+// `ctx.mcpReq.inputResponses`; and what it throws reaches the client as a
+// JSON-RPC error, where the SDK turns a tool callback's throw into an
+// `isError` result.
 
 import { randomBytes } from 'node:crypto';
 
@@ -98,37 +102,18 @@ export class StatesealBoundary {
     this.#log = options.logger ?? console;
   }
 
-  /** Wraps a tool callback: `server.registerTool(name, config, boundary.tool(name, cb))`.
-   * `cb` is `(args, ctx)` with an `inputSchema`, `(ctx)` without one. */
-  tool<F extends (...a: never[]) => unknown>(name: string, cb: F): F {
-    return this.#wrap('tools/call', name, (args) => ({ name, arguments: args ?? {} }), cb);
-  }
-
-  /** Wraps a prompt callback: `server.registerPrompt(name, config, boundary.prompt(name, cb))`. */
-  prompt<F extends (...a: never[]) => unknown>(name: string, cb: F): F {
-    return this.#wrap('prompts/get', name, (args) => ({ name, arguments: args ?? {} }), cb);
-  }
-
-  /** Wraps a static resource's read callback `(uri: URL, ctx)`. */
-  resource<F extends (...a: never[]) => unknown>(cb: F): F {
-    return this.#wrap('resources/read', undefined, (uri) => ({ uri: String(uri) }), cb);
-  }
-
-  #wrap<F extends (...a: never[]) => unknown>(
-    method: BindableMethod,
-    name: string | undefined,
-    params: (first: unknown) => Record<string, unknown>,
-    cb: F,
-  ): F {
-    const wrapped = async (...a: unknown[]) => {
-      const ctx = a[a.length - 1] as Ctx;
-      const first = a.length > 1 ? a[0] : undefined;
-      const p = params(first);
-      const target = name ?? String(p.uri);
-      const run = (c: Ctx) => (cb as unknown as (...x: unknown[]) => unknown)(...a.slice(0, -1), c);
-      return this.#serve(method, target, p, ctx, run);
+  /** Wraps a low-level request handler of `tools/call`, `prompts/get` or
+   * `resources/read` (what `install` does for an McpServer). The handler
+   * sees the plaintext state in `ctx.mcpReq.requestState()` and the
+   * filtered answers in `ctx.mcpReq.inputResponses`. */
+  wrapHandler<H extends (request: never, ctx: never) => unknown>(method: BindableMethod, handler: H): H {
+    const wrapped = async (request: { params?: Record<string, unknown> }, ctx: Ctx) => {
+      const params = request.params ?? {};
+      const target = String(method === 'resources/read' ? params.uri : params.name);
+      const run = (c: Ctx) => (handler as unknown as (r: unknown, c: Ctx) => unknown)(request, c);
+      return this.#serve(method, target, params, ctx, run);
     };
-    return wrapped as unknown as F;
+    return wrapped as unknown as H;
   }
 
   async #serve(
@@ -304,4 +289,31 @@ function withState(ctx: Ctx, state: string | undefined, answers: Record<string, 
   const out = Object.create(Object.getPrototypeOf(ctx) as object, Object.getOwnPropertyDescriptors(ctx)) as Ctx;
   Object.defineProperty(out, 'mcpReq', { value: mcpReq, enumerable: true, configurable: true, writable: true });
   return out;
+}
+
+const WRAPPED = new Set<string>(['tools/call', 'prompts/get', 'resources/read']);
+
+/** What `install` needs of an McpServer: its low-level server. */
+interface HasLowLevel {
+  server: object;
+}
+
+/** Puts `boundary` in front of `server`'s tools, prompts and resources.
+ * Call it right after `new McpServer(...)`, before registering anything:
+ * the McpServer installs its low-level handlers on the first registration,
+ * and those are what get wrapped. */
+export function install(server: HasLowLevel, boundary: StatesealBoundary): void {
+  const flags = server as unknown as Record<string, unknown>;
+  if (flags._toolHandlersInitialized || flags._promptHandlersInitialized || flags._resourceHandlersInitialized) {
+    throw new Error('stateseal install(): call it before registering tools, prompts or resources');
+  }
+  const low = server.server as unknown as {
+    setRequestHandler: (method: string, handler: (...a: never[]) => unknown) => unknown;
+  };
+  const original = low.setRequestHandler.bind(low);
+  low.setRequestHandler = (method: string, handler: (...a: never[]) => unknown) =>
+    original(
+      method,
+      WRAPPED.has(method) ? boundary.wrapHandler(method as BindableMethod, handler as never) : handler,
+    );
 }

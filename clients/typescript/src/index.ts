@@ -1,6 +1,6 @@
 export { RequestStateClient, StatesealError } from './client.js';
 export type { Binding, ClientOptions, Opened, Sealed } from './client.js';
-export { StatesealBoundary, defaultPrincipal } from './boundary.js';
+export { StatesealBoundary, defaultPrincipal, install } from './boundary.js';
 export type { BoundaryOptions } from './boundary.js';
 export {
   BINDING_VERSION,

@@ -64,10 +64,16 @@ test('a replay is asked again, never executed twice', async () => {
 test('changed arguments are refused and do not burn the token', async () => {
   const client = await connect();
   const r = await call(client, 'transfer', { amount: 42 });
-  const forged = await call(client, 'transfer', { amount: 1000000 }, { inputResponses: yes(r), requestState: r.requestState });
-  // The SDK turns a refusal inside a tool into an error result.
-  assert.equal(forged.isError, true);
-  assert.match(text(forged), /Invalid or expired requestState/);
+  await assert.rejects(
+    call(client, 'transfer', { amount: 1000000 }, { inputResponses: yes(r), requestState: r.requestState }),
+    (e: { code?: number; message?: string }) => e.code === -32602 && e.message === 'Invalid or expired requestState',
+  );
+  // A tampered token too.
+  const tampered = r.requestState!.slice(0, -2) + (r.requestState!.at(-2) === 'A' ? 'B' : 'A') + r.requestState!.at(-1);
+  await assert.rejects(
+    call(client, 'transfer', { amount: 42 }, { inputResponses: yes(r), requestState: tampered }),
+    (e: { code?: number }) => e.code === -32602,
+  );
   const done = await call(client, 'transfer', { amount: 42 }, { inputResponses: yes(r), requestState: r.requestState });
   assert.match(text(done), /transferred 42/);
   await client.close();
