@@ -38,6 +38,10 @@ def ask(amount: int) -> Elicit[Confirm]:
     return Elicit(f"Transfer {amount}?", Confirm)
 
 
+def ask_memo(text: str) -> Elicit[Confirm]:
+    return Elicit(f"Store {len(text)} characters?", Confirm)
+
+
 #: Tools whose next confirmed execution raises once (shared by the replicas).
 FAIL_ONCE: set[str] = set()
 
@@ -50,6 +54,10 @@ def replica(
     @server.tool()
     async def transfer(amount: int, confirm: Annotated[Confirm, Resolve(ask)]) -> str:
         return f"transferred {amount}" if confirm.confirm else "cancelled"
+
+    @server.tool()
+    async def memo(text: str, confirm: Annotated[Confirm, Resolve(ask_memo)]) -> str:
+        return f"stored {len(text)} characters" if confirm.confirm else "cancelled"
 
     @server.tool()
     async def pay(amount: int, confirm: Annotated[Confirm, Resolve(ask)]) -> str:
@@ -306,3 +314,32 @@ async def test_answers_are_filtered_against_the_sealed_questions(stateseal):
             )
             assert isinstance(again, types.InputRequiredResult), again
             assert SEEN_ANSWERS[-1] == {}
+
+
+async def test_big_integers_bind_exactly(stateseal):
+    async with deployment(stateseal) as (url, _):
+        async with Client(url, elicitation_callback=accept) as client:
+            big = 2**53 + 1
+            r = await client.session.call_tool("transfer", {"amount": big}, allow_input_required=True)
+            assert isinstance(r, types.InputRequiredResult), r
+            # 2^53 is the same double as 2^53+1, but not the same number.
+            with pytest.raises(MCPError) as e:
+                await client.session.call_tool(
+                    "transfer", {"amount": 2**53}, input_responses=answers(r), request_state=r.request_state
+                )
+            assert e.value.error.code == types.INVALID_PARAMS
+            done = await client.session.call_tool(
+                "transfer", {"amount": big}, input_responses=answers(r), request_state=r.request_state
+            )
+            assert f"transferred {big}" in json.dumps(done.model_dump(mode="json"))
+
+
+async def test_params_over_one_mebibyte_round_trip(stateseal):
+    # Only the 32-byte digest goes to stateseal, so the size of the params
+    # is the MCP server's business, as with the SDK's own boundary.
+    async with deployment(stateseal) as (url, _):
+        async with Client(url, elicitation_callback=accept) as client:
+            text = "x" * (1_300_000)
+            result = await client.call_tool("memo", {"text": text})
+            assert not result.is_error, result
+            assert "stored 1300000 characters" in json.dumps(result.model_dump(mode="json"))

@@ -90,7 +90,8 @@ def _binding(subject: str, method: str, params_json: str | None, params_digest: 
         raise ValueError("give exactly one of params_json and params_digest")
     if params_json is not None:
         return stateseal_pb2.Binding(subject=subject, method=method, params_json=params_json)
-    return stateseal_pb2.Binding(subject=subject, method=method, params_digest=params_digest)
+    # A caller-computed digest is binding v2 (stateseal_mcp.binding).
+    return stateseal_pb2.Binding(subject=subject, method=method, params_digest=params_digest, binding_version=2)
 
 
 class RequestStateClient:

@@ -7,7 +7,9 @@ Inbound (`tools/call`, `prompts/get`, `resources/read` carrying
   together into the subject;
 - the method;
 - the request params under stateseal's binding v2 (the tool or prompt name
-  and its arguments, or the resource URI; numbers exact);
+  and its arguments, or the resource URI; numbers exact), computed here
+  (`stateseal_mcp.binding`) and sent as a 32-byte digest, so params of any
+  size cost nothing on the wire;
 and, for single-use targets, consumed at most once across every replica:
 - by default in two phases: stateseal *reserves* the token for a lease, the
   handler runs, and the reservation is *committed* when the handler returns
@@ -39,7 +41,6 @@ nothing: no serialization, no principal call.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import uuid
@@ -53,6 +54,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INTERNAL_ERROR, INVALID_PARAMS
 from mcp_types.methods import INPUT_REQUIRED_METHODS, is_input_required
 
+from .binding import BindingError, params_digest, subject_for
 from .client import RequestStateClient, StatesealError
 
 __all__ = ["StatesealBoundary", "install"]
@@ -119,8 +121,7 @@ class StatesealBoundary:
         except Exception:  # deny on error, as the SDK does
             logger.exception("principal binding raised on %s", ctx.method)
             raise MCPError(code=INVALID_PARAMS, message="Invalid or expired requestState") from None
-        ident = json.dumps([self._audience, principal], separators=(",", ":"), ensure_ascii=False)
-        return "mcp:" + hashlib.sha256(ident.encode("utf-8", "surrogatepass")).hexdigest()
+        return subject_for(self._audience, principal)
 
     async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
         if ctx.method not in INPUT_REQUIRED_METHODS:
@@ -133,13 +134,13 @@ class StatesealBoundary:
         if not isinstance(wire, str):
             self._reject(ctx.method, "NON_STRING")
         subject = self._subject(ctx)
-        params_json = self._params_json(ctx.method, params)
+        digest = self._digest(ctx.method, params)
         target = _target(ctx.method, params)
         reserve = target not in self._at_most_once
         answers = params.get("inputResponses")
         answers_json = self._json(ctx.method, answers) if answers is not None else ""
         try:
-            opened = await self._open(wire, subject, ctx.method, params_json, reserve, answers_json)
+            opened = await self._open(wire, subject, ctx.method, digest, reserve, answers_json)
         except StatesealError as e:
             if e.client_fault and self._reask and e.reason in ("REPLAYED", "EXPIRED", "IN_USE"):
                 logger.info("requestState %s on %s: asking again", e.reason, ctx.method)
@@ -159,7 +160,7 @@ class StatesealBoundary:
         reservation = opened.reservation
         try:
             result = await call_next(ctx)
-            result = await self._seal_if_asked(ctx, params, result, subject=subject, params_json=params_json)
+            result = await self._seal_if_asked(ctx, params, result, subject=subject, digest=digest)
         except BaseException:
             if reservation:
                 await self._release(ctx.method, reservation)
@@ -179,7 +180,7 @@ class StatesealBoundary:
                 logger.error("stateseal commit failed on %s: %s", ctx.method, e.reason)
         return result
 
-    async def _open(self, wire: str, subject: str, method: str, params_json: str, reserve: bool, answers_json: str):
+    async def _open(self, wire: str, subject: str, method: str, digest: bytes, reserve: bool, answers_json: str):
         attempt = uuid.uuid4().hex
         for n in range(3):
             try:
@@ -187,7 +188,7 @@ class StatesealBoundary:
                     wire,
                     subject=subject,
                     method=method,
-                    params_json=params_json,
+                    params_digest=digest,
                     reserve=reserve,
                     attempt_id=attempt,
                     input_responses_json=answers_json,
@@ -208,8 +209,14 @@ class StatesealBoundary:
             # The lease ends by itself; the retry waits for it at worst.
             logger.warning("stateseal release failed on %s: %s", method, e.reason)
 
-    def _params_json(self, method: str, params: Mapping[str, Any]) -> str:
-        return self._json(method, params)
+    def _digest(self, method: str, params: Mapping[str, Any]) -> bytes:
+        """Binding v2 of the params, computed here (numbers exact)."""
+        try:
+            return params_digest(method, params)
+        except (BindingError, RecursionError):
+            # NaN, infinities, lone surrogates: not bindable; refuse cleanly.
+            logger.warning("params on %s cannot be bound (not strict JSON)", method)
+            raise MCPError(code=INVALID_PARAMS, message="Invalid params") from None
 
     @staticmethod
     def _json(method: str, value: Any) -> str:
@@ -227,7 +234,7 @@ class StatesealBoundary:
         result: HandlerResult,
         *,
         subject: str | None = None,
-        params_json: str | None = None,
+        digest: bytes | None = None,
     ) -> HandlerResult:
         if not is_input_required(result):
             return result
@@ -240,14 +247,14 @@ class StatesealBoundary:
             return result
         if subject is None:
             subject = self._subject(ctx)
-        if params_json is None:
-            params_json = self._params_json(ctx.method, params)
+        if digest is None:
+            digest = self._digest(ctx.method, params)
         target = _target(ctx.method, params)
         try:
             sealed = await self._client.seal(
                 subject=subject,
                 method=ctx.method,
-                params_json=params_json,
+                params_digest=digest,
                 state=state.encode("utf-8"),
                 ttl_seconds=self._ttl,
                 single_use=target not in self._reusable,
