@@ -7,14 +7,25 @@
 - `install(server, boundary)`: swaps the SDK's boundary for ours.
 """
 
+from importlib.metadata import PackageNotFoundError, version
+
+from .binding import BindingError, params_digest, subject_for
 from .client import Opened, RequestStateClient, Sealed, StatesealError
 from .middleware import StatesealBoundary, install
 
+try:
+    __version__ = version("stateseal-mcp")
+except PackageNotFoundError:  # running from a source tree
+    __version__ = "0+unknown"
+
 __all__ = [
+    "BindingError",
     "Opened",
     "RequestStateClient",
     "Sealed",
     "StatesealBoundary",
     "StatesealError",
     "install",
+    "params_digest",
+    "subject_for",
 ]
