@@ -201,6 +201,21 @@ pub struct ServeArgs {
         conflicts_with = "database_url"
     )]
     pub database_url_file: Option<PathBuf>,
+    /// TLS to PostgreSQL: disable, prefer (the default, as libpq), require,
+    /// verify-ca or verify-full (recommended). Overrides the URL's sslmode.
+    #[arg(long, env = "STATESEAL_DATABASE_SSLMODE", value_enum)]
+    pub database_sslmode: Option<crate::ledger::pgtls::SslMode>,
+    /// CA certificate(s) (PEM) the PostgreSQL server's certificate must chain
+    /// to. Overrides the URL's sslrootcert.
+    #[arg(long, env = "STATESEAL_DATABASE_SSLROOTCERT")]
+    pub database_sslrootcert: Option<PathBuf>,
+    /// Client certificate chain (PEM) presented to PostgreSQL (with
+    /// --database-sslkey). Overrides the URL's sslcert.
+    #[arg(long, env = "STATESEAL_DATABASE_SSLCERT", requires = "database_sslkey")]
+    pub database_sslcert: Option<PathBuf>,
+    /// Private key (PEM) of --database-sslcert. Overrides the URL's sslkey.
+    #[arg(long, env = "STATESEAL_DATABASE_SSLKEY", requires = "database_sslcert")]
+    pub database_sslkey: Option<PathBuf>,
     /// Connections to PostgreSQL (and consumption batches in flight).
     #[arg(long, env = "STATESEAL_DB_POOL_SIZE", default_value_t = 8)]
     pub db_pool_size: usize,
@@ -479,6 +494,12 @@ impl ServeArgs {
                     pool_size: self.db_pool_size.clamp(1, 256),
                     timeout: std::time::Duration::from_millis(self.db_timeout_ms.max(10)),
                     skew: self.clock_skew,
+                    tls: crate::ledger::pgtls::PgTlsFlags {
+                        mode: self.database_sslmode,
+                        root_cert: self.database_sslrootcert.clone(),
+                        client_cert: self.database_sslcert.clone(),
+                        client_key: self.database_sslkey.clone(),
+                    },
                 };
                 Ok(Arc::new(PgLedger::connect(&url, opts).await?))
             }

@@ -407,6 +407,7 @@ async fn a_bad_database_url_never_shows_its_password() {
             pool_size: 1,
             timeout: std::time::Duration::from_millis(300),
             skew: 60,
+            ..PgOptions::default()
         },
     )
     .await

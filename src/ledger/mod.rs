@@ -21,6 +21,7 @@ use std::time::Duration;
 use crate::clock::Clock;
 use crate::timeguard::Vouch;
 
+pub mod pgtls;
 pub mod postgres;
 pub mod sled;
 

@@ -32,7 +32,9 @@ use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio::sync::{mpsc, oneshot, Semaphore};
-use tokio_postgres::NoTls;
+use tokio_postgres_rustls::MakeRustlsConnect;
+
+use super::pgtls::{self, PgTls, PgTlsFlags};
 
 use super::{Committed, Consumed, Lease, Ledger, LedgerError, LedgerKey};
 
@@ -53,6 +55,8 @@ pub struct PgOptions {
     pub timeout: Duration,
     /// Seconds records outlive their token (the service's clock skew).
     pub skew: u64,
+    /// TLS settings given as flags; they override the URL's.
+    pub tls: PgTlsFlags,
 }
 
 impl Default for PgOptions {
@@ -61,6 +65,7 @@ impl Default for PgOptions {
             pool_size: 8,
             timeout: Duration::from_secs(2),
             skew: 60,
+            tls: PgTlsFlags::default(),
         }
     }
 }
@@ -107,7 +112,11 @@ impl PgLedger {
     /// Connects, creates or migrates the schema (safe with several replicas
     /// starting at once), and starts the batcher.
     pub async fn connect(url: &str, opts: PgOptions) -> Result<Self, LedgerError> {
-        let mut cfg = parse_url(url)?;
+        let (url, tls) = PgTls::split(url)?;
+        let tls = tls.override_with(&opts.tls);
+        let mut cfg = parse_url(&url)?;
+        cfg.ssl_mode(tls.wire_mode());
+        let connector = tls.connector()?;
         cfg.connect_timeout(opts.timeout);
         if cfg.get_application_name().is_none() {
             cfg.application_name("stateseal");
@@ -128,7 +137,7 @@ impl PgLedger {
         cfg.options(&options);
         let mgr = Manager::from_config(
             cfg,
-            NoTls,
+            connector.clone(),
             ManagerConfig {
                 // A connection is checked before it is handed out again.
                 recycling_method: RecyclingMethod::Verified,
@@ -142,6 +151,32 @@ impl PgLedger {
             .runtime(Runtime::Tokio1)
             .build()
             .map_err(|e| LedgerError(format!("cannot build the connection pool: {e}")))?;
+        // The first connection tells TLS failures apart, in fixed words.
+        match tokio::time::timeout(opts.timeout, pool.get()).await {
+            Ok(Ok(client)) => drop(client),
+            Ok(Err(e)) => {
+                if let deadpool_postgres::PoolError::Backend(be) = &e {
+                    if let Some(msg) = pgtls::tls_failure(be, tls.mode) {
+                        return Err(LedgerError(format!("connect: {msg}")));
+                    }
+                }
+                return Err(db_err("connect", e));
+            }
+            Err(_) => {
+                return Err(LedgerError(format!(
+                    "connect: timed out after {:?}",
+                    opts.timeout
+                )))
+            }
+        }
+        if tls.mode == pgtls::SslMode::Prefer
+            || tls.mode == pgtls::SslMode::Require && tls.root_cert.is_none()
+        {
+            tracing::warn!(
+                sslmode = tls.mode.as_str(),
+                "the PostgreSQL server's certificate is not verified; use sslmode=verify-full with sslrootcert"
+            );
+        }
         migrate(&pool, opts.timeout).await?;
         check_session(&pool, opts.timeout).await?;
         let self_vacuum = !autovacuum_covers_table(&pool, opts.timeout).await?;
@@ -158,6 +193,7 @@ impl PgLedger {
         let skew = i64::try_from(opts.skew).unwrap_or(i64::MAX);
         let batcher = tokio::spawn(run_batcher(
             pool.clone(),
+            connector,
             rx,
             healthy.clone(),
             opts.timeout,
@@ -298,6 +334,7 @@ async fn check_session(pool: &Pool, limit: Duration) -> Result<(), LedgerError> 
 
 async fn run_batcher(
     pool: Pool,
+    tls: MakeRustlsConnect,
     mut rx: mpsc::UnboundedReceiver<Waiter>,
     healthy: Arc<AtomicBool>,
     limit: Duration,
@@ -319,9 +356,10 @@ async fn run_batcher(
             }
         }
         let pool = pool.clone();
+        let tls = tls.clone();
         let healthy = healthy.clone();
         tokio::spawn(async move {
-            let result = insert_batch(&pool, &batch, limit, skew).await;
+            let result = insert_batch(&pool, &tls, &batch, limit, skew).await;
             healthy.store(result.is_ok(), Ordering::Relaxed);
             drop(permit);
             match result {
@@ -370,6 +408,7 @@ async fn run_batcher(
 /// reservation.
 async fn insert_batch(
     pool: &Pool,
+    tls: &MakeRustlsConnect,
     batch: &[Waiter],
     limit: Duration,
     skew: i64,
@@ -430,7 +469,7 @@ async fn insert_batch(
             Ok(Err(e)) if attempt < 3 && is_retryable(&e) => continue,
             Ok(Err(e)) => return Err(db_err("insert", describe(&e))),
             Err(_) => {
-                abandon(client);
+                abandon(client, tls);
                 return Err(LedgerError(format!("insert: timed out after {limit:?}")));
             }
         }
@@ -478,10 +517,12 @@ async fn insert_batch(
 /// A connection whose statement passed the client timeout: the statement is
 /// cancelled on the server, and the connection is taken out of the pool (it
 /// closes when the last handle drops), never handed to the next caller.
-fn abandon(client: deadpool_postgres::Object) {
+fn abandon(client: deadpool_postgres::Object, tls: &MakeRustlsConnect) {
     let cancel = client.cancel_token();
+    let tls = tls.clone();
     tokio::spawn(async move {
-        let _ = cancel.cancel_query(NoTls).await;
+        // Over the connection's own TLS settings.
+        let _ = cancel.cancel_query(tls).await;
     });
     drop(deadpool_postgres::Object::take(client));
 }

@@ -1,0 +1,364 @@
+//! TLS to PostgreSQL against private instances this test starts itself
+//! (`initdb` into a temporary directory, its own port, `ssl = on` with a
+//! throwaway CA made here): verify-full works; a wrong CA or host name fails
+//! closed with a fixed message; verify-ca ignores the name only; a client
+//! certificate authenticates; a plaintext-only server is refused when TLS is
+//! required. Needs root (initdb runs as the `postgres` user via runuser) and
+//! PostgreSQL's server binaries; without them it prints SKIPPED.
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use rcgen::{BasicConstraints, Certificate, CertificateParams, DnType, IsCa, KeyPair, SanType};
+use stateseal::ledger::pgtls::{PgTlsFlags, SslMode};
+use stateseal::ledger::postgres::{PgLedger, PgOptions};
+use stateseal::ledger::{Consumed, Ledger, LedgerKey};
+
+struct Ca {
+    cert: Certificate,
+    key: KeyPair,
+}
+
+impl Ca {
+    fn new(name: &str) -> Ca {
+        let key = KeyPair::generate().unwrap();
+        let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        p.distinguished_name.push(DnType::CommonName, name);
+        Ca {
+            cert: p.self_signed(&key).unwrap(),
+            key,
+        }
+    }
+    fn issue(&self, cn: &str, sans: Vec<SanType>) -> (String, String) {
+        let key = KeyPair::generate().unwrap();
+        let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.subject_alt_names = sans;
+        p.distinguished_name.push(DnType::CommonName, cn);
+        let cert = p.signed_by(&key, &self.cert, &self.key).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+}
+
+fn pg_bin() -> Option<PathBuf> {
+    let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
+        .filter(|p| p.join("initdb").exists())
+        .collect();
+    found.sort();
+    found.pop()
+}
+
+fn skip(why: &str) {
+    eprintln!("\n*** SKIPPED: TLS to PostgreSQL ({why}) ***\n");
+}
+
+fn run(cmd: &mut Command) {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn as_postgres(bin: &Path, tool: &str) -> Command {
+    let mut c = Command::new("runuser");
+    c.args(["-u", "postgres", "--"]).arg(bin.join(tool));
+    c
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A private PostgreSQL instance, stopped on drop.
+struct PrivatePg {
+    bin: PathBuf,
+    data: PathBuf,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl PrivatePg {
+    /// `tls`: (server cert PEM, key PEM, CA PEM for client certificates).
+    fn start(bin: &Path, tls: Option<(&str, &str, &str)>) -> PrivatePg {
+        let dir = tempfile::Builder::new()
+            .prefix("stateseal-pg-")
+            .tempdir()
+            .unwrap();
+        let data = dir.path().join("data");
+        run(Command::new("chown").arg("postgres").arg(dir.path()));
+        run(as_postgres(bin, "initdb")
+            .args(["-A", "trust", "-U", "postgres", "--no-sync", "-D"])
+            .arg(&data));
+        let port = free_port();
+        let mut conf = format!(
+            "port = {port}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\nfsync = off\n",
+            dir.path().display()
+        );
+        let mut hba = String::from("local all all trust\n");
+        match tls {
+            Some((cert, key, client_ca)) => {
+                for (name, pem) in [
+                    ("server.crt", cert),
+                    ("server.key", key),
+                    ("client_ca.crt", client_ca),
+                ] {
+                    let p = data.join(name);
+                    std::fs::write(&p, pem).unwrap();
+                    run(Command::new("chown").arg("postgres").arg(&p));
+                    run(Command::new("chmod").arg("0600").arg(&p));
+                }
+                conf.push_str(
+                    "ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\nssl_ca_file = 'client_ca.crt'\n",
+                );
+                hba.push_str("hostssl all certuser 127.0.0.1/32 cert\n");
+                hba.push_str("hostssl all postgres 127.0.0.1/32 trust\n");
+            }
+            None => {
+                conf.push_str("ssl = off\n");
+                hba.push_str("host all postgres 127.0.0.1/32 trust\n");
+            }
+        }
+        let mut pgconf = std::fs::read_to_string(data.join("postgresql.conf")).unwrap();
+        pgconf.push_str(&conf);
+        std::fs::write(data.join("postgresql.conf"), pgconf).unwrap();
+        std::fs::write(data.join("pg_hba.conf"), hba).unwrap();
+        run(as_postgres(bin, "pg_ctl")
+            .args(["-w", "-t", "60", "-D"])
+            .arg(&data)
+            .arg("-l")
+            .arg(dir.path().join("log"))
+            .arg("start"));
+        if tls.is_some() {
+            run(as_postgres(bin, "psql")
+                .args([
+                    "-h",
+                    &dir.path().display().to_string(),
+                    "-p",
+                    &port.to_string(),
+                    "-U",
+                    "postgres",
+                    "-c",
+                ])
+                .arg("CREATE ROLE certuser LOGIN SUPERUSER"));
+        }
+        PrivatePg {
+            bin: bin.to_owned(),
+            data,
+            port,
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for PrivatePg {
+    fn drop(&mut self) {
+        let _ = as_postgres(&self.bin, "pg_ctl")
+            .args(["-m", "immediate", "-D"])
+            .arg(&self.data)
+            .arg("stop")
+            .output();
+    }
+}
+
+fn write(dir: &Path, name: &str, pem: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, pem).unwrap();
+    p
+}
+
+async fn connect(url: &str, tls: PgTlsFlags) -> Result<PgLedger, String> {
+    PgLedger::connect(
+        url,
+        PgOptions {
+            timeout: std::time::Duration::from_secs(5),
+            pool_size: 2,
+            tls,
+            ..PgOptions::default()
+        },
+    )
+    .await
+    .map_err(|e| e.0)
+}
+
+async fn consumes(l: &PgLedger) {
+    let key = LedgerKey {
+        expires_at: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            + 600,
+        id: rand::random(),
+    };
+    assert_eq!(l.consume(&key).await.unwrap(), Consumed::Now);
+    assert_eq!(l.consume(&key).await.unwrap(), Consumed::Before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_to_postgresql_libpq_modes() {
+    let Some(bin) = pg_bin() else {
+        return skip("no PostgreSQL server binaries under /usr/lib/postgresql");
+    };
+    if !rustix::process::geteuid().is_root() {
+        return skip("not root: initdb must run as the postgres user");
+    }
+    let ca = Ca::new("stateseal test CA");
+    let other_ca = Ca::new("another CA");
+    // The server certificate names localhost only, not 127.0.0.1.
+    let (cert, key) = ca.issue(
+        "server",
+        vec![SanType::DnsName("localhost".try_into().unwrap())],
+    );
+    let pg = PrivatePg::start(&bin, Some((&cert, &key, &ca.cert.pem())));
+    let files = tempfile::tempdir().unwrap();
+    let ca_file = write(files.path(), "ca.pem", &ca.cert.pem());
+    let other_file = write(files.path(), "other.pem", &other_ca.cert.pem());
+    let (ccert, ckey) = ca.issue("certuser", vec![]);
+    let ccert = write(files.path(), "client.pem", &ccert);
+    let ckey = write(files.path(), "client.key", &ckey);
+    let port = pg.port;
+    let url =
+        |host: &str, extra: &str| format!("postgres://postgres@{host}:{port}/postgres?{extra}");
+
+    // verify-full, from the URL: works.
+    let l = connect(
+        &url(
+            "localhost",
+            &format!("sslmode=verify-full&sslrootcert={}", ca_file.display()),
+        ),
+        PgTlsFlags::default(),
+    )
+    .await
+    .unwrap();
+    consumes(&l).await;
+    l.close().await.unwrap();
+
+    // verify-full, from the flags, over a URL that says nothing: works.
+    let l = connect(
+        &url("localhost", ""),
+        PgTlsFlags {
+            mode: Some(SslMode::VerifyFull),
+            root_cert: Some(ca_file.clone()),
+            ..PgTlsFlags::default()
+        },
+    )
+    .await
+    .unwrap();
+    l.close().await.unwrap();
+
+    // A wrong CA: refused, with a fixed message.
+    let e = connect(
+        &url(
+            "localhost",
+            &format!("sslmode=verify-full&sslrootcert={}", other_file.display()),
+        ),
+        PgTlsFlags::default(),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(
+        e,
+        "connect: the PostgreSQL server's certificate failed verification (sslmode=verify-full)"
+    );
+    // The wrong host name: verify-full refuses, verify-ca (chain only) works.
+    let e = connect(
+        &url(
+            "127.0.0.1",
+            &format!("sslmode=verify-full&sslrootcert={}", ca_file.display()),
+        ),
+        PgTlsFlags::default(),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(
+        e,
+        "connect: the PostgreSQL server's certificate failed verification (sslmode=verify-full)"
+    );
+    let l = connect(
+        &url(
+            "127.0.0.1",
+            &format!("sslmode=verify-ca&sslrootcert={}", ca_file.display()),
+        ),
+        PgTlsFlags::default(),
+    )
+    .await
+    .unwrap();
+    l.close().await.unwrap();
+    // verify-ca with the wrong CA still fails.
+    let e = connect(
+        &url(
+            "127.0.0.1",
+            &format!("sslmode=verify-ca&sslrootcert={}", other_file.display()),
+        ),
+        PgTlsFlags::default(),
+    )
+    .await
+    .unwrap_err();
+    assert!(e.contains("failed verification (sslmode=verify-ca)"), "{e}");
+
+    // A client certificate authenticates (pg_hba: `hostssl … certuser … cert`).
+    let l = connect(
+        &format!(
+            "postgres://certuser@localhost:{port}/postgres?sslmode=verify-full&sslrootcert={}&sslcert={}&sslkey={}",
+            ca_file.display(),
+            ccert.display(),
+            ckey.display()
+        ),
+        PgTlsFlags::default(),
+    )
+    .await
+    .unwrap();
+    consumes(&l).await;
+    l.close().await.unwrap();
+    // ... and without it, certuser is refused.
+    let e = connect(
+        &format!(
+            "postgres://certuser@localhost:{port}/postgres?sslmode=verify-full&sslrootcert={}",
+            ca_file.display()
+        ),
+        PgTlsFlags::default(),
+    )
+    .await
+    .unwrap_err();
+    assert!(e.starts_with("connect:"), "{e}");
+
+    // A plaintext-only server.
+    let plain = PrivatePg::start(&bin, None);
+    let purl = |mode: &str| {
+        format!(
+            "postgres://postgres@localhost:{}/postgres?sslmode={mode}",
+            plain.port
+        )
+    };
+    for mode in ["require", "verify-full"] {
+        let extra = if mode == "verify-full" {
+            format!("&sslrootcert={}", ca_file.display())
+        } else {
+            String::new()
+        };
+        let e = connect(&format!("{}{extra}", purl(mode)), PgTlsFlags::default())
+            .await
+            .unwrap_err();
+        assert_eq!(
+            e,
+            format!(
+                "connect: the PostgreSQL server does not offer TLS, which sslmode={mode} requires"
+            )
+        );
+    }
+    // prefer (libpq's default) falls back to plaintext; disable never tries.
+    for mode in ["prefer", "disable"] {
+        let l = connect(&purl(mode), PgTlsFlags::default()).await.unwrap();
+        consumes(&l).await;
+        l.close().await.unwrap();
+    }
+}
