@@ -3,6 +3,7 @@ round-robin front, the real client with an elicitation callback."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 from contextlib import asynccontextmanager
@@ -47,7 +48,12 @@ FAIL_ONCE: set[str] = set()
 
 
 def replica(
-    tag: str, stateseal_addr: str, served: list, bearer: str | None = None, reask: bool = True
+    tag: str,
+    stateseal_addr: str,
+    served: list,
+    bearer: str | None = None,
+    reask: bool = True,
+    credentials=None,
 ) -> MCPServer:
     server = MCPServer("transfer-service")
 
@@ -66,7 +72,7 @@ def replica(
             raise RuntimeError("payment backend hiccup")
         return f"paid {amount}" if confirm.confirm else "cancelled"
 
-    client = RequestStateClient(stateseal_addr, bearer=bearer)
+    client = RequestStateClient(stateseal_addr, bearer=bearer, credentials=credentials)
     install(server, StatesealBoundary(client, audience="transfer-service", reask=reask))
 
     async def record(ctx, call_next):
@@ -113,11 +119,11 @@ def front(backends: list[str]) -> Starlette:
 
 
 @asynccontextmanager
-async def deployment(stateseal_addr: str, bearer: str | None = None, reask: bool = True):
+async def deployment(stateseal_addr: str, bearer: str | None = None, reask: bool = True, credentials=None):
     served: list = []
     ports = [free_port(), free_port(), free_port()]
     apps = [
-        replica(tag, stateseal_addr, served, bearer, reask).streamable_http_app(
+        replica(tag, stateseal_addr, served, bearer, reask, credentials).streamable_http_app(
             stateless_http=True, json_response=True
         )
         for tag in ("A", "B")
@@ -343,3 +349,188 @@ async def test_params_over_one_mebibyte_round_trip(stateseal):
             result = await client.call_tool("memo", {"text": text})
             assert not result.is_error, result
             assert "stored 1300000 characters" in json.dumps(result.model_dump(mode="json"))
+
+
+def _pki(tmp_path):
+    """A CA, a server certificate for 127.0.0.1 and a client certificate
+    with a URI SAN, made with `cryptography` (PEM bytes)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+
+    def name(cn):
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(name("test CA"))
+        .issuer_name(name("test CA"))
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+
+    def leaf(cn, san, server):
+        key = ec.generate_private_key(ec.SECP256R1())
+        usage = x509.oid.ExtendedKeyUsageOID.SERVER_AUTH if server else x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(name(cn))
+            .issuer_name(ca.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([san]), critical=False)
+            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+            .sign(ca_key, hashes.SHA256())
+        )
+        pem_key = key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+        return cert.public_bytes(serialization.Encoding.PEM), pem_key
+
+    ca_pem = ca.public_bytes(serialization.Encoding.PEM)
+    server = leaf("stateseal", x509.IPAddress(ipaddress.ip_address("127.0.0.1")), True)
+    client = leaf("transfer", x509.UniformResourceIdentifier("spiffe://test/transfer-service"), False)
+    other = leaf("intruder", x509.UniformResourceIdentifier("spiffe://test/someone-else"), False)
+    return ca_pem, server, client, other
+
+
+async def test_mtls_credentials(tmp_path):
+    import grpc
+
+    ca_pem, (scert, skey), (ccert, ckey), (ocert, okey) = _pki(tmp_path)
+    files = {}
+    for n, data in (("ca.pem", ca_pem), ("server.pem", scert), ("server.key", skey)):
+        files[n] = tmp_path / n
+        files[n].write_bytes(data)
+    tenants = tmp_path / "tenants.json"
+    tenants.write_text(json.dumps({"tenants": [{"name": "transfer", "uri": "spiffe://test/transfer-service"}]}))
+    proc, addr = start_stateseal(
+        tmp_path,
+        "--auth", "mtls",
+        "--tls-cert", str(files["server.pem"]),
+        "--tls-key", str(files["server.key"]),
+        "--tls-client-ca", str(files["ca.pem"]),
+        "--tenants", str(tenants),
+    )
+    try:
+        good = grpc.ssl_channel_credentials(ca_pem, ckey, ccert)
+        async with deployment(addr, credentials=good) as (url, served):
+            async with Client(url, elicitation_callback=accept) as client:
+                result = await client.call_tool("transfer", {"amount": 9})
+            assert "transferred 9" in json.dumps(result.model_dump(mode="json"))
+            # Both rounds went through stateseal over mTLS, on two replicas.
+            assert len({tag for tag, _ in served}) == 2, served
+        # A certificate of the same CA naming no tenant: a configuration
+        # problem between this server and stateseal, not the client's fault.
+        bad = grpc.ssl_channel_credentials(ca_pem, okey, ocert)
+        async with deployment(addr, credentials=bad) as (url, _):
+            async with Client(url, elicitation_callback=accept) as client:
+                with pytest.raises(MCPError) as e:
+                    await client.session.call_tool("transfer", {"amount": 9}, allow_input_required=True)
+                assert e.value.error.code == types.INTERNAL_ERROR
+                assert e.value.error.message == "Internal error"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+async def test_an_open_whose_answer_is_lost_is_retried_safely(tmp_path, caplog):
+    """A relay between the MCP servers and stateseal forwards the Open but
+    loses its answer and drops the connection: the boundary retries with the
+    same attempt id, the handler runs once, the token is consumed once."""
+    import logging
+
+    proc, addr = start_stateseal(tmp_path)
+    host, port = addr.rsplit(":", 1)
+    state = {"lose_next": False, "lost": 0}
+    open_writers: list = []
+
+    async def handle(down_r, down_w):
+        up_r, up_w = await asyncio.open_connection(host, int(port))
+        open_writers.extend((down_w, up_w))
+        losing = False
+
+        async def pump_down():
+            try:
+                while data := await up_r.read(65536):
+                    if not losing:
+                        down_w.write(data)
+                        await down_w.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                down_w.close()
+
+        task = asyncio.create_task(pump_down())
+        try:
+            while data := await down_r.read(65536):
+                if state["lose_next"] and not losing:
+                    state["lose_next"] = False
+                    state["lost"] += 1
+                    losing = True
+                    asyncio.get_running_loop().call_later(0.3, lambda: (down_w.close(), up_w.close()))
+                up_w.write(data)
+                await up_w.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            up_w.close()
+            task.cancel()
+
+    relay = await asyncio.start_server(handle, "127.0.0.1", 0)
+    relay_addr = f"127.0.0.1:{relay.sockets[0].getsockname()[1]}"
+    try:
+        caplog.set_level(logging.WARNING, logger="stateseal_mcp")
+        async with deployment(relay_addr) as (url, _):
+            async with Client(url, elicitation_callback=accept) as client:
+                r = await first_round(client)
+                state["lose_next"] = True
+                done = await client.session.call_tool(
+                    "transfer", {"amount": 42}, input_responses=answers(r), request_state=r.request_state
+                )
+                assert state["lost"] == 1
+                assert "transferred 42" in json.dumps(done.model_dump(mode="json")), done
+                assert any("retrying" in rec.getMessage() for rec in caplog.records), caplog.text
+                # Consumed exactly once: the replay is asked again.
+                again = await client.session.call_tool(
+                    "transfer", {"amount": 42}, input_responses=answers(r), request_state=r.request_state,
+                    allow_input_required=True,
+                )
+                assert isinstance(again, types.InputRequiredResult), again
+    finally:
+        relay.close()
+        for w in open_writers:
+            w.close()
+        await asyncio.gather(*(w.wait_closed() for w in open_writers), return_exceptions=True)
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+def test_nan_and_lone_surrogates_are_refused_cleanly():
+    """Params that cannot be bound answer -32602 "Invalid params" (no
+    traceback) — and only when they must be bound."""
+    boundary = StatesealBoundary(RequestStateClient("127.0.0.1:9"), audience="a")
+    for params in (
+        {"name": "t", "arguments": {"x": float("nan")}},
+        {"name": "t", "arguments": {"x": float("inf")}},
+        {"name": "t\ud800", "arguments": {}},
+        {"name": "t", "arguments": {"\udc00": 1}},
+    ):
+        with pytest.raises(MCPError) as e:
+            boundary._digest("tools/call", params)
+        assert e.value.error.code == types.INVALID_PARAMS
+        assert e.value.error.message == "Invalid params"
