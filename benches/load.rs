@@ -3,9 +3,10 @@
 //! (`grpc.health.v1.Health/Check` on the same server) measured in the same
 //! run, interleaved round by round so the ratio holds on a noisy machine.
 //!
-//!     cargo bench --bench load -- [--addr HOST:PORT] [--scenarios noop,seal,open,consume,flow,reserve]
+//!     cargo bench --bench load -- [--addr HOST:PORT]
+//!         [--scenarios noop,echo,seal,open,consume,flow,reserve,redis]
 //!         [--concurrency 64] [--connections 4] [--duration 3] [--requests N]
-//!         [--state-size 256] [--warmup 1] [--rounds 2] [--json FILE]
+//!         [--state-size 256] [--warmup 1] [--rounds 2] [--json FILE] [--plot FILE.svg]
 //!         [--server-arg=--ledger --server-arg=postgres …]
 //!
 //! Scenarios, one gRPC call per op unless said:
@@ -18,7 +19,17 @@
 //!   calls per op; its ratio is per call);
 //! - reserve: two-phase consumption of a single-use token sealed beforehand,
 //!   Open with OPEN_MODE_RESERVE then Commit (two calls per op, each durable;
-//!   its ratio is per call).
+//!   its ratio is per call);
+//! - echo: a Seal request of the seal scenario's size sent to a tonic server
+//!   inside this binary, with the transport settings of stateseal's server
+//!   (`TransportLimits::apply`), answering with a response of the token's
+//!   size and doing nothing else: what HTTP/2 and protobuf cost for these
+//!   sizes, so the report separates it from what stateseal adds;
+//! - redis: durable `SET key 1 NX EX 600` against a private `redis-server`
+//!   started in a temporary directory with `appendonly yes` and
+//!   `appendfsync always`, at the same concurrency over as many
+//!   connections — what a user would otherwise get for durable single use
+//!   (skipped, saying so, when `redis-server` is not installed).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -41,7 +52,7 @@ struct Args {
     #[arg(long)]
     addr: Option<String>,
     /// Comma-separated scenarios (noop always runs as the baseline).
-    #[arg(long, default_value = "seal,open,consume,flow,reserve")]
+    #[arg(long, default_value = "echo,seal,open,consume,flow,reserve,redis")]
     scenarios: String,
     /// Requests in flight.
     #[arg(long, default_value_t = 64)]
@@ -67,6 +78,9 @@ struct Args {
     /// Write the figures as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Draw throughput (× noop) and latency percentiles per scenario as SVG.
+    #[arg(long)]
+    plot: Option<PathBuf>,
     /// Extra arguments for the server this bench starts.
     #[arg(long = "server-arg", allow_hyphen_values = true)]
     server_args: Vec<String>,
@@ -79,11 +93,13 @@ struct Args {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Scenario {
     Noop,
+    Echo,
     Seal,
     Open,
     Consume,
     Flow,
     Reserve,
+    Redis,
 }
 
 impl Scenario {
@@ -95,6 +111,8 @@ impl Scenario {
             Scenario::Consume => "consume",
             Scenario::Flow => "flow",
             Scenario::Reserve => "reserve",
+            Scenario::Echo => "echo",
+            Scenario::Redis => "redis",
         }
     }
     fn calls_per_op(self) -> f64 {
@@ -112,6 +130,8 @@ impl Scenario {
             "consume" => Scenario::Consume,
             "flow" => Scenario::Flow,
             "reserve" => Scenario::Reserve,
+            "echo" => Scenario::Echo,
+            "redis" => Scenario::Redis,
             _ => return None,
         })
     }
@@ -208,6 +228,113 @@ fn start_server(extra: &[String]) -> (Server, String) {
     (Server { child, _dir: dir }, addr)
 }
 
+/// The echo baseline: the RequestState service answering Seal with a
+/// response of the size stateseal's would have, doing nothing else.
+struct Echo;
+
+#[tonic::async_trait]
+impl stateseal::proto::request_state_server::RequestState for Echo {
+    async fn seal(
+        &self,
+        req: tonic::Request<SealRequest>,
+    ) -> Result<tonic::Response<stateseal::proto::SealResponse>, tonic::Status> {
+        let n =
+            stateseal::token::encoded_len(stateseal::token::OVERHEAD + req.get_ref().state.len());
+        Ok(tonic::Response::new(stateseal::proto::SealResponse {
+            request_state: "A".repeat(n),
+            expires_at_unix: 1_900_000_600,
+            key_id: "1".into(),
+        }))
+    }
+    async fn open(
+        &self,
+        _: tonic::Request<OpenRequest>,
+    ) -> Result<tonic::Response<stateseal::proto::OpenResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("echo"))
+    }
+    async fn commit(
+        &self,
+        _: tonic::Request<stateseal::proto::CommitRequest>,
+    ) -> Result<tonic::Response<stateseal::proto::CommitResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("echo"))
+    }
+    async fn release(
+        &self,
+        _: tonic::Request<stateseal::proto::ReleaseRequest>,
+    ) -> Result<tonic::Response<stateseal::proto::ReleaseResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("echo"))
+    }
+}
+
+/// Starts the echo server on 127.0.0.1 with stateseal's transport settings.
+async fn start_echo() -> String {
+    let incoming =
+        tonic::transport::server::TcpIncoming::bind("127.0.0.1:0".parse().expect("addr"))
+            .expect("bind echo server")
+            .with_nodelay(Some(true));
+    let addr = incoming.local_addr().expect("echo addr");
+    tokio::spawn(
+        stateseal::limits::TransportLimits::default()
+            .apply(tonic::transport::Server::builder())
+            .add_service(stateseal::proto::request_state_server::RequestStateServer::new(Echo))
+            .serve_with_incoming(incoming),
+    );
+    addr.to_string()
+}
+
+/// A private redis-server with every write fsynced before its answer.
+struct RedisServer {
+    child: std::process::Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_redis() -> Option<RedisServer> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let child = std::process::Command::new("redis-server")
+        .args(["--bind", "127.0.0.1", "--port", &port.to_string(), "--dir"])
+        .arg(dir.path())
+        .args([
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--save",
+            "",
+        ])
+        .stdout(std::process::Stdio::null())
+        .spawn();
+    let child = match child {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("\n*** SKIPPED: the redis scenario (cannot start redis-server: {e}) ***\n");
+            return None;
+        }
+    };
+    let srv = RedisServer {
+        child,
+        port,
+        _dir: dir,
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "redis-server did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Some(srv)
+}
+
 fn binding() -> Binding {
     Binding {
         subject: "bench-user".into(),
@@ -232,12 +359,47 @@ enum Tokens {
 
 struct Ctx {
     channels: Vec<Channel>,
+    echo: Vec<Channel>,
+    redis: Vec<redis::aio::MultiplexedConnection>,
     state: Vec<u8>,
 }
 
 impl Ctx {
     fn client(&self, i: usize) -> RequestStateClient<Channel> {
         RequestStateClient::new(self.channels[i % self.channels.len()].clone())
+    }
+
+    /// The seal request, to the echo server.
+    async fn echo(&self, i: usize) -> Result<(), tonic::Status> {
+        RequestStateClient::new(self.echo[i % self.echo.len()].clone())
+            .seal(SealRequest {
+                binding: Some(binding()),
+                state: self.state.clone(),
+                ttl_seconds: 0,
+                single_use: false,
+                ..Default::default()
+            })
+            .await
+            .map(|_| ())
+    }
+
+    /// Durable SET NX EX on the private redis-server.
+    async fn redis_set(&self, i: usize, n: u64) -> Result<(), tonic::Status> {
+        let mut con = self.redis[i % self.redis.len()].clone();
+        let key = format!("bench:{i}:{n}:{}", rand::random::<u64>());
+        let r: redis::RedisResult<Option<String>> = redis::cmd("SET")
+            .arg(key)
+            .arg(1)
+            .arg("NX")
+            .arg("EX")
+            .arg(600)
+            .query_async(&mut con)
+            .await;
+        match r {
+            Ok(Some(_)) => Ok(()),
+            Ok(None) => Err(tonic::Status::already_exists("key existed")),
+            Err(e) => Err(tonic::Status::unavailable(format!("redis: {:?}", e.kind()))),
+        }
     }
 
     async fn seal(&self, i: usize, single_use: bool) -> Result<String, tonic::Status> {
@@ -372,6 +534,8 @@ async fn run(
                             .map(|_| ())
                         }
                         Scenario::Seal => ctx.seal(w, false).await.map(|_| ()),
+                        Scenario::Echo => ctx.echo(w).await,
+                        Scenario::Redis => ctx.redis_set(w, ops).await,
                         Scenario::Open | Scenario::Consume => {
                             ctx.open(w, token.expect("pre-sealed token")).await
                         }
@@ -439,6 +603,15 @@ fn main() {
         .filter(|s| *s != Scenario::Noop)
         .collect();
     scenarios.dedup();
+    let redis_server = if scenarios.contains(&Scenario::Redis) {
+        let r = start_redis();
+        if r.is_none() {
+            scenarios.retain(|s| *s != Scenario::Redis);
+        }
+        r
+    } else {
+        None
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -465,8 +638,37 @@ fn main() {
                 .expect("connect to stateseal");
             channels.push(ch);
         }
+        let mut echo = Vec::new();
+        if scenarios.contains(&Scenario::Echo) {
+            let echo_addr = start_echo().await;
+            for _ in 0..args.connections.max(1) {
+                echo.push(
+                    Endpoint::from_shared(format!("http://{echo_addr}"))
+                        .expect("address")
+                        .tcp_nodelay(true)
+                        .connect()
+                        .await
+                        .expect("connect to the echo server"),
+                );
+            }
+        }
+        let mut redis_cons = Vec::new();
+        if let Some(r) = &redis_server {
+            let client =
+                redis::Client::open(format!("redis://127.0.0.1:{}/", r.port)).expect("redis url");
+            for _ in 0..args.connections.max(1) {
+                redis_cons.push(
+                    client
+                        .get_multiplexed_async_connection()
+                        .await
+                        .expect("connect to redis-server"),
+                );
+            }
+        }
         let ctx = Arc::new(Ctx {
             channels,
+            echo,
+            redis: redis_cons,
             state: vec![0x5a; args.state_size],
         });
         let measure = Duration::from_secs_f64(args.duration);
@@ -574,7 +776,20 @@ fn main() {
                 t.errors
             );
         }
+        // And the picture draws a row per scenario.
+        let picture = svg(&results, noop_rate);
+        for sc in results.keys() {
+            assert!(
+                picture.contains(&format!(">{}</text>", sc.name())),
+                "plot lacks {}",
+                sc.name()
+            );
+        }
         println!("load smoke: {} scenarios ran without errors", results.len());
+    }
+    if let Some(path) = &args.plot {
+        std::fs::write(path, svg(&results, noop_rate)).expect("write --plot");
+        eprintln!("wrote {}", path.display());
     }
     if let Some(path) = &args.json {
         let doc = serde_json::json!({
@@ -591,4 +806,81 @@ fn main() {
             .expect("write --json");
         eprintln!("wrote {}", path.display());
     }
+}
+
+/// Two panels: calls/s relative to the no-op, and latency percentiles (µs,
+/// log scale), one row per scenario.
+fn svg(results: &BTreeMap<Scenario, Totals>, noop_rate: f64) -> String {
+    let rows: Vec<(&str, f64, [u64; 3])> = results
+        .iter()
+        .map(|(sc, t)| {
+            let h = t.hist.as_ref().expect("at least one run");
+            let ratio = if noop_rate > 0.0 {
+                t.rate() * sc.calls_per_op() / noop_rate
+            } else {
+                0.0
+            };
+            (
+                sc.name(),
+                ratio,
+                [
+                    h.value_at_quantile(0.5),
+                    h.value_at_quantile(0.9),
+                    h.value_at_quantile(0.99),
+                ],
+            )
+        })
+        .collect();
+    let (row_h, top, left, panel_w) = (26.0, 40.0, 80.0, 380.0);
+    let height = top + row_h * rows.len() as f64 + 40.0;
+    let width = left + panel_w * 2.0 + 120.0;
+    let max_ratio = rows.iter().map(|r| r.1).fold(1.0f64, f64::max);
+    let max_us = rows.iter().map(|r| r.2[2]).max().unwrap_or(1).max(10) as f64;
+    let log = |us: u64| (us.max(1) as f64).log10() / max_us.log10();
+    let mut out = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"12\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
+         <text x=\"{left}\" y=\"20\" font-weight=\"bold\">calls/s × no-op (line at 1.0)</text>\n\
+         <text x=\"{}\" y=\"20\" font-weight=\"bold\">latency µs, log scale: p50 ▮ p90 ▮ p99 ▮</text>\n",
+        left + panel_w + 40.0
+    );
+    let one = left + panel_w * (1.0 / max_ratio);
+    out.push_str(&format!(
+        "<line x1=\"{one:.1}\" y1=\"{top}\" x2=\"{one:.1}\" y2=\"{:.1}\" stroke=\"#888\" stroke-dasharray=\"4 3\"/>\n",
+        top + row_h * rows.len() as f64
+    ));
+    for (i, (name, ratio, p)) in rows.iter().enumerate() {
+        let y = top + row_h * i as f64;
+        out.push_str(&format!(
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{name}</text>\n",
+            left - 8.0,
+            y + 16.0
+        ));
+        let w = panel_w * ratio / max_ratio;
+        out.push_str(&format!(
+            "<rect x=\"{left}\" y=\"{:.1}\" width=\"{w:.1}\" height=\"18\" fill=\"#4477aa\"/>\n\
+             <text x=\"{:.1}\" y=\"{:.1}\">{ratio:.2}</text>\n",
+            y + 3.0,
+            left + w + 4.0,
+            y + 16.0
+        ));
+        let x0 = left + panel_w + 40.0;
+        for (j, (us, color)) in p.iter().zip(["#66ccee", "#228833", "#ee6677"]).enumerate() {
+            let w = panel_w * log(*us);
+            out.push_str(&format!(
+                "<rect x=\"{x0}\" y=\"{:.1}\" width=\"{w:.1}\" height=\"5\" fill=\"{color}\"/>\n",
+                y + 3.0 + 6.0 * j as f64
+            ));
+        }
+        out.push_str(&format!(
+            "<text x=\"{:.1}\" y=\"{:.1}\">{} / {} / {}</text>\n",
+            x0 + panel_w + 6.0,
+            y + 16.0,
+            p[0],
+            p[1],
+            p[2]
+        ));
+    }
+    out.push_str("</svg>\n");
+    out
 }
