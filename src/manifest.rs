@@ -402,7 +402,8 @@ fn digits(s: &str) -> Option<u32> {
 /// RFC 3339 `full-date`.
 fn date_ok(s: &str) -> bool {
     let b = s.as_bytes();
-    if b.len() != 10 || b[4] != b'-' || b[7] != b'-' {
+    // ASCII only: the byte slicing below then never splits a character.
+    if !s.is_ascii() || b.len() != 10 || b[4] != b'-' || b[7] != b'-' {
         return false;
     }
     let (Some(y), Some(m), Some(d)) = (digits(&s[0..4]), digits(&s[5..7]), digits(&s[8..10]))
@@ -422,6 +423,9 @@ fn date_ok(s: &str) -> bool {
 
 /// RFC 3339 `date-time`.
 fn date_time_ok(s: &str) -> bool {
+    if !s.is_ascii() {
+        return false;
+    }
     let Some((date, time)) = s.split_once(['T', 't']) else {
         return false;
     };
@@ -517,22 +521,22 @@ fn question(
 /// A URL-mode elicitation opens a page outside the client: `https`, or
 /// `http` only to a loopback host (local development).
 fn url_ok(url: &str) -> bool {
+    // Character-safe throughout: hostile text is never sliced by bytes.
     if url.chars().any(|c| c.is_whitespace() || c.is_control()) {
         return false;
     }
-    match uri_scheme(url).as_deref() {
-        Some("https") => url.len() > "https://".len() && url[..8].eq_ignore_ascii_case("https://"),
-        Some("http") => {
-            let rest = &url["http://".len().min(url.len())..];
-            let host = rest.split(['/', '?', '#']).next().unwrap_or("");
-            let host = host.rsplit_once('@').map_or(host, |(_, h)| h);
-            let host = match host.strip_prefix('[') {
-                Some(v6) => v6.split(']').next().unwrap_or(""),
-                None => host.split(':').next().unwrap_or(""),
-            };
-            url[..7].eq_ignore_ascii_case("http://")
-                && matches!(host, "localhost" | "127.0.0.1" | "::1")
-        }
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return false;
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let host = match host_port.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => host_port.split(':').next().unwrap_or(""),
+    };
+    match scheme.to_ascii_lowercase().as_str() {
+        "https" => !host.is_empty(),
+        "http" => matches!(host, "localhost" | "127.0.0.1" | "::1"),
         _ => false,
     }
 }
@@ -785,5 +789,9 @@ mod tests {
         assert!(url_ok("http://[::1]:3000/"));
         assert!(!url_ok("http://example.com/") && !url_ok("javascript:alert(1)"));
         assert!(!url_ok("http://localhost.evil.com/") && !url_ok("https://"));
+        assert!(!url_ok("http://localhost@evil.com/") && url_ok("HTTPS://Example.com"));
+        // Found by the manifest fuzz target: slicing inside a character.
+        assert!(!url_ok("https:/\u{587}.example/"));
+        assert!(!date_time_ok("2026-07-28T1\u{587}:00:00Z") && !date_ok("2024-\u{587}-1"));
     }
 }
