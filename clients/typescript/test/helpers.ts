@@ -14,11 +14,11 @@ const here = dirname(fileURLToPath(import.meta.url));
 const BIN = process.env.STATESEAL_BIN ?? join(here, '..', '..', '..', '..', 'target', 'debug', 'stateseal');
 
 /** Starts a stateseal process on 127.0.0.1; resolves with it and its address. */
-export function startStateseal(): Promise<{ proc: ChildProcess; addr: string }> {
+export function startStateseal(...extra: string[]): Promise<{ proc: ChildProcess; addr: string }> {
   const dir = mkdtempSync(join(tmpdir(), 'stateseal-ts-'));
   const env = { ...process.env };
   delete env.STATESEAL_LOG;
-  const proc = spawn(BIN, ['serve', '--listen', '127.0.0.1:0', '--data-dir', join(dir, 'data')], {
+  const proc = spawn(BIN, ['serve', '--listen', '127.0.0.1:0', '--data-dir', join(dir, 'data'), ...extra], {
     stdio: ['ignore', 'ignore', 'pipe'],
     env,
   });
