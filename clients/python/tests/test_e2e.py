@@ -15,7 +15,7 @@ import mcp_types as types
 import pytest
 import uvicorn
 from mcp import Client
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.resolve import Elicit, Resolve
 from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel
@@ -66,6 +66,46 @@ def replica(
         return f"stored {len(text)} characters" if confirm.confirm else "cancelled"
 
     @server.tool()
+    async def steps(ctx: Context) -> types.InputRequiredResult | str:
+        # Hand-rolled MRTR: round 1 asks a name, round 2 a color, then done.
+        state = json.loads(ctx.request_state) if ctx.request_state else {}
+        answers = ctx.input_responses or {}
+
+        def content(key):
+            a = answers.get(key)
+            a = a.model_dump(mode="json", by_alias=True, exclude_none=True) if hasattr(a, "model_dump") else a
+            return a.get("content") if isinstance(a, dict) and a.get("action") == "accept" else None
+
+        def ask_for(key, next_state):
+            return types.InputRequiredResult.model_validate(
+                {
+                    "resultType": "input_required",
+                    "inputRequests": {
+                        key: {
+                            "method": "elicitation/create",
+                            "params": {
+                                "message": f"{key}?",
+                                "requestedSchema": {
+                                    "type": "object",
+                                    "properties": {key: {"type": "string"}},
+                                    "required": [key],
+                                },
+                            },
+                        }
+                    },
+                    "requestState": json.dumps(next_state),
+                }
+            )
+
+        if state.get("at") == "name" and (content("name") or {}).get("name"):
+            for hook in ON_SECOND_ROUND:
+                hook()
+            return ask_for("color", {"at": "color", "name": content("name")["name"]})
+        if state.get("at") == "color" and (content("color") or {}).get("color"):
+            return f"{state['name']} likes {content('color')['color']}"
+        return ask_for("name", {"at": "name"})
+
+    @server.tool()
     async def pay(amount: int, confirm: Annotated[Confirm, Resolve(ask)]) -> str:
         if "pay" in FAIL_ONCE:
             FAIL_ONCE.discard("pay")
@@ -94,6 +134,8 @@ def replica(
 
 #: inputResponses as the handlers saw them (after the boundary).
 SEEN_ANSWERS: list = []
+#: Called when the `steps` tool is about to answer its second round.
+ON_SECOND_ROUND: list = []
 
 
 def front(backends: list[str]) -> Starlette:
@@ -448,15 +490,13 @@ async def test_mtls_credentials(tmp_path):
         proc.wait(timeout=20)
 
 
-async def test_an_open_whose_answer_is_lost_is_retried_safely(tmp_path, caplog):
-    """A relay between the MCP servers and stateseal forwards the Open but
-    loses its answer and drops the connection: the boundary retries with the
-    same attempt id, the handler runs once, the token is consumed once."""
-    import logging
-
-    proc, addr = start_stateseal(tmp_path)
+async def start_relay(addr: str):
+    """A TCP relay to stateseal. `state["lose_next"]`: the next bytes sent go
+    through, their answers are lost and the connection drops 0.3 s later.
+    `state["drop_next"]`: the next bytes sent are not forwarded and the
+    connection drops at once."""
     host, port = addr.rsplit(":", 1)
-    state = {"lose_next": False, "lost": 0}
+    state = {"lose_next": False, "lost": 0, "drop_next": False, "dropped": 0}
     open_writers: list = []
 
     async def handle(down_r, down_w):
@@ -478,6 +518,10 @@ async def test_an_open_whose_answer_is_lost_is_retried_safely(tmp_path, caplog):
         task = asyncio.create_task(pump_down())
         try:
             while data := await down_r.read(65536):
+                if state["drop_next"]:
+                    state["drop_next"] = False
+                    state["dropped"] += 1
+                    break
                 if state["lose_next"] and not losing:
                     state["lose_next"] = False
                     state["lost"] += 1
@@ -489,10 +533,21 @@ async def test_an_open_whose_answer_is_lost_is_retried_safely(tmp_path, caplog):
             pass
         finally:
             up_w.close()
+            down_w.close()
             task.cancel()
 
     relay = await asyncio.start_server(handle, "127.0.0.1", 0)
-    relay_addr = f"127.0.0.1:{relay.sockets[0].getsockname()[1]}"
+    return relay, f"127.0.0.1:{relay.sockets[0].getsockname()[1]}", state, open_writers
+
+
+async def test_an_open_whose_answer_is_lost_is_retried_safely(tmp_path, caplog):
+    """A relay between the MCP servers and stateseal forwards the Open but
+    loses its answer and drops the connection: the boundary retries with the
+    same attempt id, the handler runs once, the token is consumed once."""
+    import logging
+
+    proc, addr = start_stateseal(tmp_path)
+    relay, relay_addr, state, open_writers = await start_relay(addr)
     try:
         caplog.set_level(logging.WARNING, logger="stateseal_mcp")
         async with deployment(relay_addr) as (url, _):
@@ -534,3 +589,48 @@ def test_nan_and_lone_surrogates_are_refused_cleanly():
             boundary._digest("tools/call", params)
         assert e.value.error.code == types.INVALID_PARAMS
         assert e.value.error.message == "Invalid params"
+
+
+async def test_a_failed_seal_of_the_next_round_gives_the_token_back(tmp_path):
+    """stateseal unreachable between Open and the next round's Seal: the
+    client gets a retryable error, the reservation is released, and the
+    retry with the same state and answers goes on."""
+    proc, addr = start_stateseal(tmp_path)
+    relay, relay_addr, state, open_writers = await start_relay(addr)
+    ON_SECOND_ROUND.clear()
+    try:
+        async with deployment(relay_addr) as (url, _):
+            async with Client(url, elicitation_callback=accept) as client:
+                r1 = await client.session.call_tool("steps", {}, allow_input_required=True)
+                assert isinstance(r1, types.InputRequiredResult), r1
+                name = {"name": {"action": "accept", "content": {"name": "Ann"}}}
+                # The Seal of round 2 is the next thing sent to stateseal.
+                ON_SECOND_ROUND.append(lambda: state.update(drop_next=True))
+                with pytest.raises(MCPError) as e:
+                    await client.session.call_tool(
+                        "steps", {}, input_responses=name, request_state=r1.request_state
+                    )
+                assert state["dropped"] == 1
+                assert e.value.error.code == types.INTERNAL_ERROR
+                assert e.value.error.message == "Temporarily unavailable; retry"
+                ON_SECOND_ROUND.clear()
+                # Released: the same retry goes on to round 2, then finishes.
+                r2 = await client.session.call_tool(
+                    "steps", {}, input_responses=name, request_state=r1.request_state, allow_input_required=True
+                )
+                assert isinstance(r2, types.InputRequiredResult), r2
+                assert set(r2.input_requests or {}) == {"color"}, r2
+                done = await client.session.call_tool(
+                    "steps",
+                    {},
+                    input_responses={"color": {"action": "accept", "content": {"color": "blue"}}},
+                    request_state=r2.request_state,
+                )
+                assert "Ann likes blue" in json.dumps(done.model_dump(mode="json")), done
+    finally:
+        relay.close()
+        for w in open_writers:
+            w.close()
+        await asyncio.gather(*(w.wait_closed() for w in open_writers), return_exceptions=True)
+        proc.terminate()
+        proc.wait(timeout=20)
