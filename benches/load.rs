@@ -75,6 +75,11 @@ struct Args {
     /// Rounds of (noop, scenario, noop, scenario …), interleaved.
     #[arg(long, default_value_t = 2)]
     rounds: usize,
+    /// TTL in seconds of the tokens sealed (0 = the server default). With a
+    /// short TTL and a long `flow` run, the ledger churns: a constant live
+    /// set, records expiring and collected all the time.
+    #[arg(long, default_value_t = 0)]
+    ttl: u32,
     /// Write the figures as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -358,6 +363,7 @@ enum Tokens {
 }
 
 struct Ctx {
+    ttl: u32,
     channels: Vec<Channel>,
     echo: Vec<Channel>,
     redis: Vec<redis::aio::MultiplexedConnection>,
@@ -407,7 +413,7 @@ impl Ctx {
             .seal(SealRequest {
                 binding: Some(binding()),
                 state: self.state.clone(),
-                ttl_seconds: 0,
+                ttl_seconds: self.ttl,
                 single_use,
                 ..Default::default()
             })
@@ -666,6 +672,7 @@ fn main() {
             }
         }
         let ctx = Arc::new(Ctx {
+            ttl: args.ttl,
             channels,
             echo,
             redis: redis_cons,

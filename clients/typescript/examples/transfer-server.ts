@@ -43,6 +43,19 @@ export function transferServer(boundary: StatesealBoundary): McpServer {
       },
     );
   }
+  // URL mode: the user signs in on a page outside the client; `accept` is
+  // consent, never data.
+  server.registerTool('login', { description: 'Sign in to the bank' }, async (ctx) => {
+    if (ctx.mcpReq.inputResponses !== undefined) SEEN_ANSWERS.push(ctx.mcpReq.inputResponses);
+    const answer = ctx.mcpReq.inputResponses?.signin as { action?: string } | undefined;
+    if (ctx.mcpReq.requestState() === undefined || answer?.action !== 'accept') {
+      return inputRequired({
+        inputRequests: { signin: inputRequired.elicitUrl({ message: 'Sign in', url: 'https://bank.example/signin' }) },
+        requestState: JSON.stringify({ step: 'signin' }),
+      });
+    }
+    return { content: [{ type: 'text' as const, text: 'signed in' }] };
+  });
   return server;
 }
 

@@ -108,3 +108,17 @@ test('the manifest drops an unasked answer, and a wrongly typed one is asked aga
   assert.deepEqual(SEEN_ANSWERS.at(-1), {});
   await client.close();
 });
+
+test('URL-mode answers reach the handler without content', async () => {
+  const client = await connect();
+  const r = await call(client, 'login', {});
+  assert.equal(r.resultType, 'input_required');
+  SEEN_ANSWERS.length = 0;
+  const done = await call(client, 'login', {}, {
+    inputResponses: { signin: { action: 'accept', content: { access_token: 'stolen-or-phished' } } },
+    requestState: r.requestState,
+  });
+  assert.match(text(done), /signed in/);
+  assert.deepEqual(SEEN_ANSWERS.at(-1), { signin: { action: 'accept' } });
+  await client.close();
+});

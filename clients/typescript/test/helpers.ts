@@ -81,7 +81,7 @@ export const port = (s: HttpServer) => (s.address() as AddressInfo).port;
 export async function connect(url: string): Promise<Client> {
   const client = new Client(
     { name: 'e2e', version: '1.0.0' },
-    { capabilities: { elicitation: { form: {} } }, versionNegotiation: { mode: { pin: '2026-07-28' } } } as never,
+    { capabilities: { elicitation: { form: {}, url: {} } }, versionNegotiation: { mode: { pin: '2026-07-28' } } } as never,
   );
   client.setRequestHandler('elicitation/create', async () => ({ action: 'accept', content: { confirm: true } }));
   await client.connect(new StreamableHTTPClientTransport(new URL(url)));
