@@ -63,6 +63,9 @@ struct Args {
     /// Seconds measured per scenario per round.
     #[arg(long, default_value_t = 3.0)]
     duration: f64,
+    /// Seconds measured for the no-op baseline (default: --duration).
+    #[arg(long)]
+    baseline_duration: Option<f64>,
     /// Stop a scenario after this many ops instead (per round).
     #[arg(long)]
     requests: Option<u64>,
@@ -712,7 +715,11 @@ fn main() {
                     let _ = run(&ctx, sc, &args, warm, None, pool.clone(), false).await;
                 }
                 eprintln!("round {}/{}: {}", round + 1, args.rounds, sc.name());
-                let r = run(&ctx, sc, &args, measure, args.requests, pool, true).await;
+                let window = match (sc, args.baseline_duration) {
+                    (Scenario::Noop, Some(b)) => Duration::from_secs_f64(b),
+                    _ => measure,
+                };
+                let r = run(&ctx, sc, &args, window, args.requests, pool, true).await;
                 totals.entry(sc).or_default().add(r);
             }
         }
