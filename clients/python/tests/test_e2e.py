@@ -352,16 +352,23 @@ async def test_answers_are_filtered_against_the_sealed_questions(stateseal):
             )
             assert "transferred 42" in json.dumps(done.model_dump(mode="json")), done
             assert SEEN_ANSWERS[-1] == answers(r)
-            # An answer of the wrong type is dropped: the SDK asks again
-            # instead of failing the call.
+            # An answer of the wrong type is dropped and the request runs
+            # afresh: a new question, no answers reach the handler.
             r = await first_round(client)
+            seen = len(SEEN_ANSWERS)
             wrong = {key: {"action": "accept", "content": {"confirm": "yes"}} for key in r.input_requests}
             again = await client.session.call_tool(
                 "transfer", {"amount": 42}, input_responses=wrong, request_state=r.request_state,
                 allow_input_required=True,
             )
             assert isinstance(again, types.InputRequiredResult), again
-            assert SEEN_ANSWERS[-1] == {}
+            assert again.request_state != r.request_state
+            assert len(SEEN_ANSWERS) == seen
+            # The fresh question is answered normally.
+            done = await client.session.call_tool(
+                "transfer", {"amount": 42}, input_responses=answers(again), request_state=again.request_state
+            )
+            assert "transferred 42" in json.dumps(done.model_dump(mode="json")), done
 
 
 async def test_big_integers_bind_exactly(stateseal):

@@ -53,6 +53,13 @@ export interface BoundaryOptions {
   /** On REPLAYED, EXPIRED or IN_USE: run the handler again without state
    * and answers, so it asks afresh (default true). False: -32602. */
   reask?: boolean;
+  /** When stateseal drops an answer to a question this server asked
+   * (KIND_MISMATCH, INVALID_CONTENT): run the handler again without state
+   * and answers, so it asks afresh (default true; the token is spent on
+   * that fresh round). False: the handler gets the filtered answers with
+   * that key missing. Unasked keys and stripped URL content never trigger
+   * it: unrecognized information is ignored. */
+  reaskOnInvalidAnswers?: boolean;
   /** Token lifetime in seconds (0 = the service default). */
   ttlSeconds?: number;
   logger?: Logger;
@@ -88,6 +95,7 @@ export class StatesealBoundary {
   readonly #reusable: Set<string>;
   readonly #atMostOnce: Set<string>;
   readonly #reask: boolean;
+  readonly #reaskInvalid: boolean;
   readonly #ttl: number;
   readonly #log: Logger;
 
@@ -98,6 +106,7 @@ export class StatesealBoundary {
     this.#reusable = new Set(options.reusable ?? []);
     this.#atMostOnce = new Set(options.atMostOnce ?? []);
     this.#reask = options.reask ?? true;
+    this.#reaskInvalid = options.reaskOnInvalidAnswers ?? true;
     this.#ttl = options.ttlSeconds ?? 0;
     this.#log = options.logger ?? console;
   }
@@ -142,13 +151,18 @@ export class StatesealBoundary {
       this.#fail(method, e);
     }
     let filtered: Record<string, unknown> | undefined;
+    let fresh = false;
     if (answers !== undefined) {
       filtered = JSON.parse(opened.inputResponsesJson) as Record<string, unknown>;
       for (const d of opened.dropped) {
         this.#log.info(`stateseal: inputResponses[${JSON.stringify(d.key)}] dropped on ${method}: ${d.reason}`);
       }
+      // An asked question got no usable answer: ask afresh rather than hand
+      // a handler a state whose answers are missing.
+      fresh = this.#reaskInvalid && opened.dropped.some((d) => d.reason === 'KIND_MISMATCH' || d.reason === 'INVALID_CONTENT');
+      if (fresh) this.#log.info(`stateseal: invalid answers on ${method}: asking again`);
     }
-    const inner = withState(ctx, opened.state.toString('utf8'), filtered);
+    const inner = fresh ? withState(ctx, undefined, undefined) : withState(ctx, opened.state.toString('utf8'), filtered);
     const reservation = opened.reservation;
     let result: unknown;
     try {

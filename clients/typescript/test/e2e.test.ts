@@ -100,12 +100,17 @@ test('the manifest drops an unasked answer, and a wrongly typed one is asked aga
   const done = await call(client, 'transfer', { amount: 3 }, { inputResponses: forged, requestState: r.requestState });
   assert.match(text(done), /transferred 3/);
   assert.deepEqual(SEEN_ANSWERS.at(-1), yes(r));
-  // A wrongly typed answer is dropped: the handler asks again.
+  // A wrongly typed answer is dropped and the request runs afresh: a new
+  // question, no answers reach the handler; the new question then works.
   const r2 = await call(client, 'transfer', { amount: 3 });
+  const seen = SEEN_ANSWERS.length;
   const wrong = Object.fromEntries(Object.keys(r2.inputRequests ?? {}).map((k) => [k, { action: 'accept', content: { confirm: 'yes' } }]));
   const again = await call(client, 'transfer', { amount: 3 }, { inputResponses: wrong, requestState: r2.requestState });
   assert.equal(again.resultType, 'input_required');
-  assert.deepEqual(SEEN_ANSWERS.at(-1), {});
+  assert.notEqual(again.requestState, r2.requestState);
+  assert.equal(SEEN_ANSWERS.length, seen);
+  const ok = await call(client, 'transfer', { amount: 3 }, { inputResponses: yes(again), requestState: again.requestState });
+  assert.match(text(ok), /transferred 3/);
   await client.close();
 });
 

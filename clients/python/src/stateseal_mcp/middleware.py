@@ -93,6 +93,12 @@ class StatesealBoundary:
       fails.
     - `reask`: on REPLAYED, EXPIRED or IN_USE, run the request again without
       its state so the handler asks afresh (default), instead of -32602.
+    - `reask_on_invalid_answers`: when stateseal drops an answer to a question
+      this server asked (`KIND_MISMATCH`, `INVALID_CONTENT`), run the request
+      again without state and answers, so the handler asks afresh (default;
+      the token is spent on that fresh round). False: the handler gets the
+      filtered answers with that key missing. Unasked keys and stripped URL
+      content never trigger it: unrecognized information is ignored.
     - `ttl_seconds`: 0 = the stateseal server's default.
     """
 
@@ -105,6 +111,7 @@ class StatesealBoundary:
         reusable: Collection[str] = (),
         at_most_once: Collection[str] = (),
         reask: bool = True,
+        reask_on_invalid_answers: bool = True,
         ttl_seconds: int = 0,
     ) -> None:
         self._client = client
@@ -113,6 +120,7 @@ class StatesealBoundary:
         self._reusable = frozenset(reusable)
         self._at_most_once = frozenset(at_most_once)
         self._reask = reask
+        self._reask_invalid = reask_on_invalid_answers
         self._ttl = ttl_seconds
 
     def _subject(self, ctx: ServerRequestContext[Any, Any]) -> str:
@@ -151,11 +159,16 @@ class StatesealBoundary:
         inner = {**params, "requestState": opened.state.decode("utf-8")}
         if answers is not None:
             # The handler sees only answers to questions this server asked,
-            # of the right shape; a dropped one is simply missing, so the
-            # SDK's resolvers ask again.
+            # of the right shape.
             inner["inputResponses"] = json.loads(opened.input_responses_json)
             for key, why in opened.dropped:
                 logger.info("inputResponses[%s] dropped on %s: %s", json.dumps(key), ctx.method, why)
+            invalid = [key for key, why in opened.dropped if why in ("KIND_MISMATCH", "INVALID_CONTENT")]
+            if invalid and self._reask_invalid:
+                # An asked question got no usable answer: ask afresh rather
+                # than hand a handler a state whose answers are missing.
+                logger.info("invalid answers on %s: asking again", ctx.method)
+                inner = {k: v for k, v in params.items() if k not in ("requestState", "inputResponses")}
         ctx = replace(ctx, params=inner)
         reservation = opened.reservation
         try:
