@@ -241,9 +241,9 @@ impl Answers {
     /// keys at any depth). Done before the token is opened, so a malformed
     /// answer never costs a single-use token.
     pub fn parse(json: &str) -> Result<Answers, Reject> {
-        if !matches!(parse_checked(json, Reject::Malformed)?, Value::Object(_)) {
-            return Err(Reject::Malformed);
-        }
+        // The canonicalizer refuses duplicates and bad text; the map refuses
+        // anything but an object.
+        canonicalize(json, NumberMode::Exact).map_err(|_| Reject::Malformed)?;
         serde_json::from_str(json)
             .map(Answers)
             .map_err(|_| Reject::Malformed)

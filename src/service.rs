@@ -65,8 +65,11 @@ impl RequestStateService {
 
 impl RequestStateService {
     /// Validates `inputRequests` and encodes its manifest (on the bounded
-    /// pool when big).
-    async fn manifest(&self, json: String) -> Result<Vec<u8>, Reject> {
+    /// pool when big); none without questions.
+    async fn manifest(&self, json: String) -> Result<Option<Vec<u8>>, Reject> {
+        if json.is_empty() {
+            return Ok(None);
+        }
         let limits = self.sealer.limits();
         if json.len() > limits.max_input_json {
             return Err(Reject::TooLarge);
@@ -84,7 +87,7 @@ impl RequestStateService {
                 "form field looks like a credential; sealed under --credential-fields warn"
             );
         }
-        manifest.encode()
+        manifest.encode().map(Some)
     }
 
     /// Checks `inputResponses` before the token is opened, so a malformed
@@ -150,26 +153,22 @@ impl RequestState for RequestStateService {
     ) -> Result<Response<proto::SealResponse>, Status> {
         let started = Instant::now();
         let tenant = tenant_of(&req)?;
-        let r = req.into_inner();
-        let result = match self
-            .binding(&tenant, r.binding, BindingVersion::CURRENT)
-            .await
-        {
-            Ok(b) => match r.input_requests_json.is_empty() {
-                true => self.sealer.seal(&b, &r.state, r.ttl_seconds, r.single_use),
-                false => match self.manifest(r.input_requests_json).await {
-                    Ok(m) => self.sealer.seal_with_manifest(
-                        &b,
-                        &r.state,
-                        r.ttl_seconds,
-                        r.single_use,
-                        Some(&m),
-                    ),
-                    Err(e) => Err(e),
-                },
-            },
-            Err(e) => Err(e),
-        };
+        let mut r = req.into_inner();
+        let questions = std::mem::take(&mut r.input_requests_json);
+        let result = async {
+            let b = self
+                .binding(&tenant, r.binding.take(), BindingVersion::CURRENT)
+                .await?;
+            let manifest = self.manifest(questions).await?;
+            self.sealer.seal_with_manifest(
+                &b,
+                &r.state,
+                r.ttl_seconds,
+                r.single_use,
+                manifest.as_deref(),
+            )
+        }
+        .await;
         METRICS.request(Rpc::Seal, result.as_ref().err().copied(), started.elapsed());
         match result {
             Ok(s) => {

@@ -8,43 +8,14 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use common::pki::Ca;
 use common::process::{spawn, ServerProcess};
 use common::*;
-use rcgen::{BasicConstraints, Certificate, CertificateParams, DnType, IsCa, KeyPair, SanType};
+use rcgen::SanType;
 use sha2::{Digest, Sha256};
 use stateseal::proto::request_state_client::RequestStateClient;
 use tonic::transport::{Certificate as TlsCert, Channel, ClientTlsConfig, Identity};
 use tonic::Code;
-
-struct Ca {
-    cert: Certificate,
-    key: KeyPair,
-}
-
-impl Ca {
-    fn new(name: &str) -> Ca {
-        let key = KeyPair::generate().unwrap();
-        let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
-        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        p.distinguished_name.push(DnType::CommonName, name);
-        Ca {
-            cert: p.self_signed(&key).unwrap(),
-            key,
-        }
-    }
-    /// (cert PEM, key PEM) for the given SANs.
-    fn issue(&self, sans: Vec<SanType>) -> (String, String) {
-        let key = KeyPair::generate().unwrap();
-        let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
-        p.subject_alt_names = sans;
-        p.distinguished_name.push(DnType::CommonName, "leaf");
-        let cert = p.signed_by(&key, &self.cert, &self.key).unwrap();
-        (cert.pem(), key.serialize_pem())
-    }
-    fn pem(&self) -> String {
-        self.cert.pem()
-    }
-}
 
 fn uri(u: &str) -> SanType {
     SanType::URI(u.try_into().unwrap())

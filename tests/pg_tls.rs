@@ -7,39 +7,16 @@
 //! PostgreSQL's server binaries; without them it prints SKIPPED.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use rcgen::{BasicConstraints, Certificate, CertificateParams, DnType, IsCa, KeyPair, SanType};
+use common::pki::Ca;
+use rcgen::SanType;
 use stateseal::ledger::pgtls::{PgTlsFlags, SslMode};
 use stateseal::ledger::postgres::{PgLedger, PgOptions};
 use stateseal::ledger::{Consumed, Ledger, LedgerKey};
-
-struct Ca {
-    cert: Certificate,
-    key: KeyPair,
-}
-
-impl Ca {
-    fn new(name: &str) -> Ca {
-        let key = KeyPair::generate().unwrap();
-        let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
-        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        p.distinguished_name.push(DnType::CommonName, name);
-        Ca {
-            cert: p.self_signed(&key).unwrap(),
-            key,
-        }
-    }
-    fn issue(&self, cn: &str, sans: Vec<SanType>) -> (String, String) {
-        let key = KeyPair::generate().unwrap();
-        let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
-        p.subject_alt_names = sans;
-        p.distinguished_name.push(DnType::CommonName, cn);
-        let cert = p.signed_by(&key, &self.cert, &self.key).unwrap();
-        (cert.pem(), key.serialize_pem())
-    }
-}
 
 fn pg_bin() -> Option<PathBuf> {
     let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
@@ -214,15 +191,15 @@ async fn tls_to_postgresql_libpq_modes() {
     let ca = Ca::new("stateseal test CA");
     let other_ca = Ca::new("another CA");
     // The server certificate names localhost only, not 127.0.0.1.
-    let (cert, key) = ca.issue(
+    let (cert, key) = ca.issue_named(
         "server",
         vec![SanType::DnsName("localhost".try_into().unwrap())],
     );
-    let pg = PrivatePg::start(&bin, Some((&cert, &key, &ca.cert.pem())));
+    let pg = PrivatePg::start(&bin, Some((&cert, &key, &ca.pem())));
     let files = tempfile::tempdir().unwrap();
-    let ca_file = write(files.path(), "ca.pem", &ca.cert.pem());
-    let other_file = write(files.path(), "other.pem", &other_ca.cert.pem());
-    let (ccert, ckey) = ca.issue("certuser", vec![]);
+    let ca_file = write(files.path(), "ca.pem", &ca.pem());
+    let other_file = write(files.path(), "other.pem", &other_ca.pem());
+    let (ccert, ckey) = ca.issue_named("certuser", vec![]);
     let ccert = write(files.path(), "client.pem", &ccert);
     let ckey = write(files.path(), "client.key", &ckey);
     let port = pg.port;

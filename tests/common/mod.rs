@@ -14,6 +14,7 @@ use stateseal::sealer::{Limits, Sealer};
 use stateseal::server::ServeOptions;
 use tonic::transport::Channel;
 
+pub mod pki;
 pub mod process;
 
 pub const T0: u64 = 1_900_000_000;

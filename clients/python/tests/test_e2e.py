@@ -547,6 +547,17 @@ async def start_relay(addr: str):
     return relay, f"127.0.0.1:{relay.sockets[0].getsockname()[1]}", state, open_writers
 
 
+async def stop_relay(relay, open_writers: list, stateseal) -> None:
+    """Closes the relay and its connections (so stateseal sees them go),
+    then stops stateseal."""
+    relay.close()
+    for w in open_writers:
+        w.close()
+    await asyncio.gather(*(w.wait_closed() for w in open_writers), return_exceptions=True)
+    stateseal.terminate()
+    stateseal.wait(timeout=20)
+
+
 async def test_an_open_whose_answer_is_lost_is_retried_safely(tmp_path, caplog):
     """A relay between the MCP servers and stateseal forwards the Open but
     loses its answer and drops the connection: the boundary retries with the
@@ -574,12 +585,7 @@ async def test_an_open_whose_answer_is_lost_is_retried_safely(tmp_path, caplog):
                 )
                 assert isinstance(again, types.InputRequiredResult), again
     finally:
-        relay.close()
-        for w in open_writers:
-            w.close()
-        await asyncio.gather(*(w.wait_closed() for w in open_writers), return_exceptions=True)
-        proc.terminate()
-        proc.wait(timeout=20)
+        await stop_relay(relay, open_writers, proc)
 
 
 def test_nan_and_lone_surrogates_are_refused_cleanly():
@@ -635,9 +641,4 @@ async def test_a_failed_seal_of_the_next_round_gives_the_token_back(tmp_path):
                 )
                 assert "Ann likes blue" in json.dumps(done.model_dump(mode="json")), done
     finally:
-        relay.close()
-        for w in open_writers:
-            w.close()
-        await asyncio.gather(*(w.wait_closed() for w in open_writers), return_exceptions=True)
-        proc.terminate()
-        proc.wait(timeout=20)
+        await stop_relay(relay, open_writers, proc)
