@@ -23,7 +23,8 @@
 //!   `action`, a sampling answer without `role` and `content`, a roots answer
 //!   without `roots`) is dropped (`KIND_MISMATCH`); a form `accept` whose
 //!   `content` does not satisfy the sealed schema (types, enums, required,
-//!   bounds, formats, no unknown fields) is dropped (`INVALID_CONTENT`);
+//!   bounds, formats, no unknown fields) is dropped (`INVALID_CONTENT`), as
+//!   is any answer object holding a number beyond the range of a double;
 //!   `content` on a URL-mode answer is removed (`URL_CONTENT`) and on a
 //!   `decline`/`cancel` answer too (`UNEXPECTED_CONTENT`), the rest of the
 //!   answer kept.
@@ -265,8 +266,13 @@ enum Verdict {
 }
 
 fn judge(q: &Question, raw: &RawValue) -> Verdict {
-    let Ok(Value::Object(answer)) = serde_json::from_str::<Value>(raw.get()) else {
-        return Verdict::Drop(DropReason::KindMismatch);
+    let answer = match serde_json::from_str::<Value>(raw.get()) {
+        Ok(Value::Object(answer)) => answer,
+        Ok(_) => return Verdict::Drop(DropReason::KindMismatch),
+        // Checked JSON that a `Value` cannot hold: an object with a number
+        // beyond any double inside. No schema bound can be judged on it.
+        Err(_) if raw.get().starts_with('{') => return Verdict::Drop(DropReason::InvalidContent),
+        Err(_) => return Verdict::Drop(DropReason::KindMismatch),
     };
     match q {
         Question::Form { .. } | Question::Url => {

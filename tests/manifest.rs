@@ -265,6 +265,20 @@ async fn kept_answers_keep_their_exact_numbers() {
         .into_inner();
     assert!(o.dropped.is_empty());
     assert_eq!(o.input_responses_json, raw);
+    // Beyond any double: well-formed JSON, so not MALFORMED, but no bound
+    // can be judged on it, so the answer is dropped as INVALID_CONTENT (a
+    // fuzz finding: it once reached code that assumed a double).
+    let raw = r#"{"n":{"action":"accept","content":{"n":3e66765}}}"#;
+    let o = s
+        .client
+        .open(open_with(&t, raw))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(o.input_responses_json, "{}");
+    assert_eq!(o.dropped.len(), 1);
+    assert_eq!(o.dropped[0].key, "n");
+    assert_eq!(o.dropped[0].reason, "INVALID_CONTENT");
 }
 
 #[tokio::test]
