@@ -404,8 +404,9 @@ impl ServeArgs {
                     if !self.insecure_plaintext {
                         return invalid(format!(
                             "refusing to serve plaintext without caller authentication on non-loopback \
-                             address {}; use --auth mtls or --auth bearer, listen on 127.0.0.1 or ::1, \
-                             or pass --insecure-plaintext",
+                             address {}; add `--auth bearer --tenants FILE --tls-cert FILE --tls-key FILE` \
+                             or `--auth mtls --tenants FILE --tls-cert FILE --tls-key FILE \
+                             --tls-client-ca FILE`, listen on 127.0.0.1 or ::1, or pass --insecure-plaintext",
                             self.listen
                         ));
                     }

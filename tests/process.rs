@@ -95,6 +95,14 @@ fn non_loopback_plaintext_refuses_to_start() {
         dir.path(),
         "refusing to serve plaintext",
     );
+    // The message names every flag a working start needs (the container
+    // image's default command ends here).
+    common::process::assert_refuses(
+        &["--listen", "0.0.0.0:0"],
+        dir.path(),
+        "add `--auth bearer --tenants FILE --tls-cert FILE --tls-key FILE` or \
+         `--auth mtls --tenants FILE --tls-cert FILE --tls-key FILE --tls-client-ca FILE`",
+    );
 }
 
 #[test]
