@@ -8,6 +8,14 @@
 //!         [--concurrency 64] [--connections 4] [--duration 3] [--requests N]
 //!         [--state-size 256] [--warmup 1] [--rounds 2] [--json FILE] [--plot FILE.svg]
 //!         [--server-arg=--ledger --server-arg=postgres …]
+//!         [--rate OPS_PER_S] [--samples FILE.csv [--sample-every 60]
+//!          [--samples-plot FILE.svg] [--sample-database-url URL]]
+//!
+//! Soaks: a long `flow` run with a short `--ttl` churns the ledger at a
+//! paced `--rate`; `--samples` writes, every `--sample-every` seconds, the
+//! server's RSS, its data directory's size on disk, the ops done, and with
+//! `--sample-database-url` the PostgreSQL ledger table's live rows and size
+//! (`docs/performance.md`, "Soaks").
 //!
 //! Scenarios, one gRPC call per op unless said:
 //! - noop: Health/Check — the baseline;
@@ -89,6 +97,22 @@ struct Args {
     /// Draw throughput (× noop) and latency percentiles per scenario as SVG.
     #[arg(long)]
     plot: Option<PathBuf>,
+    /// Pace every scenario at this many ops/s in total (0 = as fast as the
+    /// callers go).
+    #[arg(long, default_value_t = 0.0)]
+    rate: f64,
+    /// Write a CSV sample of the server (RSS, data dir, ops) every
+    /// --sample-every seconds while the scenarios run.
+    #[arg(long)]
+    samples: Option<PathBuf>,
+    #[arg(long, default_value_t = 60.0)]
+    sample_every: f64,
+    /// Draw the samples as SVG curves.
+    #[arg(long)]
+    samples_plot: Option<PathBuf>,
+    /// Also sample the PostgreSQL ledger table (live rows, total size).
+    #[arg(long)]
+    sample_database_url: Option<String>,
     /// Extra arguments for the server this bench starts.
     #[arg(long = "server-arg", allow_hyphen_values = true)]
     server_args: Vec<String>,
@@ -187,6 +211,10 @@ struct Server {
 }
 
 impl Server {
+    fn data_dir(&self) -> PathBuf {
+        self._dir.path().to_path_buf()
+    }
+
     fn rss_kib(&self, field: &str) -> Option<u64> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
         status
@@ -341,6 +369,231 @@ fn start_redis() -> Option<RedisServer> {
         std::thread::sleep(Duration::from_millis(50));
     }
     Some(srv)
+}
+
+/// Successful ops over the whole process (for the sampler).
+static OPS_DONE: AtomicU64 = AtomicU64::new(0);
+
+/// Bytes a directory tree occupies on disk (allocated blocks, as `du`).
+fn disk_usage(dir: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => m.blocks() * 512 + disk_usage(&e.path()),
+            Ok(m) => m.blocks() * 512,
+            Err(_) => 0,
+        })
+        .sum()
+}
+
+/// One row of --samples.
+#[derive(Clone, Debug)]
+struct Sample {
+    secs: f64,
+    rss_kib: u64,
+    dir_kib: u64,
+    ops: u64,
+    /// PostgreSQL ledger: live rows and table size (with indexes, TOAST).
+    pg_rows: Option<i64>,
+    pg_kib: Option<i64>,
+}
+
+const SAMPLE_HEADER: &str = "seconds,rss_kib,data_dir_kib,ops,ops_per_s,pg_live_rows,pg_table_kib";
+
+/// Samples the server every `every` until `stop`, appending CSV rows to
+/// `out` as they come (a long soak keeps its data if cut short).
+async fn sampler(
+    pid: u32,
+    dir: PathBuf,
+    db_url: Option<String>,
+    every: Duration,
+    out: PathBuf,
+    stop: Arc<AtomicBool>,
+) -> Vec<Sample> {
+    use std::io::Write;
+    let db = match db_url {
+        Some(u) => match tokio_postgres::connect(&u, tokio_postgres::NoTls).await {
+            Ok((c, conn)) => {
+                tokio::spawn(conn);
+                Some(c)
+            }
+            Err(e) => {
+                eprintln!("sampler: cannot connect to PostgreSQL ({e}); not sampling the table");
+                None
+            }
+        },
+        None => None,
+    };
+    let mut f = std::fs::File::create(&out).expect("create --samples file");
+    writeln!(f, "{SAMPLE_HEADER}").expect("write samples");
+    let started = Instant::now();
+    let mut rows = Vec::new();
+    let mut last: Option<(f64, u64)> = None;
+    let mut tick = tokio::time::interval(every);
+    while !stop.load(Ordering::Relaxed) {
+        tick.tick().await;
+        let rss_kib = std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("VmRSS:"))
+                    .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+            })
+            .unwrap_or(0);
+        let (pg_rows, pg_kib) = match &db {
+            Some(c) => match c
+                .query_one(
+                    "SELECT count(*), pg_total_relation_size('stateseal_consumed_v1') / 1024 \
+                     FROM stateseal_consumed_v1",
+                    &[],
+                )
+                .await
+            {
+                Ok(r) => (Some(r.get::<_, i64>(0)), Some(r.get::<_, i64>(1))),
+                Err(_) => (None, None),
+            },
+            None => (None, None),
+        };
+        let s = Sample {
+            secs: started.elapsed().as_secs_f64(),
+            rss_kib,
+            dir_kib: disk_usage(&dir) / 1024,
+            ops: OPS_DONE.load(Ordering::Relaxed),
+            pg_rows,
+            pg_kib,
+        };
+        let rate = last
+            .map(|(t, o)| (s.ops - o) as f64 / (s.secs - t).max(1e-9))
+            .unwrap_or(0.0);
+        last = Some((s.secs, s.ops));
+        let opt = |v: Option<i64>| v.map(|v| v.to_string()).unwrap_or_default();
+        writeln!(
+            f,
+            "{:.0},{},{},{},{:.0},{},{}",
+            s.secs,
+            s.rss_kib,
+            s.dir_kib,
+            s.ops,
+            rate,
+            opt(s.pg_rows),
+            opt(s.pg_kib)
+        )
+        .expect("write samples");
+        let _ = f.flush();
+        eprintln!(
+            "sample {:>6.0}s: rss {:>7} KiB, data dir {:>7} KiB, {:>8.0} ops/s{}",
+            s.secs,
+            s.rss_kib,
+            s.dir_kib,
+            rate,
+            s.pg_rows
+                .map(|r| format!(", pg {r} rows, {} KiB", s.pg_kib.unwrap_or(0)))
+                .unwrap_or_default()
+        );
+        rows.push(s);
+    }
+    rows
+}
+
+/// The samples as curves over time, one panel per quantity.
+fn samples_svg(rows: &[Sample]) -> String {
+    use std::fmt::Write as _;
+    let mut panels: Vec<(&str, Vec<(f64, f64)>)> = vec![
+        (
+            "server RSS (MiB)",
+            rows.iter()
+                .map(|r| (r.secs, r.rss_kib as f64 / 1024.0))
+                .collect(),
+        ),
+        (
+            "data directory on disk (MiB)",
+            rows.iter()
+                .map(|r| (r.secs, r.dir_kib as f64 / 1024.0))
+                .collect(),
+        ),
+        (
+            "ops/s (since the previous sample)",
+            rows.windows(2)
+                .map(|w| {
+                    (
+                        w[1].secs,
+                        (w[1].ops - w[0].ops) as f64 / (w[1].secs - w[0].secs),
+                    )
+                })
+                .collect(),
+        ),
+    ];
+    if rows.iter().any(|r| r.pg_rows.is_some()) {
+        panels.push((
+            "PostgreSQL ledger live rows",
+            rows.iter()
+                .filter_map(|r| Some((r.secs, r.pg_rows? as f64)))
+                .collect(),
+        ));
+        panels.push((
+            "PostgreSQL ledger table size (MiB)",
+            rows.iter()
+                .filter_map(|r| Some((r.secs, r.pg_kib? as f64 / 1024.0)))
+                .collect(),
+        ));
+    }
+    let (w, ph, left, top) = (720.0, 150.0, 70.0, 30.0);
+    let h = top + panels.len() as f64 * (ph + 40.0);
+    let tmax = rows.last().map(|r| r.secs).unwrap_or(1.0).max(1.0);
+    let mut out = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+    );
+    for (i, (title, pts)) in panels.iter().enumerate() {
+        let y0 = top + i as f64 * (ph + 40.0);
+        let vmax = pts.iter().map(|p| p.1).fold(0.0, f64::max).max(1e-9) * 1.1;
+        let _ = writeln!(
+            out,
+            "<text x=\"{left}\" y=\"{}\" font-weight=\"bold\">{title}</text>",
+            y0 - 8.0
+        );
+        let _ = writeln!(out, "<rect x=\"{left}\" y=\"{y0}\" width=\"{}\" height=\"{ph}\" fill=\"none\" stroke=\"#999\"/>", w - left - 20.0);
+        let _ = writeln!(
+            out,
+            "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{:.1}</text>",
+            left - 4.0,
+            y0 + 10.0,
+            vmax
+        );
+        let _ = writeln!(
+            out,
+            "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">0</text>",
+            left - 4.0,
+            y0 + ph
+        );
+        let _ = writeln!(
+            out,
+            "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{:.0} min</text>",
+            w - 20.0,
+            y0 + ph + 14.0,
+            tmax / 60.0
+        );
+        let path: Vec<String> = pts
+            .iter()
+            .map(|(t, v)| {
+                format!(
+                    "{:.1},{:.1}",
+                    left + t / tmax * (w - left - 20.0),
+                    y0 + ph - v / vmax * ph
+                )
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "<polyline fill=\"none\" stroke=\"#1f6fb2\" stroke-width=\"1.5\" points=\"{}\"/>",
+            path.join(" ")
+        );
+    }
+    out.push_str("</svg>\n");
+    out
 }
 
 fn binding() -> Binding {
@@ -506,6 +759,7 @@ async fn run(
             }
         })
     });
+    let (args_rate, concurrency) = (args.rate, args.concurrency);
     let workers: Vec<_> = (0..args.concurrency)
         .map(|w| {
             let (ctx, stop, done, tokens) =
@@ -514,7 +768,18 @@ async fn run(
                 let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("bounds");
                 let mut errors: BTreeMap<String, u64> = BTreeMap::new();
                 let mut ops = 0u64;
+                // Each caller takes its share of --rate.
+                let mut pace = (args_rate > 0.0).then(|| {
+                    let mut i = tokio::time::interval(Duration::from_secs_f64(
+                        concurrency as f64 / args_rate,
+                    ));
+                    i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                    i
+                });
                 while !stop.load(Ordering::Relaxed) && started.elapsed() < measure {
+                    if let Some(p) = pace.as_mut() {
+                        p.tick().await;
+                    }
                     if let Some(l) = limit {
                         if done.fetch_add(1, Ordering::Relaxed) >= l {
                             break;
@@ -560,7 +825,10 @@ async fn run(
                     let us = t0.elapsed().as_micros().max(1) as u64;
                     hist.saturating_record(us);
                     match r {
-                        Ok(()) => ops += 1,
+                        Ok(()) => {
+                            ops += 1;
+                            OPS_DONE.fetch_add(1, Ordering::Relaxed);
+                        }
                         Err(e) => *errors.entry(reason(&e)).or_default() += 1,
                     }
                     if limit.is_none() {
@@ -636,6 +904,22 @@ fn main() {
         "stateseal load: {addr}, concurrency {}, connections {}, state {} B, {} round(s) × {:.1}s per scenario",
         args.concurrency, args.connections, args.state_size, args.rounds, args.duration
     );
+    let sampling = Arc::new(AtomicBool::new(false));
+    let sampler_task = match (&args.samples, &server) {
+        (Some(out), Some(srv)) => Some(rt.spawn(sampler(
+            srv.child.id(),
+            srv.data_dir(),
+            args.sample_database_url.clone(),
+            Duration::from_secs_f64(args.sample_every.max(0.1)),
+            out.clone(),
+            sampling.clone(),
+        ))),
+        (Some(_), None) => {
+            eprintln!("--samples needs a server this bench starts (not --addr)");
+            None
+        }
+        _ => None,
+    };
     let results = rt.block_on(async {
         let mut channels = Vec::new();
         for _ in 0..args.connections.max(1) {
@@ -726,6 +1010,14 @@ fn main() {
         totals
     });
 
+    if let Some(t) = sampler_task {
+        sampling.store(true, Ordering::Relaxed);
+        let rows = rt.block_on(t).expect("sampler");
+        if let Some(p) = &args.samples_plot {
+            std::fs::write(p, samples_svg(&rows)).expect("write --samples-plot");
+            eprintln!("wrote {}", p.display());
+        }
+    }
     let noop_rate = results
         .get(&Scenario::Noop)
         .map(Totals::rate)

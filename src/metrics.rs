@@ -1,14 +1,37 @@
-//! Prometheus metrics, process-wide, served as text on their own port.
+//! Prometheus metrics, process-wide, served on their own port.
+//!
+//! The registry and the exposition are `prometheus-client`'s (OpenMetrics
+//! 1.0 text when the scraper's `Accept` asks for it, the Prometheus text
+//! format 0.0.4 otherwise); the endpoint is hyper's HTTP/1.1 server behind
+//! the same connection bound as every auxiliary listener.
 //!
 //! Labels are fixed sets (RPC names, rejection reasons, backends): never a
 //! tenant-supplied string, a key or a token. Histograms use fixed buckets.
+//! The counters of the hot path are created once, every label combination up
+//! front, so recording is an atomic add without a family lookup.
 
-use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::borrow::Cow;
+use std::convert::Infallible;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use bytes::Bytes;
+use http::header::{ACCEPT, ALLOW, CONTENT_TYPE};
+use http::{HeaderMap, Method, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{
+    prometheus_text, text, DescriptorEncoder, EncodeLabelSet, EncodeMetric,
+};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 
 use crate::error::Reject;
@@ -22,54 +45,11 @@ const BUCKETS: [f64; 14] = [
     1.0,
 ];
 
-/// A latency histogram with fixed buckets.
-pub struct Histogram {
-    counts: [AtomicU64; BUCKETS.len() + 1],
-    sum_nanos: AtomicU64,
-}
+/// The `Content-Type` of OpenMetrics 1.0 text.
+pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-impl Histogram {
-    const fn new() -> Self {
-        Histogram {
-            counts: [const { AtomicU64::new(0) }; BUCKETS.len() + 1],
-            sum_nanos: AtomicU64::new(0),
-        }
-    }
-
-    pub fn observe(&self, d: Duration) {
-        let secs = d.as_secs_f64();
-        let i = BUCKETS
-            .iter()
-            .position(|b| secs <= *b)
-            .unwrap_or(BUCKETS.len());
-        self.counts[i].fetch_add(1, Ordering::Relaxed);
-        self.sum_nanos.fetch_add(
-            d.as_nanos().min(u128::from(u64::MAX)) as u64,
-            Ordering::Relaxed,
-        );
-    }
-
-    fn render(&self, out: &mut String, name: &str, labels: &str) {
-        let mut cumulative = 0;
-        let sep = if labels.is_empty() { "" } else { "," };
-        for (i, b) in BUCKETS.iter().enumerate() {
-            cumulative += self.counts[i].load(Ordering::Relaxed);
-            let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{b}\"}} {cumulative}");
-        }
-        cumulative += self.counts[BUCKETS.len()].load(Ordering::Relaxed);
-        let _ = writeln!(
-            out,
-            "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {cumulative}"
-        );
-        let sum = self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
-        let braces = if labels.is_empty() {
-            String::new()
-        } else {
-            format!("{{{labels}}}")
-        };
-        let _ = writeln!(out, "{name}_sum{braces} {sum}");
-        let _ = writeln!(out, "{name}_count{braces} {cumulative}");
-    }
+fn latency_histogram() -> Histogram {
+    Histogram::new(BUCKETS)
 }
 
 /// The RPCs counted.
@@ -85,30 +65,61 @@ const RPCS: [&str; 4] = ["Seal", "Open", "Commit", "Release"];
 /// Outcomes: "ok" and each rejection reason.
 const OUTCOMES: usize = 1 + Reject::ALL.len();
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    rpc: &'static str,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RpcLabel {
+    rpc: &'static str,
+}
+
 pub struct Metrics {
-    requests: [[AtomicU64; OUTCOMES]; RPCS.len()],
-    latency: [Histogram; RPCS.len()],
-    consumed: AtomicU64,
+    requests: Family<RequestLabels, Counter>,
+    latency: Family<RpcLabel, Histogram, fn() -> Histogram>,
+    /// The family's counters, by RPC and outcome index (shared with it).
+    request_counters: [[Counter; OUTCOMES]; RPCS.len()],
+    latency_by_rpc: [Histogram; RPCS.len()],
+    consumed: Counter,
     ledger_latency: Histogram,
-    ledger_failures: AtomicU64,
-    auth_failures: AtomicU64,
+    ledger_failures: Counter,
+    auth_failures: Counter,
 }
 
 /// Readiness as last reported (for `stateseal_ready`).
 pub static READY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// The process-wide metrics.
-pub static METRICS: Metrics = Metrics::new();
+pub static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
 
 impl Metrics {
-    const fn new() -> Self {
+    fn new() -> Self {
+        let requests = Family::<RequestLabels, Counter>::default();
+        let request_counters = std::array::from_fn(|r| {
+            std::array::from_fn(|i| {
+                requests
+                    .get_or_create(&RequestLabels {
+                        rpc: RPCS[r],
+                        outcome: Metrics::outcome_name(i),
+                    })
+                    .clone()
+            })
+        });
+        let latency: Family<RpcLabel, Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(latency_histogram);
+        let latency_by_rpc =
+            std::array::from_fn(|r| latency.get_or_create(&RpcLabel { rpc: RPCS[r] }).clone());
         Metrics {
-            requests: [const { [const { AtomicU64::new(0) }; OUTCOMES] }; RPCS.len()],
-            latency: [const { Histogram::new() }; RPCS.len()],
-            consumed: AtomicU64::new(0),
-            ledger_latency: Histogram::new(),
-            ledger_failures: AtomicU64::new(0),
-            auth_failures: AtomicU64::new(0),
+            requests,
+            latency,
+            request_counters,
+            latency_by_rpc,
+            consumed: Counter::default(),
+            ledger_latency: latency_histogram(),
+            ledger_failures: Counter::default(),
+            auth_failures: Counter::default(),
         }
     }
 
@@ -118,22 +129,22 @@ impl Metrics {
             None => 0,
             Some(r) => 1 + Reject::ALL.iter().position(|x| *x == r).unwrap_or(0),
         };
-        self.requests[rpc as usize][i].fetch_add(1, Ordering::Relaxed);
-        self.latency[rpc as usize].observe(took);
+        self.request_counters[rpc as usize][i].inc();
+        self.latency_by_rpc[rpc as usize].observe(took.as_secs_f64());
     }
 
     /// Records a request refused by authentication.
     pub fn auth_failure(&self) {
-        self.auth_failures.fetch_add(1, Ordering::Relaxed);
+        self.auth_failures.inc();
     }
 
     pub fn ledger_consume(&self, took: Duration, ok: bool, consumed: bool) {
-        self.ledger_latency.observe(took);
+        self.ledger_latency.observe(took.as_secs_f64());
         if !ok {
-            self.ledger_failures.fetch_add(1, Ordering::Relaxed);
+            self.ledger_failures.inc();
         }
         if consumed {
-            self.consumed.fetch_add(1, Ordering::Relaxed);
+            self.consumed.inc();
         }
     }
 
@@ -145,7 +156,7 @@ impl Metrics {
     }
 }
 
-/// What the exposition reads besides the static metrics.
+/// What the exposition reads besides the process-wide metrics.
 #[derive(Clone)]
 pub struct Sources {
     pub keys: Arc<KeyringHandle>,
@@ -154,126 +165,264 @@ pub struct Sources {
     pub backend: &'static str,
 }
 
-/// The Prometheus text exposition.
-pub fn render(src: &Sources) -> String {
-    let m = &METRICS;
-    let mut out = String::with_capacity(8192);
-    out.push_str("# HELP stateseal_requests_total RPCs handled, by RPC and outcome (ok or rejection reason).\n");
-    out.push_str("# TYPE stateseal_requests_total counter\n");
-    for (r, name) in RPCS.iter().enumerate() {
-        for i in 0..OUTCOMES {
-            let v = m.requests[r][i].load(Ordering::Relaxed);
-            let _ = writeln!(
-                out,
-                "stateseal_requests_total{{rpc=\"{name}\",outcome=\"{}\"}} {v}",
-                Metrics::outcome_name(i)
-            );
-        }
+impl std::fmt::Debug for Sources {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sources")
+            .field("backend", &self.backend)
+            .finish_non_exhaustive()
     }
-    out.push_str(
-        "# HELP stateseal_request_duration_seconds Time to handle an RPC, after authentication.\n",
-    );
-    out.push_str("# TYPE stateseal_request_duration_seconds histogram\n");
-    for (r, name) in RPCS.iter().enumerate() {
-        m.latency[r].render(
-            &mut out,
-            "stateseal_request_duration_seconds",
-            &format!("rpc=\"{name}\""),
-        );
-    }
-    out.push_str("# HELP stateseal_ledger_consume_duration_seconds Time to record a single-use consumption durably.\n");
-    out.push_str("# TYPE stateseal_ledger_consume_duration_seconds histogram\n");
-    m.ledger_latency.render(
-        &mut out,
-        "stateseal_ledger_consume_duration_seconds",
-        &format!("backend=\"{}\"", src.backend),
-    );
-    let _ = writeln!(out, "# HELP stateseal_ledger_consumed_total Single-use tokens consumed.\n# TYPE stateseal_ledger_consumed_total counter\nstateseal_ledger_consumed_total {}", m.consumed.load(Ordering::Relaxed));
-    let _ = writeln!(out, "# HELP stateseal_ledger_failures_total Consumptions the ledger could not record (answered LEDGER_UNAVAILABLE).\n# TYPE stateseal_ledger_failures_total counter\nstateseal_ledger_failures_total {}", m.ledger_failures.load(Ordering::Relaxed));
-    if let Some(f) = &src.flush {
-        let _ = writeln!(out, "# HELP stateseal_ledger_flushes_total Group-commit rounds (one flush and fdatasync each).\n# TYPE stateseal_ledger_flushes_total counter\nstateseal_ledger_flushes_total {}", f.flushes.load(Ordering::Relaxed));
-        let _ = writeln!(out, "# HELP stateseal_ledger_flushed_waiters_total Consumptions made durable by those rounds; divided by the rounds, the mean batch size.\n# TYPE stateseal_ledger_flushed_waiters_total counter\nstateseal_ledger_flushed_waiters_total {}", f.flushed_waiters.load(Ordering::Relaxed));
-        let _ = writeln!(out, "# HELP stateseal_ledger_batch_size_max Largest group-commit round.\n# TYPE stateseal_ledger_batch_size_max gauge\nstateseal_ledger_batch_size_max {}", f.max_batch.load(Ordering::Relaxed));
-    }
-    let _ = writeln!(out, "# HELP stateseal_auth_failures_total Requests refused by caller authentication (UNAUTHENTICATED or PERMISSION_DENIED).\n# TYPE stateseal_auth_failures_total counter\nstateseal_auth_failures_total {}", m.auth_failures.load(Ordering::Relaxed));
-    let _ = writeln!(out, "# HELP stateseal_clock_synced 1 while the wall clock agrees with the reference clock within the skew.\n# TYPE stateseal_clock_synced gauge\nstateseal_clock_synced {}", u8::from(crate::timeguard::GUARD_SYNCED.load(Ordering::Relaxed)));
-    let _ = writeln!(out, "# HELP stateseal_clock_offset_seconds Wall clock minus the reference clock, at the last check.\n# TYPE stateseal_clock_offset_seconds gauge\nstateseal_clock_offset_seconds {}", crate::timeguard::GUARD_OFFSET.load(Ordering::Relaxed));
-    let l = &crate::limits::LIMIT_STATS;
-    let _ = writeln!(out, "# HELP stateseal_inflight_bytes_refused_total Requests refused because the request-byte budget was full (RESOURCE_EXHAUSTED).\n# TYPE stateseal_inflight_bytes_refused_total counter\nstateseal_inflight_bytes_refused_total {}", l.inflight_refused.load(Ordering::Relaxed));
-    let _ = writeln!(out, "# HELP stateseal_canonicalizations_refused_total Requests refused because the canonicalization queue was full (OVERLOADED).\n# TYPE stateseal_canonicalizations_refused_total counter\nstateseal_canonicalizations_refused_total {}", l.canon_refused.load(Ordering::Relaxed));
-    let _ = writeln!(out, "# HELP stateseal_handshake_failures_total Connections closed because their TLS handshake (or HTTP/2 preface) failed or timed out.\n# TYPE stateseal_handshake_failures_total counter\nstateseal_handshake_failures_total {}", l.handshakes_failed.load(Ordering::Relaxed));
-    let _ = writeln!(out, "# HELP stateseal_handshakes_evicted_total Connections closed mid-handshake to make room for a newer one (handshake slots full).\n# TYPE stateseal_handshakes_evicted_total counter\nstateseal_handshakes_evicted_total {}", l.handshakes_evicted.load(Ordering::Relaxed));
-    let _ = writeln!(out, "# HELP stateseal_reloads_total Watched files (keyset, TLS, tenants) reloaded.\n# TYPE stateseal_reloads_total counter\nstateseal_reloads_total {}", src.reload.reloads.load(Ordering::Relaxed));
-    let _ = writeln!(out, "# HELP stateseal_reload_failures_total New versions of watched files rejected.\n# TYPE stateseal_reload_failures_total counter\nstateseal_reload_failures_total {}", src.reload.failures.load(Ordering::Relaxed));
-    let ring = src.keys.current();
-    let _ = writeln!(out, "# HELP stateseal_primary_key_id Id of the key that seals.\n# TYPE stateseal_primary_key_id gauge\nstateseal_primary_key_id {}", ring.primary().id().0);
-    if let Some(t) = ring.primary_since() {
-        let _ = writeln!(out, "# HELP stateseal_primary_key_promoted_timestamp_seconds When the key that seals became primary (Unix seconds).\n# TYPE stateseal_primary_key_promoted_timestamp_seconds gauge\nstateseal_primary_key_promoted_timestamp_seconds {t}");
-    }
-    let _ = writeln!(out, "# HELP stateseal_ready 1 while readiness reports SERVING.\n# TYPE stateseal_ready gauge\nstateseal_ready {}", u8::from(READY.load(Ordering::Relaxed)));
-    for (name, help, v) in [
-        (
-            "stateseal_tls_certificate_expiry_timestamp_seconds",
-            "notAfter of the server certificate in force (Unix seconds).",
-            &crate::tls::CERT_NOT_AFTER,
-        ),
-        (
-            "stateseal_tls_client_ca_expiry_timestamp_seconds",
-            "Earliest notAfter of the client CA bundle in force (Unix seconds).",
-            &crate::tls::CLIENT_CA_NOT_AFTER,
-        ),
-    ] {
-        let v = v.load(Ordering::Relaxed);
-        if v > 0 {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
-        }
-    }
-    let _ = writeln!(out, "# HELP stateseal_keys Keys in force (staged and primary).\n# TYPE stateseal_keys gauge\nstateseal_keys {}", ring.summary().len());
-    out
 }
 
-/// Serves `GET /metrics` (HTTP/1.1, one request per connection), at most
-/// `max_connections` at once.
+/// The registry one metrics endpoint serves: the process-wide metrics, and
+/// a collector reading the values other parts own at each scrape.
+pub fn registry(src: Sources) -> Registry {
+    let m = &*METRICS;
+    let mut r = Registry::default();
+    r.register(
+        "stateseal_requests",
+        "RPCs handled, by RPC and outcome (ok or rejection reason)",
+        m.requests.clone(),
+    );
+    // Units are in the names, without `# UNIT` lines: optional in
+    // OpenMetrics, and not every parser takes them on histograms.
+    r.register(
+        "stateseal_request_duration_seconds",
+        "Time to handle an RPC, after authentication",
+        m.latency.clone(),
+    );
+    r.sub_registry_with_label((Cow::Borrowed("backend"), Cow::Borrowed(src.backend)))
+        .register(
+            "stateseal_ledger_consume_duration_seconds",
+            "Time to record a single-use consumption durably",
+            m.ledger_latency.clone(),
+        );
+    r.register(
+        "stateseal_ledger_consumed",
+        "Single-use tokens consumed",
+        m.consumed.clone(),
+    );
+    r.register(
+        "stateseal_ledger_failures",
+        "Consumptions the ledger could not record (answered LEDGER_UNAVAILABLE)",
+        m.ledger_failures.clone(),
+    );
+    r.register(
+        "stateseal_auth_failures",
+        "Requests refused by caller authentication (UNAUTHENTICATED or PERMISSION_DENIED)",
+        m.auth_failures.clone(),
+    );
+    r.register_collector(Box::new(Owned(src)));
+    r
+}
+
+/// Values owned elsewhere (ledger, clock guard, limits, reloads, keyring,
+/// readiness, TLS files), read at each scrape.
+#[derive(Debug)]
+struct Owned(Sources);
+
+fn counter(enc: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> std::fmt::Result {
+    ConstCounter::new(v).encode(enc.encode_descriptor(name, help, None, MetricType::Counter)?)
+}
+
+fn gauge(enc: &mut DescriptorEncoder, name: &str, help: &str, v: i64) -> std::fmt::Result {
+    ConstGauge::new(v).encode(enc.encode_descriptor(name, help, None, MetricType::Gauge)?)
+}
+
+impl Collector for Owned {
+    fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
+        let src = &self.0;
+        let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        if let Some(f) = &src.flush {
+            counter(
+                &mut enc,
+                "stateseal_ledger_flushes",
+                "Group-commit rounds (one flush and fdatasync each).",
+                load(&f.flushes),
+            )?;
+            counter(&mut enc, "stateseal_ledger_flushed_waiters", "Consumptions made durable by those rounds; divided by the rounds, the mean batch size.", load(&f.flushed_waiters))?;
+            gauge(
+                &mut enc,
+                "stateseal_ledger_batch_size_max",
+                "Largest group-commit round.",
+                load(&f.max_batch) as i64,
+            )?;
+        }
+        gauge(
+            &mut enc,
+            "stateseal_clock_synced",
+            "1 while the wall clock agrees with the reference clock within the skew.",
+            i64::from(crate::timeguard::GUARD_SYNCED.load(Ordering::Relaxed)),
+        )?;
+        gauge(
+            &mut enc,
+            "stateseal_clock_offset_seconds",
+            "Wall clock minus the reference clock, at the last check.",
+            crate::timeguard::GUARD_OFFSET.load(Ordering::Relaxed),
+        )?;
+        let l = &crate::limits::LIMIT_STATS;
+        counter(
+            &mut enc,
+            "stateseal_inflight_bytes_refused",
+            "Requests refused because the request-byte budget was full (RESOURCE_EXHAUSTED).",
+            load(&l.inflight_refused),
+        )?;
+        counter(
+            &mut enc,
+            "stateseal_canonicalizations_refused",
+            "Requests refused because the canonicalization queue was full (OVERLOADED).",
+            load(&l.canon_refused),
+        )?;
+        counter(&mut enc, "stateseal_handshake_failures", "Connections closed because their TLS handshake (or HTTP/2 preface) failed or timed out.", load(&l.handshakes_failed))?;
+        counter(
+            &mut enc,
+            "stateseal_handshakes_evicted",
+            "Connections closed mid-handshake to make room for a newer one (handshake slots full).",
+            load(&l.handshakes_evicted),
+        )?;
+        counter(
+            &mut enc,
+            "stateseal_reloads",
+            "Watched files (keyset, TLS, tenants) reloaded.",
+            load(&src.reload.reloads),
+        )?;
+        counter(
+            &mut enc,
+            "stateseal_reload_failures",
+            "New versions of watched files rejected.",
+            load(&src.reload.failures),
+        )?;
+        let ring = src.keys.current();
+        gauge(
+            &mut enc,
+            "stateseal_primary_key_id",
+            "Id of the key that seals.",
+            i64::from(ring.primary().id().0),
+        )?;
+        if let Some(t) = ring.primary_since() {
+            gauge(
+                &mut enc,
+                "stateseal_primary_key_promoted_timestamp_seconds",
+                "When the key that seals became primary (Unix seconds).",
+                t as i64,
+            )?;
+        }
+        gauge(
+            &mut enc,
+            "stateseal_ready",
+            "1 while readiness reports SERVING.",
+            i64::from(READY.load(Ordering::Relaxed)),
+        )?;
+        for (name, help, v) in [
+            (
+                "stateseal_tls_certificate_expiry_timestamp_seconds",
+                "notAfter of the server certificate in force (Unix seconds).",
+                &crate::tls::CERT_NOT_AFTER,
+            ),
+            (
+                "stateseal_tls_client_ca_expiry_timestamp_seconds",
+                "Earliest notAfter of the client CA bundle in force (Unix seconds).",
+                &crate::tls::CLIENT_CA_NOT_AFTER,
+            ),
+        ] {
+            let v = v.load(Ordering::Relaxed);
+            if v > 0 {
+                gauge(&mut enc, name, help, v)?;
+            }
+        }
+        gauge(
+            &mut enc,
+            "stateseal_keys",
+            "Keys in force (staged and primary).",
+            ring.summary().len() as i64,
+        )
+    }
+}
+
+/// Whether an `Accept` header asks for OpenMetrics text (listed with a
+/// non-zero quality). Prometheus lists it first when it can parse it.
+fn wants_openmetrics(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|range| {
+            let mut parts = range.split(';').map(str::trim);
+            let media = parts.next().unwrap_or("");
+            let zero_q = parts.any(|p| {
+                p.strip_prefix("q=")
+                    .is_some_and(|q| q.parse::<f32>().is_ok_and(|q| q <= 0.0))
+            });
+            media.eq_ignore_ascii_case("application/openmetrics-text") && !zero_q
+        })
+}
+
+fn plain(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        CONTENT_TYPE,
+        http::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
+}
+
+/// The answer to one request: `GET`/`HEAD /metrics` (the query string is
+/// ignored), 405 for other methods there, 404 elsewhere.
+pub fn respond<B>(registry: &Registry, req: &Request<B>) -> Response<Full<Bytes>> {
+    if req.uri().path() != "/metrics" {
+        return plain(StatusCode::NOT_FOUND, "not found\n");
+    }
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        let mut r = plain(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
+        r.headers_mut()
+            .insert(ALLOW, http::HeaderValue::from_static("GET, HEAD"));
+        return r;
+    }
+    let mut body = String::with_capacity(16 * 1024);
+    let (content_type, encoded) = if wants_openmetrics(req.headers()) {
+        (OPENMETRICS, text::encode(&mut body, registry))
+    } else {
+        (
+            prometheus_text::CONTENT_TYPE,
+            prometheus_text::encode(&mut body, registry),
+        )
+    };
+    if encoded.is_err() {
+        return plain(StatusCode::INTERNAL_SERVER_ERROR, "encoding failed\n");
+    }
+    if req.method() == Method::HEAD {
+        body.clear();
+    }
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    r.headers_mut()
+        .insert(CONTENT_TYPE, http::HeaderValue::from_static(content_type));
+    r
+}
+
+/// Serves the metrics over HTTP/1.1 (hyper), at most `max_connections` at
+/// once; one request per connection, headers within 5 s, the whole
+/// exchange within 10 s.
 pub async fn serve(listener: TcpListener, max_connections: usize, src: Sources) {
+    let registry = Arc::new(registry(src));
     let permits = Arc::new(tokio::sync::Semaphore::new(max_connections.max(1)));
-    while let Some((mut sock, _, permit)) =
+    while let Some((sock, _, permit)) =
         crate::limits::accept_limited(&listener, &permits, None).await
     {
-        let src = src.clone();
+        let registry = registry.clone();
         tokio::spawn(async move {
             let _permit = permit;
-            let mut buf = vec![0u8; 4096];
-            let mut n = 0;
-            let read = tokio::time::timeout(Duration::from_secs(5), async {
-                while n < buf.len() {
-                    let k = sock.read(&mut buf[n..]).await?;
-                    if k == 0 {
-                        break;
-                    }
-                    n += k;
-                    if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
-                        break;
-                    }
-                }
-                Ok::<_, std::io::Error>(())
-            })
-            .await;
-            if !matches!(read, Ok(Ok(()))) {
-                return;
-            }
-            let head = &buf[..n];
-            let (status, body) =
-                if head.starts_with(b"GET /metrics ") || head.starts_with(b"GET /metrics?") {
-                    ("200 OK", render(&src))
-                } else {
-                    ("404 Not Found", "not found\n".to_string())
-                };
-            let resp = format!(
-                "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = sock.write_all(resp.as_bytes()).await;
-            let _ = sock.shutdown().await;
+            let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
+                let answer = respond(&registry, &req);
+                async move { Ok::<_, Infallible>(answer) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(5))
+                .keep_alive(false)
+                .max_buf_size(16 * 1024)
+                .serve_connection(TokioIo::new(sock), svc);
+            let _ = tokio::time::timeout(Duration::from_secs(10), conn).await;
         });
     }
 }

@@ -151,12 +151,149 @@ fn assert_absent(haystack: &str, what: &str, secret: &str) {
 }
 
 fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+    http_request(addr, "GET", path, "")
+}
+
+/// One HTTP/1.1 exchange; `headers` are extra header lines, each ending in
+/// CRLF. Returns the whole response (the server closes the connection).
+fn http_request(addr: std::net::SocketAddr, method: &str, path: &str, headers: &str) -> String {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    write!(s, "{method} {path} HTTP/1.1\r\nHost: x\r\n{headers}\r\n").unwrap();
     let mut out = String::new();
     s.read_to_string(&mut out).unwrap();
     out
+}
+
+fn metrics_addr(p: &common::process::ServerProcess) -> std::net::SocketAddr {
+    let log = p.log.lock().unwrap();
+    let line = log
+        .iter()
+        .find(|l| l.contains("metrics_addr="))
+        .expect("metrics port logged")
+        .clone();
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix("metrics_addr="))
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+fn split_response(resp: &str) -> (&str, &str) {
+    resp.split_once("\r\n\r\n").expect("a head and a body")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_parse_as_openmetrics_or_prometheus_text_as_negotiated() {
+    use openmetrics_parser::{MetricNumber, OpenMetricsValue, PrometheusValue};
+    let dir = tempfile::tempdir().unwrap();
+    let p = spawn(dir.path(), &["--metrics-listen", "127.0.0.1:0"], &[]);
+    let mut c = connect(p.addr).await;
+    let t = c
+        .seal(seal_req(b"s", true))
+        .await
+        .unwrap()
+        .into_inner()
+        .request_state;
+    c.open(open_req(&t)).await.unwrap();
+    assert!(c.open(open_req(&t)).await.is_err());
+    let addr = metrics_addr(&p);
+    let seal_ok = |labels: openmetrics_parser::LabelSet| {
+        let l: std::collections::HashMap<_, _> = labels.iter().collect();
+        l.get(&"rpc".to_string()).map(|v| v.as_str()) == Some("Seal")
+            && l.get(&"outcome".to_string()).map(|v| v.as_str()) == Some("ok")
+    };
+    let count = |n: &MetricNumber| match n {
+        MetricNumber::Int(i) => *i as f64,
+        MetricNumber::Float(f) => *f,
+    };
+
+    // What Prometheus sends: OpenMetrics first.
+    let resp = http_request(
+        addr,
+        "GET",
+        "/metrics",
+        "Accept: application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5,*/*;q=0.1\r\n",
+    );
+    let (head, body) = split_response(&resp);
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: application/openmetrics-text; version=1.0.0"),
+        "{head}"
+    );
+    assert!(body.ends_with("# EOF\n"));
+    let om = openmetrics_parser::openmetrics::parse_openmetrics(body)
+        .unwrap_or_else(|e| panic!("not OpenMetrics: {e:?}\n{body}"));
+    let requests = &om.families["stateseal_requests"];
+    let seal = requests
+        .iter_samples()
+        .find(|s| seal_ok(s.get_labelset().unwrap()))
+        .expect("Seal ok sample");
+    assert!(matches!(&seal.value, OpenMetricsValue::Counter(c) if count(&c.value) == 1.0));
+    let replayed = requests
+        .iter_samples()
+        .filter(|s| matches!(&s.value, OpenMetricsValue::Counter(c) if count(&c.value) == 1.0))
+        .count();
+    assert_eq!(replayed, 3, "Seal ok, Open ok, Open REPLAYED");
+    let latency = &om.families["stateseal_request_duration_seconds"];
+    assert!(latency.iter_samples().any(|s| matches!(&s.value,
+        OpenMetricsValue::Histogram(h) if h.count == Some(2) && h.buckets.len() == 15)));
+    for gauge in [
+        "stateseal_ready",
+        "stateseal_primary_key_id",
+        "stateseal_keys",
+    ] {
+        let f = &om.families[gauge];
+        assert!(matches!(
+            &f.iter_samples().next().unwrap().value,
+            OpenMetricsValue::Gauge(_)
+        ));
+    }
+    let ledger = &om.families["stateseal_ledger_consume_duration_seconds"];
+    assert_eq!(ledger.get_label_names(), ["backend"]);
+
+    // A plain scrape (curl, older scrapers): the Prometheus text format.
+    let resp = http_get(addr, "/metrics");
+    let (head, body) = split_response(&resp);
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: text/plain; version=0.0.4"),
+        "{head}"
+    );
+    let prom = openmetrics_parser::prometheus::parse_prometheus(body)
+        .unwrap_or_else(|e| panic!("not Prometheus text: {e:?}\n{body}"));
+    let seal = prom.families["stateseal_requests_total"]
+        .iter_samples()
+        .find(|s| seal_ok(s.get_labelset().unwrap()))
+        .expect("Seal ok sample");
+    assert!(matches!(&seal.value, PrometheusValue::Counter(c) if count(&c.value) == 1.0));
+    // Accepting OpenMetrics with q=0 is declining it.
+    let resp = http_request(
+        addr,
+        "GET",
+        "/metrics",
+        "Accept: application/openmetrics-text;q=0, text/plain\r\n",
+    );
+    assert!(resp
+        .to_ascii_lowercase()
+        .contains("content-type: text/plain; version=0.0.4"));
+
+    // Other methods and paths.
+    let resp = http_request(addr, "POST", "/metrics", "Content-Length: 0\r\n");
+    assert!(resp.starts_with("HTTP/1.1 405"), "{resp}");
+    assert!(
+        resp.to_ascii_lowercase().contains("allow: get, head"),
+        "{resp}"
+    );
+    let resp = http_request(addr, "HEAD", "/metrics", "");
+    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    assert!(http_get(addr, "/metricsx").starts_with("HTTP/1.1 404"));
+    // Not HTTP at all: refused (400 or a closed connection), never served.
+    let garbage = http_request(addr, "\x01\x02", "\x03", "");
+    assert!(!garbage.contains("200 OK"), "{garbage}");
+    let (status, _) = p.terminate();
+    assert!(status.success());
 }
 
 fn hex(b: &[u8]) -> String {
@@ -193,19 +330,7 @@ async fn logs_of_a_full_run_hold_no_key_state_or_token_bytes() {
         tokens.push(t);
     }
     let _ = c.open(open_req("garbage-token-garbage-token")).await;
-    let metrics_addr: std::net::SocketAddr = {
-        let log = p.log.lock().unwrap();
-        let line = log
-            .iter()
-            .find(|l| l.contains("metrics_addr="))
-            .expect("metrics port logged")
-            .clone();
-        line.split_whitespace()
-            .find_map(|w| w.strip_prefix("metrics_addr="))
-            .unwrap()
-            .parse()
-            .unwrap()
-    };
+    let metrics_addr = metrics_addr(&p);
     let metrics = http_get(metrics_addr, "/metrics");
     assert!(metrics.starts_with("HTTP/1.1 200 OK"), "{metrics}");
     for want in [
