@@ -500,10 +500,10 @@ async def test_mtls_credentials(tmp_path):
 async def start_relay(addr: str):
     """A TCP relay to stateseal. `state["lose_next"]`: the next bytes sent go
     through, their answers are lost and the connection drops 0.3 s later.
-    `state["drop_next"]`: the next bytes sent are not forwarded and the
-    connection drops at once."""
+    `state["drop_next"] = n`: the next n sends (each on its own connection)
+    are not forwarded and their connection drops at once."""
     host, port = addr.rsplit(":", 1)
-    state = {"lose_next": False, "lost": 0, "drop_next": False, "dropped": 0}
+    state = {"lose_next": False, "lost": 0, "drop_next": 0, "dropped": 0}
     open_writers: list = []
 
     async def handle(down_r, down_w):
@@ -525,8 +525,8 @@ async def start_relay(addr: str):
         task = asyncio.create_task(pump_down())
         try:
             while data := await down_r.read(65536):
-                if state["drop_next"]:
-                    state["drop_next"] = False
+                if state["drop_next"] > 0:
+                    state["drop_next"] -= 1
                     state["dropped"] += 1
                     break
                 if state["lose_next"] and not losing:
@@ -617,13 +617,16 @@ async def test_a_failed_seal_of_the_next_round_gives_the_token_back(tmp_path):
                 r1 = await client.session.call_tool("steps", {}, allow_input_required=True)
                 assert isinstance(r1, types.InputRequiredResult), r1
                 name = {"name": {"action": "accept", "content": {"name": "Ann"}}}
-                # The Seal of round 2 is the next thing sent to stateseal.
-                ON_SECOND_ROUND.append(lambda: state.update(drop_next=True))
+                # The Seal of round 2 is the next thing sent to stateseal; the
+                # first Release after it fails too (its new connection
+                # drops): the boundary retries the Release, which waits for
+                # the channel to reconnect.
+                ON_SECOND_ROUND.append(lambda: state.update(drop_next=2))
                 with pytest.raises(MCPError) as e:
                     await client.session.call_tool(
                         "steps", {}, input_responses=name, request_state=r1.request_state
                     )
-                assert state["dropped"] == 1
+                assert state["dropped"] == 2
                 assert e.value.error.code == types.INTERNAL_ERROR
                 assert e.value.error.message == "Temporarily unavailable; retry"
                 ON_SECOND_ROUND.clear()

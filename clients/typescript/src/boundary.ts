@@ -236,11 +236,23 @@ export class StatesealBoundary {
   }
 
   async #release(method: string, reservation: string): Promise<void> {
-    try {
-      await this.#client.release(reservation);
-    } catch (e) {
-      // The lease ends by itself; the retry waits for it at worst.
-      this.#log.warn(`stateseal: release failed on ${method}: ${reasonText(e)}`);
+    // Safe to repeat: a reservation names one lease (its rid), so a late or
+    // repeated Release can never free a newer one. A transport failure (the
+    // connection to stateseal dropped, as may have just failed the call that
+    // led here) is retried twice after a short wait.
+    for (let n = 0; ; n++) {
+      try {
+        await this.#client.release(reservation);
+        return;
+      } catch (e) {
+        if (n < 2 && e instanceof StatesealError && !e.fromStateseal && e.retryable) {
+          await new Promise((resolve) => setTimeout(resolve, 50 * (n + 1)));
+          continue;
+        }
+        // The lease ends by itself; the retry waits for it at worst.
+        this.#log.warn(`stateseal: release failed on ${method}: ${reasonText(e)}`);
+        return;
+      }
     }
   }
 

@@ -197,9 +197,17 @@ export class RequestStateClient {
   #call<Req, Res>(
     fn: (req: Req, md: grpc.Metadata, opts: grpc.CallOptions, cb: (e: grpc.ServiceError | null, r?: Res) => void) => unknown,
     req: Req,
+    waitForReady = false,
   ): Promise<Res> {
+    let md = this.#metadata;
+    if (waitForReady) {
+      // Wait (within the deadline) for a connection instead of failing at
+      // once while the channel reconnects.
+      md = md.clone();
+      md.setOptions({ waitForReady: true });
+    }
     return new Promise((resolve, reject) => {
-      fn.call(this.#raw, req, this.#metadata, { deadline: Date.now() + this.#timeoutMs }, (e, r) => {
+      fn.call(this.#raw, req, md, { deadline: Date.now() + this.#timeoutMs }, (e, r) => {
         if (e) reject(toError(e));
         else resolve(r as Res);
       });
@@ -258,7 +266,8 @@ export class RequestStateClient {
   }
 
   async release(reservation: string): Promise<void> {
-    await this.#call<object, object>(this.#raw.Release as never, { reservation });
+    // Clean-up after a failure, which may have been the connection itself.
+    await this.#call<object, object>(this.#raw.Release as never, { reservation }, true);
   }
 
   close(): void {

@@ -220,8 +220,14 @@ class RequestStateClient:
     async def release(self, reservation: str) -> None:
         """Gives a reservation back: the token can be opened again."""
         try:
+            # Clean-up after a failure, which may have been the connection
+            # itself: wait (within the timeout) for a connection instead of
+            # failing at once while the channel reconnects.
             await self._stub.Release(
-                stateseal_pb2.ReleaseRequest(reservation=reservation), timeout=self._timeout, metadata=self._metadata
+                stateseal_pb2.ReleaseRequest(reservation=reservation),
+                timeout=self._timeout,
+                metadata=self._metadata,
+                wait_for_ready=True,
             )
         except grpc.aio.AioRpcError as e:
             raise _error(e) from None

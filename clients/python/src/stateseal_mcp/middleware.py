@@ -41,6 +41,8 @@ nothing: no serialization, no principal call.
 
 from __future__ import annotations
 
+import asyncio
+
 import json
 import logging
 import uuid
@@ -216,11 +218,21 @@ class StatesealBoundary:
         raise AssertionError("unreachable")
 
     async def _release(self, method: str, reservation: str) -> None:
-        try:
-            await self._client.release(reservation)
-        except StatesealError as e:
-            # The lease ends by itself; the retry waits for it at worst.
-            logger.warning("stateseal release failed on %s: %s", method, e.reason)
+        # Safe to repeat: a reservation names one lease (its rid), so a
+        # late or repeated Release can never free a newer one. A transport
+        # failure (the connection to stateseal dropped, as may have just
+        # failed the call that led here) is retried twice after a short wait.
+        for n in range(3):
+            try:
+                await self._client.release(reservation)
+                return
+            except StatesealError as e:
+                if n < 2 and not e.from_stateseal and e.retryable:
+                    await asyncio.sleep(0.05 * (n + 1))
+                    continue
+                # The lease ends by itself; the retry waits for it at worst.
+                logger.warning("stateseal release failed on %s: %s", method, e.reason)
+                return
 
     def _digest(self, method: str, params: Mapping[str, Any]) -> bytes:
         """Binding v2 of the params, computed here (numbers exact)."""
