@@ -373,6 +373,9 @@ fn start_redis() -> Option<RedisServer> {
 
 /// Successful ops over the whole process (for the sampler).
 static OPS_DONE: AtomicU64 = AtomicU64::new(0);
+/// Failures printed so far (the first 20 are).
+static ERRORS_SHOWN: AtomicU64 = AtomicU64::new(0);
+static PROCESS_START: std::sync::LazyLock<Instant> = std::sync::LazyLock::new(Instant::now);
 
 /// Bytes a directory tree occupies on disk (allocated blocks, as `du`).
 fn disk_usage(dir: &std::path::Path) -> u64 {
@@ -829,7 +832,21 @@ async fn run(
                             ops += 1;
                             OPS_DONE.fetch_add(1, Ordering::Relaxed);
                         }
-                        Err(e) => *errors.entry(reason(&e)).or_default() += 1,
+                        Err(e) => {
+                            // The first few failures, with when and what,
+                            // so a long run's rare errors can be placed.
+                            if ERRORS_SHOWN.fetch_add(1, Ordering::Relaxed) < 20 {
+                                eprintln!(
+                                    "error at {:.1}s into {}: {} ({:?}: {})",
+                                    PROCESS_START.elapsed().as_secs_f64(),
+                                    scenario.name(),
+                                    reason(&e),
+                                    e.code(),
+                                    e.message()
+                                );
+                            }
+                            *errors.entry(reason(&e)).or_default() += 1;
+                        }
                     }
                     if limit.is_none() {
                         done.fetch_add(1, Ordering::Relaxed);
@@ -862,6 +879,7 @@ async fn run(
 }
 
 fn main() {
+    std::sync::LazyLock::force(&PROCESS_START);
     let mut args = Args::parse();
     if !args.bench {
         // Under `cargo test`: prove the generator and every scenario work,
