@@ -161,6 +161,11 @@ pub struct ServeArgs {
     /// Seconds ledger records outlive their token, to cover clock skew.
     #[arg(long, env = "STATESEAL_CLOCK_SKEW", default_value_t = 60)]
     pub clock_skew: u64,
+    /// Most records the sled ledger may hold (each costs about 200 bytes of
+    /// memory); past it, consuming a token it does not hold is refused
+    /// (OVERLOADED) until expired records are collected. 0: no bound.
+    #[arg(long, env = "STATESEAL_MAX_LEDGER_RECORDS", default_value_t = 250_000)]
+    pub max_ledger_records: u64,
     /// How callers authenticate.
     #[arg(long, env = "STATESEAL_AUTH", value_enum, default_value = "none")]
     pub auth: AuthMode,
@@ -471,7 +476,13 @@ impl ServeArgs {
                         self.expected_replicas
                     )));
                 }
-                Ok(Arc::new(SledLedger::open(&self.data_dir.join("ledger"))?))
+                let max = match self.max_ledger_records {
+                    0 => u64::MAX,
+                    n => n,
+                };
+                Ok(Arc::new(
+                    SledLedger::open(&self.data_dir.join("ledger"))?.with_max_records(max),
+                ))
             }
             LedgerKind::Postgres => {
                 let url = match (&self.database_url, &self.database_url_file) {

@@ -246,6 +246,19 @@ impl Collector for Owned {
                 "Largest group-commit round.",
                 load(&f.max_batch) as i64,
             )?;
+            gauge(
+                &mut enc,
+                "stateseal_ledger_records",
+                "Records the ledger holds (live tokens consumed or reserved, and expired ones not yet collected).",
+                i64::try_from(load(&f.records)).unwrap_or(i64::MAX),
+            )?;
+            gauge(
+                &mut enc,
+                "stateseal_ledger_records_max",
+                "The bound on those records (--max-ledger-records); -1 when unbounded.",
+                i64::try_from(load(&f.max_records)).unwrap_or(-1),
+            )?;
+            counter(&mut enc, "stateseal_ledger_full_refusals", "Consumptions and reservations refused OVERLOADED because the ledger held --max-ledger-records.", load(&f.refused_full))?;
         }
         gauge(
             &mut enc,

@@ -418,6 +418,7 @@ impl Sealer {
                 Ok(Consumed::Before) => return Err(Reject::Replayed),
                 Ok(Consumed::PastHorizon) => return Err(Reject::Expired),
                 Ok(Consumed::InUse) => return Err(Reject::InUse),
+                Ok(Consumed::Full) => return Err(Reject::Overloaded),
                 Err(e) => {
                     tracing::warn!(error = %e, backend = self.ledger.backend(), "ledger failed; failing closed");
                     return Err(Reject::LedgerUnavailable);

@@ -65,6 +65,11 @@ pub enum Consumed {
     PastHorizon,
     /// Another attempt holds a live reservation of the token (`IN_USE`).
     InUse,
+    /// The ledger holds as many records as it may (`--max-ledger-records`):
+    /// nothing was recorded, and the call is refused (`OVERLOADED`) until
+    /// garbage collection makes room. Only a key the ledger does not hold yet
+    /// can meet this; a replay is still answered `Before`.
+    Full,
     /// The same attempt (its keyed attempt hash) consumed the token before
     /// (`None`), or holds its live reservation (`Some`, the lease it holds):
     /// the same success again.

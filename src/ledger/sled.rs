@@ -91,12 +91,20 @@ enum Job {
     HighWater(u64),
 }
 
-/// Figures a caller may read (batch sizes show group commit at work).
+/// Figures a caller may read (batch sizes show group commit at work; the
+/// record count against its bound).
 #[derive(Debug, Default)]
 pub struct FlushStats {
     pub flushes: AtomicU64,
     pub flushed_waiters: AtomicU64,
     pub max_batch: AtomicU64,
+    /// Records the ledger holds now (counted at open, then kept by the
+    /// writer: the only thread that adds or removes any).
+    pub records: AtomicU64,
+    /// The bound on `records` (`u64::MAX`: none).
+    pub max_records: AtomicU64,
+    /// Consumptions and reservations refused because the ledger was full.
+    pub refused_full: AtomicU64,
 }
 
 pub struct SledLedger {
@@ -150,6 +158,10 @@ impl SledLedger {
             .map_err(|e| LedgerError(format!("cannot open ledger data file: {e}")))?;
         let dead = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(FlushStats::default());
+        // sled keeps every live record in memory whatever its cache capacity
+        // (about 200 bytes each, measured), so the count is what bounds it.
+        stats.records.store(tree.len() as u64, Ordering::Relaxed);
+        stats.max_records.store(u64::MAX, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel::<Job>();
         let writer_thread = {
             let mut w = Writer {
@@ -187,6 +199,19 @@ impl SledLedger {
 
     pub fn stats(&self) -> &FlushStats {
         &self.stats
+    }
+
+    /// Bounds the records the ledger may hold: past it, a consumption or
+    /// reservation of a key it does not hold is answered [`Consumed::Full`]
+    /// (nothing recorded) until garbage collection makes room.
+    pub fn with_max_records(self, max: u64) -> Self {
+        self.stats.max_records.store(max, Ordering::Relaxed);
+        self
+    }
+
+    /// The records the ledger holds now.
+    pub fn records(&self) -> u64 {
+        self.stats.records.load(Ordering::Relaxed)
     }
 
     fn send(&self, job: Job) -> Result<(), LedgerError> {
@@ -312,15 +337,39 @@ impl Writer {
     /// one batch, flushes once and fdatasyncs.
     fn round(&self, jobs: &[Job], high_water: Option<u64>) -> Result<Vec<Answer>, String> {
         let mut overlay: HashMap<[u8; LedgerKey::LEN], Option<Vec<u8>>> = HashMap::new();
-        let get = |overlay: &HashMap<_, Option<Vec<u8>>>, k: &[u8; LedgerKey::LEN]| match overlay
-            .get(k)
-        {
-            Some(v) => Ok(v.clone()),
-            None => self
-                .tree
-                .get(k)
-                .map(|v| v.map(|v| v.to_vec()))
-                .map_err(|e| format!("read failed: {e}")),
+        // Whether each key read from the tree this round was there: with the
+        // overlay, it tells how many records the round adds and removes.
+        let mut in_tree: HashMap<[u8; LedgerKey::LEN], bool> = HashMap::new();
+        let mut get = |overlay: &HashMap<_, Option<Vec<u8>>>,
+                       k: &[u8; LedgerKey::LEN]|
+         -> Result<Option<Vec<u8>>, String> {
+            match overlay.get(k) {
+                Some(v) => Ok(v.clone()),
+                None => {
+                    let v = self
+                        .tree
+                        .get(k)
+                        .map(|v| v.map(|v| v.to_vec()))
+                        .map_err(|e| format!("read failed: {e}"))?;
+                    in_tree.insert(*k, v.is_some());
+                    Ok(v)
+                }
+            }
+        };
+        let records = self.stats.records.load(Ordering::Relaxed);
+        let max_records = self.stats.max_records.load(Ordering::Relaxed);
+        let mut added = 0u64;
+        // A new record only if there is room for it.
+        let mut room = |record: &Record| {
+            if !matches!(record, Record::Absent) {
+                return true;
+            }
+            if records.saturating_add(added) >= max_records {
+                self.stats.refused_full.fetch_add(1, Ordering::Relaxed);
+                return false;
+            }
+            added += 1;
+            true
         };
         let mut answers = Vec::with_capacity(jobs.len());
         for job in jobs {
@@ -331,7 +380,9 @@ impl Writer {
                 Job::Consume(key, now, attempt, _) => {
                     let k = key.to_bytes();
                     let same = |a: Option<[u8; 16]>| attempt.is_some() && a == *attempt;
-                    let c = match Record::decode(get(&overlay, &k)?.as_deref()) {
+                    let record = Record::decode(get(&overlay, &k)?.as_deref());
+                    let c = match record {
+                        Record::Absent if !room(&record) => Consumed::Full,
                         Record::Absent => Consumed::Now,
                         Record::Reserved { until, .. } if until < *now => Consumed::Now,
                         Record::Reserved { .. } => Consumed::InUse,
@@ -351,7 +402,9 @@ impl Writer {
                 }
                 Job::Reserve(key, lease, now, _) => {
                     let k = key.to_bytes();
-                    let c = match Record::decode(get(&overlay, &k)?.as_deref()) {
+                    let record = Record::decode(get(&overlay, &k)?.as_deref());
+                    let c = match record {
+                        Record::Absent if !room(&record) => Consumed::Full,
                         Record::Absent => Consumed::Now,
                         Record::Reserved { until, .. } if until < *now => Consumed::Now,
                         Record::Reserved {
@@ -413,10 +466,18 @@ impl Writer {
             answers.push(answer);
         }
         let mut batch = sled::Batch::default();
+        let (mut plus, mut minus) = (0u64, 0u64);
         for (k, v) in overlay {
+            let was = in_tree.get(&k).copied().unwrap_or(true);
             match v {
-                Some(v) => batch.insert(&k[..], v),
-                None => batch.remove(&k[..]),
+                Some(v) => {
+                    plus += u64::from(!was);
+                    batch.insert(&k[..], v)
+                }
+                None => {
+                    minus += u64::from(was);
+                    batch.remove(&k[..])
+                }
             }
         }
         self.tree
@@ -428,6 +489,10 @@ impl Writer {
                 .map_err(|e| format!("meta write failed: {e}"))?;
         }
         self.sync()?;
+        self.stats.records.store(
+            records.saturating_add(plus).saturating_sub(minus),
+            Ordering::Relaxed,
+        );
         Ok(answers)
     }
 
@@ -451,10 +516,14 @@ impl Writer {
         let mut n = 0;
         for item in self.tree.range(..&end[..]).keys().take(limit) {
             let k = item.map_err(|e| format!("scan failed: {e}"))?;
-            self.tree
+            let was = self
+                .tree
                 .remove(k)
                 .map_err(|e| format!("remove failed: {e}"))?;
             n += 1;
+            if was.is_some() {
+                self.stats.records.fetch_sub(1, Ordering::Relaxed);
+            }
         }
         // Removals need no flush of their own: one lost in a crash is
         // removed again later, and the horizon already refuses its key.

@@ -1,0 +1,155 @@
+//! The sled ledger's memory is bounded by a record count, not by sled's cache
+//! (sled keeps every live record in memory, about 200 bytes each, whatever
+//! its cache capacity): past `--max-ledger-records`, consuming or reserving
+//! a token the ledger does not hold is refused `OVERLOADED` with nothing
+//! recorded; replays are still `REPLAYED`; collection makes room again; the
+//! count survives a restart.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use stateseal::clock::ManualClock;
+use stateseal::keyring::KeysetFile;
+use stateseal::ledger::sled::SledLedger;
+use stateseal::ledger::Ledger;
+use stateseal::proto::{OpenMode, OpenRequest};
+use stateseal::sealer::Limits;
+use stateseal::server::ServeOptions;
+use tonic::Code;
+
+async fn server(dir: tempfile::TempDir, keyset: KeysetFile, max: u64) -> TestServer {
+    let sled = Arc::new(
+        SledLedger::open(&dir.path().join("ledger"))
+            .unwrap()
+            .with_max_records(max),
+    );
+    let clock = Arc::new(ManualClock::new(T0));
+    start_custom(
+        dir,
+        keyset,
+        Limits::default(),
+        ServeOptions::default(),
+        sled.clone(),
+        sled,
+        clock.clone(),
+        clock,
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_ledger_refuses_new_records_and_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let keyset = KeysetFile::generate(T0);
+    let mut s = server(dir, keyset.clone(), 3).await;
+    let tokens = seal_tokens(&mut s.client, 6, true).await;
+    for t in &tokens[..3] {
+        let o = s.client.open(open_req(t)).await.unwrap().into_inner();
+        assert!(o.consumed);
+    }
+    assert_eq!(s.ledger.records(), 3);
+
+    // Full: a new consumption and a new reservation are refused, nothing recorded.
+    for _ in 0..2 {
+        let err = s.client.open(open_req(&tokens[3])).await.unwrap_err();
+        assert_eq!(reason(&err), "OVERLOADED");
+        assert_eq!(err.code(), Code::ResourceExhausted);
+    }
+    let reserve = OpenRequest {
+        mode: OpenMode::Reserve as i32,
+        ..open_req(&tokens[4])
+    };
+    let err = s.client.open(reserve.clone()).await.unwrap_err();
+    assert_eq!(reason(&err), "OVERLOADED");
+    assert_eq!(s.ledger.records(), 3);
+    assert_eq!(
+        s.ledger
+            .stats()
+            .refused_full
+            .load(std::sync::atomic::Ordering::Relaxed),
+        3
+    );
+    // A replay needs no room: still REPLAYED, never OVERLOADED.
+    let err = s.client.open(open_req(&tokens[0])).await.unwrap_err();
+    assert_eq!(reason(&err), "REPLAYED");
+    // Reusable tokens never touch the ledger.
+    let r = s
+        .client
+        .seal(seal_req(b"r", false))
+        .await
+        .unwrap()
+        .into_inner()
+        .request_state;
+    s.client.open(open_req(&r)).await.unwrap();
+
+    // The count survives a restart: the bound still holds.
+    let dir = s.stop().await;
+    let mut s = server(dir, keyset.clone(), 3).await;
+    assert_eq!(s.ledger.records(), 3);
+    let err = s.client.open(open_req(&tokens[3])).await.unwrap_err();
+    assert_eq!(reason(&err), "OVERLOADED");
+
+    // Collection of the expired records makes room; the refused tokens
+    // were not burned. (Tokens sealed at T0 expire at T0 + 600; collecting
+    // below T0 + 601 takes the three consumed ones.)
+    let fresh = {
+        s.clock.set(T0 + 700);
+        seal_tokens(&mut s.client, 2, true).await
+    };
+    assert_eq!(s.ledger.remove_expired(T0 + 601, 1000).await.unwrap(), 3);
+    assert_eq!(s.ledger.records(), 0);
+    for t in &fresh {
+        let o = s.client.open(open_req(t)).await.unwrap().into_inner();
+        assert!(o.consumed);
+    }
+    let reserve = OpenRequest {
+        mode: OpenMode::Reserve as i32,
+        ..open_req(&seal_tokens(&mut s.client, 1, true).await[0])
+    };
+    let o = s.client.open(reserve).await.unwrap().into_inner();
+    assert!(!o.reservation.is_empty());
+    assert_eq!(s.ledger.records(), 3);
+    let err = s.client.open(open_req(&fresh[0])).await.unwrap_err();
+    assert_eq!(reason(&err), "REPLAYED");
+}
+
+/// Many callers at once against the bound: exactly `max` consumptions are
+/// acknowledged, every other call is refused OVERLOADED, and every
+/// acknowledged one is REPLAYED afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_consumptions_never_pass_the_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = server(dir, KeysetFile::generate(T0), 50).await;
+    let tokens = seal_tokens(&mut s.client, 200, true).await;
+    let mut tasks = Vec::new();
+    for t in tokens.clone() {
+        let mut c = s.client.clone();
+        tasks.push(tokio::spawn(async move {
+            match c.open(open_req(&t)).await {
+                Ok(o) => {
+                    assert!(o.into_inner().consumed);
+                    Some(t)
+                }
+                Err(e) => {
+                    assert_eq!(reason(&e), "OVERLOADED");
+                    None
+                }
+            }
+        }));
+    }
+    let mut accepted = Vec::new();
+    for t in tasks {
+        if let Some(t) = t.await.unwrap() {
+            accepted.push(t);
+        }
+    }
+    assert_eq!(accepted.len(), 50);
+    assert_eq!(s.ledger.records(), 50);
+    for t in &accepted {
+        let err = s.client.open(open_req(t)).await.unwrap_err();
+        assert_eq!(reason(&err), "REPLAYED");
+    }
+}
