@@ -403,9 +403,30 @@ struct Sample {
     /// PostgreSQL ledger: live rows and table size (with indexes, TOAST).
     pg_rows: Option<i64>,
     pg_kib: Option<i64>,
+    /// The sled ledger's record count (`stateseal_ledger_records`).
+    records: Option<i64>,
 }
 
-const SAMPLE_HEADER: &str = "seconds,rss_kib,data_dir_kib,ops,ops_per_s,pg_live_rows,pg_table_kib";
+const SAMPLE_HEADER: &str =
+    "seconds,rss_kib,data_dir_kib,ops,ops_per_s,pg_live_rows,pg_table_kib,ledger_records";
+
+/// One gauge from the server's /metrics (Prometheus text), if it has it.
+async fn scrape_gauge(addr: &str, name: &str) -> Option<i64> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .ok()?;
+    let mut body = Vec::new();
+    s.read_to_end(&mut body).await.ok()?;
+    String::from_utf8_lossy(&body).lines().find_map(|l| {
+        l.strip_prefix(name)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
 
 /// Samples the server every `every` until `stop`, appending CSV rows to
 /// `out` as they come (a long soak keeps its data if cut short).
@@ -413,6 +434,7 @@ async fn sampler(
     pid: u32,
     dir: PathBuf,
     db_url: Option<String>,
+    metrics_addr: Option<String>,
     every: Duration,
     out: PathBuf,
     stop: Arc<AtomicBool>,
@@ -461,7 +483,12 @@ async fn sampler(
             },
             None => (None, None),
         };
+        let records = match &metrics_addr {
+            Some(a) => scrape_gauge(a, "stateseal_ledger_records").await,
+            None => None,
+        };
         let s = Sample {
+            records,
             secs: started.elapsed().as_secs_f64(),
             rss_kib,
             dir_kib: disk_usage(&dir) / 1024,
@@ -476,14 +503,15 @@ async fn sampler(
         let opt = |v: Option<i64>| v.map(|v| v.to_string()).unwrap_or_default();
         writeln!(
             f,
-            "{:.0},{},{},{},{:.0},{},{}",
+            "{:.0},{},{},{},{:.0},{},{},{}",
             s.secs,
             s.rss_kib,
             s.dir_kib,
             s.ops,
             rate,
             opt(s.pg_rows),
-            opt(s.pg_kib)
+            opt(s.pg_kib),
+            opt(s.records)
         )
         .expect("write samples");
         let _ = f.flush();
@@ -495,6 +523,7 @@ async fn sampler(
             rate,
             s.pg_rows
                 .map(|r| format!(", pg {r} rows, {} KiB", s.pg_kib.unwrap_or(0)))
+                .or_else(|| s.records.map(|r| format!(", ledger {r} records")))
                 .unwrap_or_default()
         );
         rows.push(s);
@@ -530,6 +559,14 @@ fn samples_svg(rows: &[Sample]) -> String {
                 .collect(),
         ),
     ];
+    if rows.iter().any(|r| r.records.is_some()) {
+        panels.push((
+            "ledger records (live and not yet collected)",
+            rows.iter()
+                .filter_map(|r| Some((r.secs, r.records? as f64)))
+                .collect(),
+        ));
+    }
     if rows.iter().any(|r| r.pg_rows.is_some()) {
         panels.push((
             "PostgreSQL ledger live rows",
@@ -911,10 +948,21 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
+    let mut metrics_addr: Option<String> = None;
     let (server, addr) = match &args.addr {
         Some(a) => (None, a.clone()),
         None => {
-            let (s, a) = start_server(&args.server_args);
+            let mut extra = args.server_args.clone();
+            if args.samples.is_some() {
+                // The sampler reads the ledger's record count from /metrics.
+                let port = std::net::TcpListener::bind("127.0.0.1:0")
+                    .and_then(|l| l.local_addr())
+                    .expect("a free port")
+                    .port();
+                extra.extend(["--metrics-listen".into(), format!("127.0.0.1:{port}")]);
+                metrics_addr = Some(format!("127.0.0.1:{port}"));
+            }
+            let (s, a) = start_server(&extra);
             (Some(s), a)
         }
     };
@@ -928,6 +976,7 @@ fn main() {
             srv.child.id(),
             srv.data_dir(),
             args.sample_database_url.clone(),
+            metrics_addr.clone(),
             Duration::from_secs_f64(args.sample_every.max(0.1)),
             out.clone(),
             sampling.clone(),
