@@ -419,13 +419,9 @@ async fn scrape_gauge(addr: &str, name: &str) -> Option<i64> {
         .ok()?;
     let mut body = Vec::new();
     s.read_to_end(&mut body).await.ok()?;
-    String::from_utf8_lossy(&body).lines().find_map(|l| {
-        l.strip_prefix(name)?
-            .strip_prefix(' ')?
-            .trim()
-            .parse()
-            .ok()
-    })
+    String::from_utf8_lossy(&body)
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
 /// Samples the server every `every` until `stop`, appending CSV rows to
