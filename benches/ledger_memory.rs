@@ -113,7 +113,7 @@ fn main() {
                 for t in tasks {
                     t.await.unwrap();
                 }
-                if now % 30 == 0 {
+                if now.is_multiple_of(30) {
                     while ledger.remove_expired(now - 60, 1000).await.unwrap() == 1000 {}
                 }
             });
