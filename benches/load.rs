@@ -373,8 +373,9 @@ fn start_redis() -> Option<RedisServer> {
 
 /// Successful ops over the whole process (for the sampler).
 static OPS_DONE: AtomicU64 = AtomicU64::new(0);
-/// Failures printed so far (the first 20 are).
-static ERRORS_SHOWN: AtomicU64 = AtomicU64::new(0);
+/// Failures printed so far, by reason (the first 5 of each are).
+static ERRORS_SHOWN: std::sync::LazyLock<std::sync::Mutex<BTreeMap<String, u64>>> =
+    std::sync::LazyLock::new(Default::default);
 static PROCESS_START: std::sync::LazyLock<Instant> = std::sync::LazyLock::new(Instant::now);
 
 /// Bytes a directory tree occupies on disk (allocated blocks, as `du`).
@@ -866,9 +867,16 @@ async fn run(
                             OPS_DONE.fetch_add(1, Ordering::Relaxed);
                         }
                         Err(e) => {
-                            // The first few failures, with when and what,
-                            // so a long run's rare errors can be placed.
-                            if ERRORS_SHOWN.fetch_add(1, Ordering::Relaxed) < 20 {
+                            // The first few failures of each reason, with
+                            // when and what, so a long run's rare errors can
+                            // be placed.
+                            let shown = {
+                                let mut m = ERRORS_SHOWN.lock().expect("lock");
+                                let n = m.entry(reason(&e)).or_default();
+                                *n += 1;
+                                *n
+                            };
+                            if shown <= 5 {
                                 eprintln!(
                                     "error at {:.1}s into {}: {} ({:?}: {})",
                                     PROCESS_START.elapsed().as_secs_f64(),
