@@ -156,16 +156,22 @@ fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
 
 /// One HTTP/1.1 exchange; `headers` are extra header lines, each ending in
 /// CRLF. Returns the whole response (the server closes the connection). A
-/// server that refuses a request it cannot parse may close with bytes
-/// unread, which the kernel turns into a reset: what arrived before it is
-/// the answer.
+/// server that refuses a request it cannot parse may close before it read
+/// all of it: the rest of the write then fails (broken pipe) and the kernel
+/// may turn the unread bytes into a reset. What arrived is the answer.
 fn http_request(addr: std::net::SocketAddr, method: &str, path: &str, headers: &str) -> String {
-    use std::io::{Read, Write};
+    use std::io::{ErrorKind, Read, Write};
     let mut s = std::net::TcpStream::connect(addr).unwrap();
-    write!(s, "{method} {path} HTTP/1.1\r\nHost: x\r\n{headers}\r\n").unwrap();
+    let request = format!("{method} {path} HTTP/1.1\r\nHost: x\r\n{headers}\r\n");
+    if let Err(e) = s.write_all(request.as_bytes()) {
+        assert!(
+            matches!(e.kind(), ErrorKind::BrokenPipe | ErrorKind::ConnectionReset),
+            "{e}"
+        );
+    }
     let mut out = Vec::new();
     if let Err(e) = s.read_to_end(&mut out) {
-        assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
+        assert_eq!(e.kind(), ErrorKind::ConnectionReset, "{e}");
     }
     String::from_utf8_lossy(&out).into_owned()
 }
