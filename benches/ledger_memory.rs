@@ -23,27 +23,10 @@ use std::time::Instant;
 use stateseal::ledger::sled::SledLedger;
 use stateseal::ledger::{Ledger, LedgerKey};
 
-fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
-}
+mod support;
 
-fn disk_kib(p: &std::path::Path) -> u64 {
-    let mut total = 0;
-    for e in std::fs::read_dir(p).into_iter().flatten().flatten() {
-        match e.metadata() {
-            Ok(m) if m.is_dir() => total += disk_kib(&e.path()) * 1024,
-            Ok(m) => total += m.len(),
-            Err(_) => {}
-        }
-    }
-    total / 1024
+fn rss_kib() -> u64 {
+    support::status_kib("self", "VmRSS:").unwrap_or(0)
 }
 
 fn arg(args: &[String], name: &str, default: u64) -> u64 {
@@ -121,12 +104,12 @@ fn main() {
         let (held, rss) = (ledger.records(), rss_kib());
         println!(
             "{generation:>10}  {held:>7}  {rss:>7}  {:>7}  {:>16.0}  {:>4.0}",
-            disk_kib(dir.path()),
+            support::disk_usage(dir.path()) / 1024,
             (rss.saturating_sub(empty) * 1024) as f64 / held.max(1) as f64,
             started.elapsed().as_secs_f64()
         );
     }
-    // The count the writer keeps is the tree's.
+    // The count stays within the live set's swing.
     let held = ledger.records();
     assert!(held > 0 && held <= records * 3 / 2 + per_second, "{held}");
 }

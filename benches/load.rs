@@ -50,6 +50,8 @@ use hdrhistogram::Histogram;
 use stateseal::proto::request_state_client::RequestStateClient;
 use stateseal::proto::{binding::Params, Binding, OpenRequest, SealRequest};
 use tonic::transport::{Channel, Endpoint};
+
+mod support;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
 
@@ -216,14 +218,7 @@ impl Server {
     }
 
     fn rss_kib(&self, field: &str) -> Option<u64> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
-        status
-            .lines()
-            .find(|l| l.starts_with(field))?
-            .split_whitespace()
-            .nth(1)?
-            .parse()
-            .ok()
+        support::status_kib(&self.child.id().to_string(), field)
     }
 }
 
@@ -378,22 +373,6 @@ static ERRORS_SHOWN: std::sync::LazyLock<std::sync::Mutex<BTreeMap<String, u64>>
     std::sync::LazyLock::new(Default::default);
 static PROCESS_START: std::sync::LazyLock<Instant> = std::sync::LazyLock::new(Instant::now);
 
-/// Bytes a directory tree occupies on disk (allocated blocks, as `du`).
-fn disk_usage(dir: &std::path::Path) -> u64 {
-    use std::os::unix::fs::MetadataExt;
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    entries
-        .flatten()
-        .map(|e| match e.metadata() {
-            Ok(m) if m.is_dir() => m.blocks() * 512 + disk_usage(&e.path()),
-            Ok(m) => m.blocks() * 512,
-            Err(_) => 0,
-        })
-        .sum()
-}
-
 /// One row of --samples.
 #[derive(Clone, Debug)]
 struct Sample {
@@ -458,14 +437,7 @@ async fn sampler(
     let mut tick = tokio::time::interval(every);
     while !stop.load(Ordering::Relaxed) {
         tick.tick().await;
-        let rss_kib = std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find(|l| l.starts_with("VmRSS:"))
-                    .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-            })
-            .unwrap_or(0);
+        let rss_kib = support::status_kib(&pid.to_string(), "VmRSS:").unwrap_or(0);
         let (pg_rows, pg_kib) = match &db {
             Some(c) => match c
                 .query_one(
@@ -488,7 +460,7 @@ async fn sampler(
             records,
             secs: started.elapsed().as_secs_f64(),
             rss_kib,
-            dir_kib: disk_usage(&dir) / 1024,
+            dir_kib: support::disk_usage(&dir) / 1024,
             ops: OPS_DONE.load(Ordering::Relaxed),
             pg_rows,
             pg_kib,
@@ -556,27 +528,28 @@ fn samples_svg(rows: &[Sample]) -> String {
                 .collect(),
         ),
     ];
-    if rows.iter().any(|r| r.records.is_some()) {
-        panels.push((
-            "ledger records (live and not yet collected)",
-            rows.iter()
-                .filter_map(|r| Some((r.secs, r.records? as f64)))
-                .collect(),
-        ));
-    }
-    if rows.iter().any(|r| r.pg_rows.is_some()) {
-        panels.push((
-            "PostgreSQL ledger live rows",
-            rows.iter()
-                .filter_map(|r| Some((r.secs, r.pg_rows? as f64)))
-                .collect(),
-        ));
-        panels.push((
-            "PostgreSQL ledger table size (MiB)",
-            rows.iter()
-                .filter_map(|r| Some((r.secs, r.pg_kib? as f64 / 1024.0)))
-                .collect(),
-        ));
+    // Panels for the quantities a run sampled (sled's record count, or the
+    // PostgreSQL table), skipped when it did not.
+    type Series = fn(&Sample) -> Option<f64>;
+    let optional: [(&str, Series); 3] = [
+        ("ledger records (live and not yet collected)", |r| {
+            r.records.map(|v| v as f64)
+        }),
+        ("PostgreSQL ledger live rows", |r| {
+            r.pg_rows.map(|v| v as f64)
+        }),
+        ("PostgreSQL ledger table size (MiB)", |r| {
+            r.pg_kib.map(|v| v as f64 / 1024.0)
+        }),
+    ];
+    for (title, value) in optional {
+        let pts: Vec<(f64, f64)> = rows
+            .iter()
+            .filter_map(|r| Some((r.secs, value(r)?)))
+            .collect();
+        if !pts.is_empty() {
+            panels.push((title, pts));
+        }
     }
     let (w, ph, left, top) = (720.0, 150.0, 70.0, 30.0);
     let h = top + panels.len() as f64 * (ph + 40.0);

@@ -11,7 +11,6 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use stateseal::clock::ManualClock;
 use stateseal::keyring::KeysetFile;
 use stateseal::ledger::sled::SledLedger;
 use stateseal::ledger::Ledger;
@@ -21,21 +20,15 @@ use stateseal::server::ServeOptions;
 use tonic::Code;
 
 async fn server(dir: tempfile::TempDir, keyset: KeysetFile, max: u64) -> TestServer {
-    let sled = Arc::new(
-        SledLedger::open(&dir.path().join("ledger"))
-            .unwrap()
-            .with_max_records(max),
-    );
-    let clock = Arc::new(ManualClock::new(T0));
-    start_custom(
+    let sled = SledLedger::open(&dir.path().join("ledger"))
+        .unwrap()
+        .with_max_records(max);
+    start_on(
         dir,
         keyset,
         Limits::default(),
         ServeOptions::default(),
-        sled.clone(),
-        sled,
-        clock.clone(),
-        clock,
+        Arc::new(sled),
     )
     .await
 }
@@ -76,14 +69,8 @@ async fn a_full_ledger_refuses_new_records_and_nothing_else() {
     let err = s.client.open(open_req(&tokens[0])).await.unwrap_err();
     assert_eq!(reason(&err), "REPLAYED");
     // Reusable tokens never touch the ledger.
-    let r = s
-        .client
-        .seal(seal_req(b"r", false))
-        .await
-        .unwrap()
-        .into_inner()
-        .request_state;
-    s.client.open(open_req(&r)).await.unwrap();
+    let reusable = seal_tokens(&mut s.client, 1, false).await;
+    s.client.open(open_req(&reusable[0])).await.unwrap();
 
     // The count survives a restart: the bound still holds.
     let dir = s.stop().await;

@@ -336,34 +336,20 @@ impl Writer {
     /// in this round), writes every change (and the high-water mark) with
     /// one batch, flushes once and fdatasyncs.
     fn round(&self, jobs: &[Job], high_water: Option<u64>) -> Result<Vec<Answer>, String> {
-        let mut overlay: HashMap<[u8; LedgerKey::LEN], Option<Vec<u8>>> = HashMap::new();
-        // Whether each key read from the tree this round was there: with the
-        // overlay, it tells how many records the round adds and removes.
-        let mut in_tree: HashMap<[u8; LedgerKey::LEN], bool> = HashMap::new();
-        let mut get = |overlay: &HashMap<_, Option<Vec<u8>>>,
-                       k: &[u8; LedgerKey::LEN]|
-         -> Result<Option<Vec<u8>>, String> {
-            match overlay.get(k) {
-                Some(v) => Ok(v.clone()),
-                None => {
-                    let v = self
-                        .tree
-                        .get(k)
-                        .map(|v| v.map(|v| v.to_vec()))
-                        .map_err(|e| format!("read failed: {e}"))?;
-                    in_tree.insert(*k, v.is_some());
-                    Ok(v)
-                }
-            }
+        let mut overlay: HashMap<[u8; LedgerKey::LEN], Slot> = HashMap::new();
+        let get = |overlay: &HashMap<_, Slot>, k: &[u8; LedgerKey::LEN]| match overlay.get(k) {
+            Some(slot) => Ok(slot.now.clone()),
+            None => self
+                .tree
+                .get(k)
+                .map(|v| v.map(|v| v.to_vec()))
+                .map_err(|e| format!("read failed: {e}")),
         };
         let records = self.stats.records.load(Ordering::Relaxed);
         let max_records = self.stats.max_records.load(Ordering::Relaxed);
         let mut added = 0u64;
-        // A new record only if there is room for it.
-        let mut room = |record: &Record| {
-            if !matches!(record, Record::Absent) {
-                return true;
-            }
+        // Room for one more record?
+        let mut room = || {
             if records.saturating_add(added) >= max_records {
                 self.stats.refused_full.fetch_add(1, Ordering::Relaxed);
                 return false;
@@ -382,7 +368,7 @@ impl Writer {
                     let same = |a: Option<[u8; 16]>| attempt.is_some() && a == *attempt;
                     let record = Record::decode(get(&overlay, &k)?.as_deref());
                     let c = match record {
-                        Record::Absent if !room(&record) => Consumed::Full,
+                        Record::Absent if !room() => Consumed::Full,
                         Record::Absent => Consumed::Now,
                         Record::Reserved { until, .. } if until < *now => Consumed::Now,
                         Record::Reserved { .. } => Consumed::InUse,
@@ -396,7 +382,7 @@ impl Writer {
                     if c == Consumed::Now {
                         let mut v = vec![V_CONSUMED];
                         v.extend(attempt.iter().flatten());
-                        overlay.insert(k, Some(v));
+                        Slot::write(&mut overlay, k, &record, Some(v));
                     }
                     Answer::Consumed(c)
                 }
@@ -404,7 +390,7 @@ impl Writer {
                     let k = key.to_bytes();
                     let record = Record::decode(get(&overlay, &k)?.as_deref());
                     let c = match record {
-                        Record::Absent if !room(&record) => Consumed::Full,
+                        Record::Absent if !room() => Consumed::Full,
                         Record::Absent => Consumed::Now,
                         Record::Reserved { until, .. } if until < *now => Consumed::Now,
                         Record::Reserved {
@@ -426,13 +412,14 @@ impl Writer {
                         v.extend_from_slice(&lease.until.to_be_bytes());
                         v.extend_from_slice(&lease.rid);
                         v.extend(lease.attempt.iter().flatten());
-                        overlay.insert(k, Some(v));
+                        Slot::write(&mut overlay, k, &record, Some(v));
                     }
                     Answer::Consumed(c)
                 }
                 Job::Commit(key, rid, now, _) => {
                     let k = key.to_bytes();
-                    let c = match Record::decode(get(&overlay, &k)?.as_deref()) {
+                    let record = Record::decode(get(&overlay, &k)?.as_deref());
+                    let c = match record {
                         Record::Reserved {
                             until,
                             rid: r,
@@ -441,7 +428,7 @@ impl Writer {
                             let mut v = vec![V_COMMITTED];
                             v.extend_from_slice(rid);
                             v.extend(attempt.iter().flatten());
-                            overlay.insert(k, Some(v));
+                            Slot::write(&mut overlay, k, &record, Some(v));
                             Committed::Done
                         }
                         Record::Committed { rid: r, .. } if r == *rid => Committed::Done,
@@ -451,11 +438,10 @@ impl Writer {
                 }
                 Job::Release(key, rid, _) => {
                     let k = key.to_bytes();
-                    if let Record::Reserved { rid: r, .. } =
-                        Record::decode(get(&overlay, &k)?.as_deref())
-                    {
+                    let record = Record::decode(get(&overlay, &k)?.as_deref());
+                    if let Record::Reserved { rid: r, .. } = record {
                         if r == *rid {
-                            overlay.insert(k, None);
+                            Slot::write(&mut overlay, k, &record, None);
                         }
                     }
                     Answer::Released
@@ -467,15 +453,14 @@ impl Writer {
         }
         let mut batch = sled::Batch::default();
         let (mut plus, mut minus) = (0u64, 0u64);
-        for (k, v) in overlay {
-            let was = in_tree.get(&k).copied().unwrap_or(true);
-            match v {
+        for (k, slot) in overlay {
+            match slot.now {
                 Some(v) => {
-                    plus += u64::from(!was);
+                    plus += u64::from(!slot.was);
                     batch.insert(&k[..], v)
                 }
                 None => {
-                    minus += u64::from(was);
+                    minus += u64::from(slot.was);
                     batch.remove(&k[..])
                 }
             }
@@ -528,6 +513,33 @@ impl Writer {
         // Removals need no flush of their own: one lost in a crash is
         // removed again later, and the horizon already refuses its key.
         Ok(n)
+    }
+}
+
+/// A key a round writes: whether the tree held it before the round (so the
+/// round knows how many records it adds and removes), and its new value
+/// (`None`: removed).
+struct Slot {
+    was: bool,
+    now: Option<Vec<u8>>,
+}
+
+impl Slot {
+    /// Writes `now` for `k`, whose value this round read as `read`: from
+    /// the tree when the round had not written `k` yet.
+    fn write(
+        overlay: &mut HashMap<[u8; LedgerKey::LEN], Slot>,
+        k: [u8; LedgerKey::LEN],
+        read: &Record,
+        now: Option<Vec<u8>>,
+    ) {
+        overlay
+            .entry(k)
+            .or_insert(Slot {
+                was: !matches!(read, Record::Absent),
+                now: None,
+            })
+            .now = now;
     }
 }
 

@@ -46,8 +46,19 @@ pub async fn start_in(
     limits: Limits,
     opts: ServeOptions,
 ) -> TestServer {
-    let clock = Arc::new(ManualClock::new(T0));
     let ledger = Arc::new(SledLedger::open(&dir.path().join("ledger")).expect("ledger"));
+    start_on(dir, keyset, limits, opts, ledger).await
+}
+
+/// A server over the given sled ledger, with a manual clock at `T0`.
+pub async fn start_on(
+    dir: tempfile::TempDir,
+    keyset: KeysetFile,
+    limits: Limits,
+    opts: ServeOptions,
+    ledger: Arc<SledLedger>,
+) -> TestServer {
+    let clock = Arc::new(ManualClock::new(T0));
     start_custom(
         dir,
         keyset,
