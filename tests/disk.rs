@@ -1,16 +1,24 @@
-//! A real filesystem fault under concurrent consumption: the sled data
-//! directory on a small tmpfs filled to the last byte. (Remounting it
-//! read-only was tried and is refused by the kernel while sled holds its
-//! files open for writing: "mount point is busy".) Nothing is accepted without a durable record; the process
-//! fails stop (exit non-zero, for the orchestrator to restart it); after
-//! space (or rw) returns, a restart recovers and every acknowledged
-//! consumption is still REPLAYED. Needs root (mount); without it the test
-//! prints a loud SKIPPED and says why.
+//! Real filesystem faults under concurrent consumption, on the sled data
+//! directory:
+//!
+//! - a small tmpfs filled to the last byte;
+//! - an ext4 filesystem (on a loop device, mounted `errors=remount-ro`)
+//!   that the kernel turns read-only while sled holds its files open —
+//!   how a disk error takes a filesystem away in production. The error is
+//!   raised through ext4's own `trigger_fs_error` switch in sysfs.
+//!   (`mount -o remount,ro` is refused by the kernel while a file is open
+//!   for writing — "mount point is busy" — so that is not the way in.)
+//!
+//! Nothing is accepted without a durable record; the process fails stop
+//! (exits non-zero, for the orchestrator to restart it); after space (or
+//! rw) returns, a restart recovers and every acknowledged consumption is
+//! still REPLAYED. Needs root (mount, loop devices, mkfs.ext4 and e2fsck);
+//! without them a test prints a loud SKIPPED and says why.
 #![allow(clippy::unwrap_used)]
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -19,30 +27,127 @@ use std::time::{Duration, Instant};
 use common::process::spawn;
 use common::*;
 
-struct Tmpfs(std::path::PathBuf);
-
-impl Tmpfs {
-    fn mount(dir: &Path, size: &str) -> Result<Self, String> {
-        let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir)
-            .output()
-            .map_err(|e| format!("cannot run mount: {e}"))?;
-        if !out.status.success() {
-            return Err(String::from_utf8_lossy(&out.stderr).trim().to_owned());
-        }
-        Ok(Tmpfs(dir.to_owned()))
+/// Runs a system command; its stderr (or why it could not run) on failure.
+/// `ok` says which exit codes count as success.
+fn run(cmd: &str, args: &[&str], ok: &[i32]) -> Result<String, String> {
+    let out = Command::new(cmd)
+        .args(args)
+        .output()
+        .map_err(|e| format!("cannot run {cmd}: {e}"))?;
+    match out.status.code() {
+        Some(c) if ok.contains(&c) => Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned()),
+        _ => Err(format!(
+            "{cmd} {args:?}: {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )),
     }
 }
 
-impl Drop for Tmpfs {
+fn path_str(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// A mount point that is lazily unmounted when dropped.
+struct Mounted(PathBuf);
+
+impl Mounted {
+    /// Unmounts now, not lazily; on failure the drop unmounts lazily.
+    fn unmount(self) -> Result<PathBuf, String> {
+        run("umount", &[path_str(&self.0)], &[0])?;
+        let this = std::mem::ManuallyDrop::new(self);
+        Ok(this.0.clone())
+    }
+}
+
+impl Drop for Mounted {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg("-l").arg(&self.0).status();
     }
 }
 
+fn mount_tmpfs(dir: &Path, size: &str) -> Result<Mounted, String> {
+    let opts = format!("size={size}");
+    run(
+        "mount",
+        &["-t", "tmpfs", "-o", &opts, "tmpfs", path_str(dir)],
+        &[0],
+    )?;
+    Ok(Mounted(dir.to_owned()))
+}
+
+/// An ext4 filesystem in an image file, mounted through a loop device with
+/// `errors=remount-ro`.
+struct Ext4 {
+    image: PathBuf,
+    mounted: Option<Mounted>,
+    /// The filesystem's name under /sys/fs/ext4 (the loop device's name).
+    device: String,
+}
+
+impl Ext4 {
+    fn create(image: &Path, dir: &Path) -> Result<Self, String> {
+        std::fs::File::create(image)
+            .and_then(|f| f.set_len(64 << 20))
+            .map_err(|e| format!("cannot create the image: {e}"))?;
+        run("mkfs.ext4", &["-q", "-F", path_str(image)], &[0])?;
+        let mut fs = Ext4 {
+            image: image.to_owned(),
+            mounted: None,
+            device: String::new(),
+        };
+        fs.mount(dir)?;
+        Ok(fs)
+    }
+
+    fn mount(&mut self, dir: &Path) -> Result<(), String> {
+        run(
+            "mount",
+            &[
+                "-o",
+                "loop,errors=remount-ro",
+                path_str(&self.image),
+                path_str(dir),
+            ],
+            &[0],
+        )?;
+        self.mounted = Some(Mounted(dir.to_owned()));
+        let source = run("findmnt", &["-n", "-o", "SOURCE", path_str(dir)], &[0])?;
+        self.device = source.trim_start_matches("/dev/").to_owned();
+        if !self.switch().exists() {
+            return Err(format!("{} does not exist", self.switch().display()));
+        }
+        Ok(())
+    }
+
+    fn switch(&self) -> PathBuf {
+        Path::new("/sys/fs/ext4")
+            .join(&self.device)
+            .join("trigger_fs_error")
+    }
+
+    /// Raises a filesystem error: with `errors=remount-ro` the kernel
+    /// aborts the journal and makes the filesystem read-only at once.
+    fn fail(&self) {
+        std::fs::write(self.switch(), "stateseal disk test").unwrap();
+    }
+
+    fn options(&self) -> String {
+        let dir = &self.mounted.as_ref().unwrap().0;
+        run("findmnt", &["-n", "-o", "OPTIONS", path_str(dir)], &[0]).unwrap()
+    }
+
+    /// Unmounts, repairs with e2fsck (exit 1: errors corrected) and mounts
+    /// read-write again: what an operator does after such an error.
+    fn repair_and_remount(&mut self) {
+        let dir = self.mounted.take().unwrap().unmount().unwrap();
+        run("e2fsck", &["-f", "-y", path_str(&self.image)], &[0, 1]).unwrap();
+        self.mount(&dir).unwrap();
+    }
+}
+
 /// Fills the filesystem of `dir` to the last byte; returns the filler path.
-fn fill(dir: &Path) -> std::path::PathBuf {
+fn fill(dir: &Path) -> PathBuf {
     use std::io::Write;
     let p = dir.join("filler");
     let mut f = std::fs::File::create(&p).unwrap();
@@ -56,18 +161,19 @@ fn fill(dir: &Path) -> std::path::PathBuf {
     p
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_full_disk_fails_stop_and_loses_nothing() {
-    let base = tempfile::tempdir().unwrap();
-    let fs = match Tmpfs::mount(base.path(), "16m") {
-        Ok(fs) => fs,
-        Err(e) => {
-            eprintln!("\n*** SKIPPED: real disk-fault test: cannot mount a tmpfs here ({e}) ***\n");
-            return;
-        }
-    };
-    let data = base.path().join("data");
-    let s = spawn(&data, &[], &[]);
+/// What 8 concurrent consumers saw before the server failed stop.
+struct Run {
+    acked: Vec<String>,
+    before_fault: usize,
+    refused: Vec<String>,
+}
+
+/// Starts a server on `data`, consumes single-use tokens with 8 callers,
+/// calls `fault` after half a second, and waits for the server to exit
+/// non-zero. Every refusal must be `LEDGER_UNAVAILABLE` (or a cut
+/// connection); every acknowledgement is kept for [`restart_and_recheck`].
+async fn consume_until_fail_stop(data: &Path, fault: impl FnOnce()) -> Run {
+    let s = spawn(data, &[], &[]);
     let client = connect(s.addr).await;
     let acked = Arc::new(Mutex::new(Vec::<String>::new()));
     let failures = Arc::new(Mutex::new(Vec::<String>::new()));
@@ -101,7 +207,7 @@ async fn a_full_disk_fails_stop_and_loses_nothing() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let before_fault = acked.lock().unwrap().len();
     assert!(before_fault > 0, "no consumption before the fault");
-    let filler = fill(base.path());
+    fault();
     // The server notices at its next flush: refuses, then exits non-zero.
     let pid = s.child.id();
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -124,21 +230,28 @@ async fn a_full_disk_fails_stop_and_loses_nothing() {
     assert!(!status.success(), "must exit non-zero for a restart");
     let log = s.log.lock().unwrap().join("\n");
     assert!(log.contains("sled ledger write failed"), "{log}");
-    let fails = failures.lock().unwrap().clone();
+    let refused = failures.lock().unwrap().clone();
     assert!(
-        fails
+        refused
             .iter()
             .all(|r| r == "LEDGER_UNAVAILABLE" || r.starts_with("<no reason")),
-        "{fails:?}"
+        "{refused:?}"
     );
-
-    // Space returns; the process is restarted.
-    std::fs::remove_file(filler).unwrap();
-    let s = spawn(&data, &[], &[]);
-    let mut c = connect(s.addr).await;
     let acked = acked.lock().unwrap().clone();
+    Run {
+        acked,
+        before_fault,
+        refused,
+    }
+}
+
+/// Restarts on `data` once the disk is back: every acknowledged
+/// consumption is REPLAYED, and the service consumes again.
+async fn restart_and_recheck(data: &Path, fault: &str, run: Run) {
+    let s = spawn(data, &[], &[]);
+    let mut c = connect(s.addr).await;
     let mut reopened = 0;
-    for t in &acked {
+    for t in &run.acked {
         match c.open(open_req(t)).await {
             Err(e) if reason(&e) == "REPLAYED" => {}
             other => {
@@ -148,13 +261,13 @@ async fn a_full_disk_fails_stop_and_loses_nothing() {
         }
     }
     println!(
-        "disk fault: {} consumptions acknowledged ({before_fault} before the fault), {} re-checked, {reopened} reopened; {} refused",
-        acked.len(),
-        acked.len(),
-        fails.len()
+        "{fault}: {} consumptions acknowledged ({} before the fault), {} re-checked, {reopened} reopened; {} refused",
+        run.acked.len(),
+        run.before_fault,
+        run.acked.len(),
+        run.refused.len()
     );
     assert_eq!(reopened, 0);
-    // And it serves again.
     let t = c
         .seal(seal_req(b"d", true))
         .await
@@ -164,5 +277,51 @@ async fn a_full_disk_fails_stop_and_loses_nothing() {
     assert!(c.open(open_req(&t)).await.unwrap().into_inner().consumed);
     let (st, _) = s.terminate();
     assert!(st.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_full_disk_fails_stop_and_loses_nothing() {
+    let base = tempfile::tempdir().unwrap();
+    let fs = match mount_tmpfs(base.path(), "16m") {
+        Ok(fs) => fs,
+        Err(e) => {
+            eprintln!("\n*** SKIPPED: real disk-fault test: cannot mount a tmpfs here ({e}) ***\n");
+            return;
+        }
+    };
+    let data = base.path().join("data");
+    let mut filler = None;
+    let run = consume_until_fail_stop(&data, || filler = Some(fill(base.path()))).await;
+    // Space returns; the process is restarted.
+    std::fs::remove_file(filler.unwrap()).unwrap();
+    restart_and_recheck(&data, "full disk", run).await;
     drop(fs);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_filesystem_gone_read_only_fails_stop_and_loses_nothing() {
+    let base = tempfile::tempdir().unwrap();
+    let dir = base.path().join("mnt");
+    std::fs::create_dir(&dir).unwrap();
+    let mut fs = match Ext4::create(&base.path().join("ext4.img"), &dir) {
+        Ok(fs) => fs,
+        Err(e) => {
+            eprintln!("\n*** SKIPPED: read-only filesystem test: cannot mount ext4 on a loop device here ({e}) ***\n");
+            return;
+        }
+    };
+    let data = dir.join("data");
+    let run = consume_until_fail_stop(&data, || fs.fail()).await;
+    // Older kernels list the option `ro`, newer ones `emergency_ro`; either
+    // way nothing can be written.
+    let options = fs.options();
+    let write = std::fs::write(dir.join("probe"), b"x");
+    assert_eq!(
+        write.as_ref().map_err(|e| e.raw_os_error()),
+        Err(Some(30)),
+        "the filesystem did not go read-only (EROFS): {write:?}, options {options}"
+    );
+    // rw returns: the operator repairs and remounts; the process restarts.
+    fs.repair_and_remount();
+    restart_and_recheck(&data, "filesystem gone read-only", run).await;
 }
