@@ -32,7 +32,7 @@
 //! fsync's answer alone is not enough: on ext4, an `fdatasync` that races the
 //! journal abort of a filesystem error can return success and the write is
 //! still lost (measured: 5 of 30 runs of an append + `fdatasync` loop lost
-//! the last write whose `fdatasync` returned 0 within ~10 ms of the error;
+//! the last write whose `fdatasync` returned 0 within ~20 ms of the error;
 //! `tests/disk.rs`). So after each `fdatasync` the writer changes the size
 //! of a probe file in the ledger directory (0 ↔ 1 byte): a size change must
 //! start a journal transaction and reports its failure, and the journal is
