@@ -115,6 +115,11 @@ struct Args {
     /// Also sample the PostgreSQL ledger table (live rows, total size).
     #[arg(long)]
     sample_database_url: Option<String>,
+    /// Write gRPC-framed request bodies for h2load into this directory
+    /// (noop, seal, seal_json, open: a reusable token sealed on the server)
+    /// and exit; `benches/h2load.sh` uses them.
+    #[arg(long)]
+    h2load_bodies: Option<PathBuf>,
     /// Extra arguments for the server this bench starts.
     #[arg(long = "server-arg", allow_hyphen_values = true)]
     server_args: Vec<String>,
@@ -615,6 +620,60 @@ fn binding() -> Binding {
     }
 }
 
+/// A gRPC message as it goes on the wire: uncompressed flag, big-endian
+/// length, the protobuf bytes.
+fn grpc_frame(m: &impl prost::Message) -> Vec<u8> {
+    let body = m.encode_to_vec();
+    let mut out = vec![0u8];
+    out.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    out.extend_from_slice(&body);
+    out
+}
+
+/// The request bodies `benches/h2load.sh` sends: the same requests as the
+/// noop, seal and open scenarios, plus a seal with `params_json`.
+async fn write_h2load_bodies(dir: &std::path::Path, ch: &Channel, state_size: usize) {
+    std::fs::create_dir_all(dir).expect("create the bodies directory");
+    let state = vec![0x5a; state_size];
+    let seal = SealRequest {
+        binding: Some(binding()),
+        state: state.clone(),
+        ..Default::default()
+    };
+    let mut json = binding();
+    json.params = Some(Params::ParamsJson(
+        r#"{"name":"deploy","arguments":{"service":"api","replicas":3,"confirm":true}}"#.into(),
+    ));
+    let seal_json = SealRequest {
+        binding: Some(json),
+        state,
+        ..Default::default()
+    };
+    let token = RequestStateClient::new(ch.clone())
+        .seal(seal.clone())
+        .await
+        .expect("seal the token the open body carries")
+        .into_inner()
+        .request_state;
+    let open = OpenRequest {
+        request_state: token,
+        binding: Some(binding()),
+        ..Default::default()
+    };
+    let noop = HealthCheckRequest {
+        service: String::new(),
+    };
+    for (name, bytes) in [
+        ("noop", grpc_frame(&noop)),
+        ("seal", grpc_frame(&seal)),
+        ("seal_json", grpc_frame(&seal_json)),
+        ("open", grpc_frame(&open)),
+    ] {
+        std::fs::write(dir.join(format!("{name}.bin")), bytes).expect("write a body");
+    }
+    eprintln!("wrote h2load bodies to {}", dir.display());
+}
+
 fn reason(s: &tonic::Status) -> String {
     stateseal::status::reason_of(s).unwrap_or_else(|| format!("{:?}", s.code()))
 }
@@ -975,6 +1034,10 @@ fn main() {
                 .expect("connect to stateseal");
             channels.push(ch);
         }
+        if let Some(dir) = &args.h2load_bodies {
+            write_h2load_bodies(dir, &channels[0], args.state_size).await;
+            return BTreeMap::new();
+        }
         let mut echo = Vec::new();
         if scenarios.contains(&Scenario::Echo) {
             let echo_addr = start_echo().await;
@@ -1053,6 +1116,9 @@ fn main() {
         }
         totals
     });
+    if args.h2load_bodies.is_some() {
+        return;
+    }
 
     if let Some(t) = sampler_task {
         sampling.store(true, Ordering::Relaxed);

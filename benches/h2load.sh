@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Seal and Open against the no-op under h2load (nghttp2's load generator,
+# Debian package nghttp2-client), whose client costs far less CPU than the
+# bundled bench's tonic client. One release server on a temporary directory,
+# loopback only; rounds interleave noop, seal, seal_json, open.
+#
+#   benches/h2load.sh [ROUNDS] [REQUESTS]        (defaults: 3 rounds, 100000 requests)
+#
+# Prints, per scenario and round: calls/s, the ratio to the no-op of the same
+# round, p50/p99 latency (from h2load's per-request log), the server's CPU
+# per call (utime + stime from /proc around the run) and response bytes per
+# call (a failed call has none: the script stops if a scenario's calls carry
+# no message).
+set -euo pipefail
+ROUNDS=${1:-3}
+REQUESTS=${2:-100000}
+cd "$(dirname "$0")/.."
+
+if ! command -v h2load >/dev/null; then
+    echo "h2load is not installed (Debian: apt-get install nghttp2-client)" >&2
+    exit 2
+fi
+
+BENCH=$(cargo bench --bench load --no-run 2>&1 | sed -n 's/.*Executable.*(\(.*\)).*/\1/p' | tail -1)
+SERVER=target/release/stateseal
+[ -x "$BENCH" ] && [ -x "$SERVER" ] || { echo "build failed" >&2; exit 1; }
+
+WORK=$(mktemp -d)
+PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+"$SERVER" serve --listen "127.0.0.1:$PORT" --data-dir "$WORK/data" 2>"$WORK/server.log" &
+PID=$!
+trap 'kill $PID 2>/dev/null; wait $PID 2>/dev/null; rm -rf "$WORK"' EXIT
+for _ in $(seq 50); do
+    grep -q "addr=" "$WORK/server.log" 2>/dev/null && break
+    sleep 0.1
+done
+"$BENCH" --bench --addr "127.0.0.1:$PORT" --h2load-bodies "$WORK/bodies" 2>/dev/null
+
+ticks() { awk '{print $14 + $15}' "/proc/$PID/stat"; }
+HZ=$(getconf CLK_TCK)
+
+declare -A PATHS=(
+    [noop]=/grpc.health.v1.Health/Check
+    [seal]=/stateseal.v1.RequestState/Seal
+    [seal_json]=/stateseal.v1.RequestState/Seal
+    [open]=/stateseal.v1.RequestState/Open
+)
+
+printf '%-6s %-10s %10s %7s %8s %8s %12s %10s\n' round scenario calls/s "× noop" "p50 µs" "p99 µs" "CPU µs/call" "bytes/call"
+for r in $(seq "$ROUNDS"); do
+    noop_rate=
+    for sc in noop seal seal_json open; do
+        t0=$(ticks)
+        out=$(h2load -n "$REQUESTS" -c 4 -m 32 -t 1 \
+            -H 'content-type: application/grpc' -H 'te: trailers' \
+            --data="$WORK/bodies/$sc.bin" --log-file="$WORK/$sc.log" \
+            "http://127.0.0.1:$PORT${PATHS[$sc]}")
+        t1=$(ticks)
+        rate=$(sed -n 's/^finished in .*, \([0-9.]*\) req\/s.*/\1/p' <<<"$out")
+        done=$(sed -n 's/^requests: .* \([0-9]*\) succeeded.*/\1/p' <<<"$out")
+        data=$(sed -n 's/^traffic: .* (\([0-9]*\)) data.*/\1/p' <<<"$out")
+        [ "$done" = "$REQUESTS" ] || { echo "$sc: only $done of $REQUESTS succeeded" >&2; echo "$out" >&2; exit 1; }
+        per=$((data / REQUESTS))
+        # A gRPC error carries its status in trailers and no message.
+        [ "$per" -ge 6 ] || { echo "$sc: responses carry no message (a gRPC error?)" >&2; echo "$out" >&2; exit 1; }
+        [ -n "$noop_rate" ] || noop_rate=$rate
+        read -r p50 p99 < <(awk '{print $3}' "$WORK/$sc.log" | sort -n |
+            awk '{a[NR]=$1} END {print a[int(NR*0.50)], a[int(NR*0.99)]}')
+        cpu=$(awk -v d=$((t1 - t0)) -v hz="$HZ" -v n="$REQUESTS" 'BEGIN {printf "%.1f", d * 1e6 / hz / n}')
+        ratio=$(awk -v a="$rate" -v b="$noop_rate" 'BEGIN {printf "%.2f", a / b}')
+        printf '%-6s %-10s %10.0f %7s %8s %8s %12s %10s\n' "$r" "$sc" "$rate" "$ratio" "$p50" "$p99" "$cpu" "$per"
+    done
+done
