@@ -2,7 +2,11 @@
 # Seal and Open against the no-op under h2load (nghttp2's load generator,
 # Debian package nghttp2-client), whose client costs far less CPU than the
 # bundled bench's tonic client. One release server on a temporary directory,
-# loopback only; rounds interleave noop, seal, seal_json, open.
+# loopback only; rounds interleave noop, seal, seal_json, open. Then the echo
+# baseline (a tonic server in the load bench's binary with stateseal's
+# transport settings, answering the seal request with a response of the
+# token's size and doing nothing else): echo-noop (its health check) and
+# echo (the seal request), each ratio against the no-op of its own server.
 #
 #   benches/h2load.sh [ROUNDS] [REQUESTS]        (defaults: 3 rounds, 100000 requests)
 #
@@ -22,21 +26,24 @@ if ! command -v h2load >/dev/null; then
 fi
 
 BENCH=$(cargo bench --bench load --no-run 2>&1 | sed -n 's/.*Executable.*(\(.*\)).*/\1/p' | tail -1)
-SERVER=target/release/stateseal
+SERVER=${STATESEAL_BIN:-target/release/stateseal}   # another build to compare
 [ -x "$BENCH" ] && [ -x "$SERVER" ] || { echo "build failed" >&2; exit 1; }
 
 WORK=$(mktemp -d)
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 "$SERVER" serve --listen "127.0.0.1:$PORT" --data-dir "$WORK/data" 2>"$WORK/server.log" &
 PID=$!
-trap 'kill $PID 2>/dev/null; wait $PID 2>/dev/null; rm -rf "$WORK"' EXIT
+"$BENCH" --bench --serve-echo >"$WORK/echo.out" 2>/dev/null &
+ECHO_PID=$!
+trap 'kill $PID $ECHO_PID 2>/dev/null; wait $PID $ECHO_PID 2>/dev/null; rm -rf "$WORK"' EXIT
 for _ in $(seq 50); do
-    grep -q "addr=" "$WORK/server.log" 2>/dev/null && break
+    grep -q "addr=" "$WORK/server.log" 2>/dev/null && grep -q "addr=" "$WORK/echo.out" && break
     sleep 0.1
 done
+ECHO_ADDR=$(sed -n 's/^addr=//p' "$WORK/echo.out")
 "$BENCH" --bench --addr "127.0.0.1:$PORT" --h2load-bodies "$WORK/bodies" 2>/dev/null
 
-ticks() { awk '{print $14 + $15}' "/proc/$PID/stat"; }
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 HZ=$(getconf CLK_TCK)
 
 declare -A PATHS=(
@@ -44,18 +51,27 @@ declare -A PATHS=(
     [seal]=/stateseal.v1.RequestState/Seal
     [seal_json]=/stateseal.v1.RequestState/Seal
     [open]=/stateseal.v1.RequestState/Open
+    [echo-noop]=/grpc.health.v1.Health/Check
+    [echo]=/stateseal.v1.RequestState/Seal
 )
+declare -A BODY=([noop]=noop [seal]=seal [seal_json]=seal_json [open]=open [echo-noop]=noop [echo]=seal)
 
 printf '%-6s %-10s %10s %7s %8s %8s %12s %10s\n' round scenario calls/s "× noop" "p50 µs" "p99 µs" "CPU µs/call" "bytes/call"
 for r in $(seq "$ROUNDS"); do
-    noop_rate=
-    for sc in noop seal seal_json open; do
-        t0=$(ticks)
+    for sc in noop seal seal_json open echo-noop echo; do
+        case $sc in
+            noop | echo-noop) noop_rate= ;;
+        esac
+        case $sc in
+            echo*) pid=$ECHO_PID addr=$ECHO_ADDR ;;
+            *) pid=$PID addr=127.0.0.1:$PORT ;;
+        esac
+        t0=$(ticks $pid)
         out=$(h2load -n "$REQUESTS" -c 4 -m 32 -t 1 \
             -H 'content-type: application/grpc' -H 'te: trailers' \
-            --data="$WORK/bodies/$sc.bin" --log-file="$WORK/$sc.log" \
-            "http://127.0.0.1:$PORT${PATHS[$sc]}")
-        t1=$(ticks)
+            --data="$WORK/bodies/${BODY[$sc]}.bin" --log-file="$WORK/$sc.log" \
+            "http://$addr${PATHS[$sc]}")
+        t1=$(ticks $pid)
         rate=$(sed -n 's/^finished in .*, \([0-9.]*\) req\/s.*/\1/p' <<<"$out")
         done=$(sed -n 's/^requests: .* \([0-9]*\) succeeded.*/\1/p' <<<"$out")
         data=$(sed -n 's/^traffic: .* (\([0-9]*\)) data.*/\1/p' <<<"$out")

@@ -120,6 +120,10 @@ struct Args {
     /// and exit; `benches/h2load.sh` uses them.
     #[arg(long)]
     h2load_bodies: Option<PathBuf>,
+    /// Only serve the echo baseline (Seal and a health check) on 127.0.0.1,
+    /// print `addr=…` and run until killed; `benches/h2load.sh` uses it.
+    #[arg(long)]
+    serve_echo: bool,
     /// Extra arguments for the server this bench starts.
     #[arg(long = "server-arg", allow_hyphen_values = true)]
     server_args: Vec<String>,
@@ -304,14 +308,24 @@ impl stateseal::proto::request_state_server::RequestState for Echo {
 
 /// Starts the echo server on 127.0.0.1 with stateseal's transport settings.
 async fn start_echo() -> String {
-    let incoming =
-        tonic::transport::server::TcpIncoming::bind("127.0.0.1:0".parse().expect("addr"))
-            .expect("bind echo server")
-            .with_nodelay(Some(true));
-    let addr = incoming.local_addr().expect("echo addr");
+    // stateseal's own listener: the same connection limits, TCP_NODELAY
+    // and write coalescing as the server it is the baseline for.
+    let lim = stateseal::limits::TransportLimits::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind echo server");
+    let addr = listener.local_addr().expect("echo addr");
+    let incoming = stateseal::limits::limited_incoming(
+        listener,
+        lim.max_connections,
+        lim.max_tls_handshakes,
+        lim.tls_handshake_timeout,
+    );
+    // A health service too, so that `--serve-echo` has its own no-op.
+    let (_, health) = tonic_health::server::health_reporter();
     tokio::spawn(
-        stateseal::limits::TransportLimits::default()
-            .apply(tonic::transport::Server::builder())
+        lim.apply(tonic::transport::Server::builder())
+            .add_service(health)
             .add_service(stateseal::proto::request_state_server::RequestStateServer::new(Echo))
             .serve_with_incoming(incoming),
     );
@@ -971,7 +985,7 @@ fn main() {
         .filter(|s| *s != Scenario::Noop)
         .collect();
     scenarios.dedup();
-    let redis_server = if scenarios.contains(&Scenario::Redis) {
+    let redis_server = if scenarios.contains(&Scenario::Redis) && !args.serve_echo {
         let r = start_redis();
         if r.is_none() {
             scenarios.retain(|s| *s != Scenario::Redis);
@@ -984,6 +998,12 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
+    if args.serve_echo {
+        rt.block_on(async {
+            println!("addr={}", start_echo().await);
+            std::future::pending::<()>().await
+        });
+    }
     let mut metrics_addr: Option<String> = None;
     let (server, addr) = match &args.addr {
         Some(a) => (None, a.clone()),
