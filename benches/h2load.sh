@@ -73,9 +73,9 @@ for r in $(seq "$ROUNDS"); do
             "http://$addr${PATHS[$sc]}")
         t1=$(ticks $pid)
         rate=$(sed -n 's/^finished in .*, \([0-9.]*\) req\/s.*/\1/p' <<<"$out")
-        done=$(sed -n 's/^requests: .* \([0-9]*\) succeeded.*/\1/p' <<<"$out")
+        succeeded=$(sed -n 's/^requests: .* \([0-9]*\) succeeded.*/\1/p' <<<"$out")
         data=$(sed -n 's/^traffic: .* (\([0-9]*\)) data.*/\1/p' <<<"$out")
-        [ "$done" = "$REQUESTS" ] || { echo "$sc: only $done of $REQUESTS succeeded" >&2; echo "$out" >&2; exit 1; }
+        [ "$succeeded" = "$REQUESTS" ] || { echo "$sc: only $succeeded of $REQUESTS succeeded" >&2; echo "$out" >&2; exit 1; }
         per=$((data / REQUESTS))
         # A gRPC error carries its status in trailers and no message.
         [ "$per" -ge 6 ] || { echo "$sc: responses carry no message (a gRPC error?)" >&2; echo "$out" >&2; exit 1; }

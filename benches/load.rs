@@ -634,6 +634,16 @@ fn binding() -> Binding {
     }
 }
 
+/// One HTTP/2 connection to `addr`, with TCP_NODELAY.
+async fn connect(addr: &str, what: &str) -> Channel {
+    Endpoint::from_shared(format!("http://{addr}"))
+        .expect("address")
+        .tcp_nodelay(true)
+        .connect()
+        .await
+        .unwrap_or_else(|e| panic!("connect to {what}: {e}"))
+}
+
 /// A gRPC message as it goes on the wire: uncompressed flag, big-endian
 /// length, the protobuf bytes.
 fn grpc_frame(m: &impl prost::Message) -> Vec<u8> {
@@ -646,7 +656,7 @@ fn grpc_frame(m: &impl prost::Message) -> Vec<u8> {
 
 /// The request bodies `benches/h2load.sh` sends: the same requests as the
 /// noop, seal and open scenarios, plus a seal with `params_json`.
-async fn write_h2load_bodies(dir: &std::path::Path, ch: &Channel, state_size: usize) {
+async fn write_h2load_bodies(dir: &std::path::Path, addr: &str, state_size: usize) {
     std::fs::create_dir_all(dir).expect("create the bodies directory");
     let state = vec![0x5a; state_size];
     let seal = SealRequest {
@@ -663,7 +673,7 @@ async fn write_h2load_bodies(dir: &std::path::Path, ch: &Channel, state_size: us
         state,
         ..Default::default()
     };
-    let token = RequestStateClient::new(ch.clone())
+    let token = RequestStateClient::new(connect(addr, "stateseal").await)
         .seal(seal.clone())
         .await
         .expect("seal the token the open body carries")
@@ -977,23 +987,6 @@ fn main() {
         args.rounds = 1;
         args.requests = Some(200);
     }
-    let mut scenarios: Vec<Scenario> = args
-        .scenarios
-        .split(',')
-        .filter(|s| !s.trim().is_empty())
-        .map(|s| Scenario::parse(s).unwrap_or_else(|| panic!("unknown scenario {s:?}")))
-        .filter(|s| *s != Scenario::Noop)
-        .collect();
-    scenarios.dedup();
-    let redis_server = if scenarios.contains(&Scenario::Redis) && !args.serve_echo {
-        let r = start_redis();
-        if r.is_none() {
-            scenarios.retain(|s| *s != Scenario::Redis);
-        }
-        r
-    } else {
-        None
-    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -1004,6 +997,23 @@ fn main() {
             std::future::pending::<()>().await
         });
     }
+    let mut scenarios: Vec<Scenario> = args
+        .scenarios
+        .split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| Scenario::parse(s).unwrap_or_else(|| panic!("unknown scenario {s:?}")))
+        .filter(|s| *s != Scenario::Noop)
+        .collect();
+    scenarios.dedup();
+    let redis_server = if scenarios.contains(&Scenario::Redis) {
+        let r = start_redis();
+        if r.is_none() {
+            scenarios.retain(|s| *s != Scenario::Redis);
+        }
+        r
+    } else {
+        None
+    };
     let mut metrics_addr: Option<String> = None;
     let (server, addr) = match &args.addr {
         Some(a) => (None, a.clone()),
@@ -1026,6 +1036,10 @@ fn main() {
         "stateseal load: {addr}, concurrency {}, connections {}, state {} B, {} round(s) × {:.1}s per scenario",
         args.concurrency, args.connections, args.state_size, args.rounds, args.duration
     );
+    if let Some(dir) = &args.h2load_bodies {
+        rt.block_on(write_h2load_bodies(dir, &addr, args.state_size));
+        return;
+    }
     let sampling = Arc::new(AtomicBool::new(false));
     let sampler_task = match (&args.samples, &server) {
         (Some(out), Some(srv)) => Some(rt.spawn(sampler(
@@ -1046,30 +1060,13 @@ fn main() {
     let results = rt.block_on(async {
         let mut channels = Vec::new();
         for _ in 0..args.connections.max(1) {
-            let ch = Endpoint::from_shared(format!("http://{addr}"))
-                .expect("address")
-                .tcp_nodelay(true)
-                .connect()
-                .await
-                .expect("connect to stateseal");
-            channels.push(ch);
-        }
-        if let Some(dir) = &args.h2load_bodies {
-            write_h2load_bodies(dir, &channels[0], args.state_size).await;
-            return BTreeMap::new();
+            channels.push(connect(&addr, "stateseal").await);
         }
         let mut echo = Vec::new();
         if scenarios.contains(&Scenario::Echo) {
             let echo_addr = start_echo().await;
             for _ in 0..args.connections.max(1) {
-                echo.push(
-                    Endpoint::from_shared(format!("http://{echo_addr}"))
-                        .expect("address")
-                        .tcp_nodelay(true)
-                        .connect()
-                        .await
-                        .expect("connect to the echo server"),
-                );
+                echo.push(connect(&echo_addr, "the echo server").await);
             }
         }
         let mut redis_cons = Vec::new();
@@ -1136,9 +1133,6 @@ fn main() {
         }
         totals
     });
-    if args.h2load_bodies.is_some() {
-        return;
-    }
 
     if let Some(t) = sampler_task {
         sampling.store(true, Ordering::Relaxed);
