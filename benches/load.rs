@@ -127,6 +127,12 @@ struct Args {
     /// Extra arguments for the server this bench starts.
     #[arg(long = "server-arg", allow_hyphen_values = true)]
     server_args: Vec<String>,
+    /// How the bench's tonic client writes: `coalesced` (as stateseal's
+    /// server connections do: payloads under 1 KiB copied into h2's write
+    /// buffer) or `vectored` (tonic's default: every payload of 256 B or
+    /// more written with a `writev` of its own).
+    #[arg(long, value_enum, default_value = "coalesced")]
+    client_io: ClientIo,
     /// Passed by `cargo bench`. Without it (`cargo test --all-targets` runs
     /// bench binaries too), the generator does a short smoke run instead.
     #[arg(long, hide = true)]
@@ -635,13 +641,92 @@ fn binding() -> Binding {
 }
 
 /// One HTTP/2 connection to `addr`, with TCP_NODELAY.
-async fn connect(addr: &str, what: &str) -> Channel {
-    Endpoint::from_shared(format!("http://{addr}"))
+async fn connect(addr: &str, what: &str, client_io: ClientIo) -> Channel {
+    let endpoint = Endpoint::from_shared(format!("http://{addr}"))
         .expect("address")
-        .tcp_nodelay(true)
-        .connect()
-        .await
-        .unwrap_or_else(|e| panic!("connect to {what}: {e}"))
+        .tcp_nodelay(true);
+    match client_io {
+        ClientIo::Vectored => endpoint.connect().await,
+        ClientIo::Coalesced => endpoint.connect_with_connector(Coalescing).await,
+    }
+    .unwrap_or_else(|e| panic!("connect to {what}: {e}"))
+}
+
+/// How the bench's own tonic client writes: as tonic does by default
+/// (vectored: h2 writes every DATA payload of 256 B or more with a
+/// `writev` of its own), or coalesced like stateseal's server connections
+/// (`limits::Counted`: payloads under 1 KiB copied into h2's write buffer).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum ClientIo {
+    Vectored,
+    Coalesced,
+}
+
+/// A connector for TCP connections that report they do not write vectored.
+#[derive(Clone, Copy)]
+struct Coalescing;
+
+impl tower_service::Service<http::Uri> for Coalescing {
+    type Response = hyper_util::rt::TokioIo<NoVectored>;
+    type Error = std::io::Error;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = std::io::Result<Self::Response>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, uri: http::Uri) -> Self::Future {
+        Box::pin(async move {
+            let host = uri.host().unwrap_or("127.0.0.1");
+            let port = uri.port_u16().unwrap_or(80);
+            let tcp = tokio::net::TcpStream::connect((host, port)).await?;
+            tcp.set_nodelay(true)?;
+            Ok(hyper_util::rt::TokioIo::new(NoVectored(tcp)))
+        })
+    }
+}
+
+/// A TCP stream that tells h2 it does not write vectored.
+struct NoVectored(tokio::net::TcpStream);
+
+impl tokio::io::AsyncRead for NoVectored {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for NoVectored {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+    fn is_write_vectored(&self) -> bool {
+        false
+    }
 }
 
 /// A gRPC message as it goes on the wire: uncompressed flag, big-endian
@@ -673,7 +758,7 @@ async fn write_h2load_bodies(dir: &std::path::Path, addr: &str, state_size: usiz
         state,
         ..Default::default()
     };
-    let token = RequestStateClient::new(connect(addr, "stateseal").await)
+    let token = RequestStateClient::new(connect(addr, "stateseal", ClientIo::Vectored).await)
         .seal(seal.clone())
         .await
         .expect("seal the token the open body carries")
@@ -1019,6 +1104,14 @@ fn main() {
         Some(a) => (None, a.clone()),
         None => {
             let mut extra = args.server_args.clone();
+            if !extra.iter().any(|a| a.starts_with("--max-ledger-records")) {
+                // The durable scenarios leave a record per consumption (their
+                // tokens live 600 s): on a fast machine a default run makes
+                // more than the server's default bound of 250,000, and the
+                // rest would be refused OVERLOADED. The bound is not what
+                // this bench measures (tests/ledger_bound.rs tests it).
+                extra.extend(["--max-ledger-records".into(), "0".into()]);
+            }
             if args.samples.is_some() {
                 // The sampler reads the ledger's record count from /metrics.
                 let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -1060,13 +1153,13 @@ fn main() {
     let results = rt.block_on(async {
         let mut channels = Vec::new();
         for _ in 0..args.connections.max(1) {
-            channels.push(connect(&addr, "stateseal").await);
+            channels.push(connect(&addr, "stateseal", args.client_io).await);
         }
         let mut echo = Vec::new();
         if scenarios.contains(&Scenario::Echo) {
             let echo_addr = start_echo().await;
             for _ in 0..args.connections.max(1) {
-                echo.push(connect(&echo_addr, "the echo server").await);
+                echo.push(connect(&echo_addr, "the echo server", args.client_io).await);
             }
         }
         let mut redis_cons = Vec::new();
