@@ -4,7 +4,8 @@
 //! run, interleaved round by round so the ratio holds on a noisy machine.
 //!
 //!     cargo bench --bench load -- [--addr HOST:PORT]
-//!         [--scenarios noop,echo,seal,open,consume,flow,reserve,redis]
+//!         [--scenarios noop,echo,seal,seal_json,open,consume,flow,reserve,redis]
+//!         [--client-io coalesced|vectored]
 //!         [--concurrency 64] [--connections 4] [--duration 3] [--requests N]
 //!         [--state-size 256] [--warmup 1] [--rounds 2] [--json FILE] [--plot FILE.svg]
 //!         [--server-arg=--ledger --server-arg=postgres …]
@@ -20,6 +21,8 @@
 //! Scenarios, one gRPC call per op unless said:
 //! - noop: Health/Check — the baseline;
 //! - seal: Seal of a reusable token;
+//! - seal_json: the same with `params_json` (the service canonicalizes the
+//!   params, RFC 8785, and digests them);
 //! - open: Open of a reusable token sealed beforehand;
 //! - consume: Open of a single-use token sealed beforehand (the durable path:
 //!   the consumption is flushed to disk before the answer);
@@ -62,7 +65,10 @@ struct Args {
     #[arg(long)]
     addr: Option<String>,
     /// Comma-separated scenarios (noop always runs as the baseline).
-    #[arg(long, default_value = "echo,seal,open,consume,flow,reserve,redis")]
+    #[arg(
+        long,
+        default_value = "echo,seal,seal_json,open,consume,flow,reserve,redis"
+    )]
     scenarios: String,
     /// Requests in flight.
     #[arg(long, default_value_t = 64)]
@@ -144,6 +150,7 @@ enum Scenario {
     Noop,
     Echo,
     Seal,
+    SealJson,
     Open,
     Consume,
     Flow,
@@ -156,6 +163,7 @@ impl Scenario {
         match self {
             Scenario::Noop => "noop",
             Scenario::Seal => "seal",
+            Scenario::SealJson => "seal_json",
             Scenario::Open => "open",
             Scenario::Consume => "consume",
             Scenario::Flow => "flow",
@@ -175,6 +183,7 @@ impl Scenario {
         Some(match s.trim() {
             "noop" => Scenario::Noop,
             "seal" => Scenario::Seal,
+            "seal_json" => Scenario::SealJson,
             "open" => Scenario::Open,
             "consume" => Scenario::Consume,
             "flow" => Scenario::Flow,
@@ -631,6 +640,16 @@ fn samples_svg(rows: &[Sample]) -> String {
     out
 }
 
+/// The binding of the `seal_json` scenario: the service canonicalizes the
+/// params itself (RFC 8785) and digests them.
+fn json_binding() -> Binding {
+    let mut b = binding();
+    b.params = Some(Params::ParamsJson(
+        r#"{"name":"deploy","arguments":{"service":"api","replicas":3,"confirm":true}}"#.into(),
+    ));
+    b
+}
+
 fn binding() -> Binding {
     Binding {
         subject: "bench-user".into(),
@@ -749,12 +768,8 @@ async fn write_h2load_bodies(dir: &std::path::Path, addr: &str, state_size: usiz
         state: state.clone(),
         ..Default::default()
     };
-    let mut json = binding();
-    json.params = Some(Params::ParamsJson(
-        r#"{"name":"deploy","arguments":{"service":"api","replicas":3,"confirm":true}}"#.into(),
-    ));
     let seal_json = SealRequest {
-        binding: Some(json),
+        binding: Some(json_binding()),
         state,
         ..Default::default()
     };
@@ -843,9 +858,18 @@ impl Ctx {
     }
 
     async fn seal(&self, i: usize, single_use: bool) -> Result<String, tonic::Status> {
+        self.seal_as(i, binding(), single_use).await
+    }
+
+    async fn seal_as(
+        &self,
+        i: usize,
+        binding: Binding,
+        single_use: bool,
+    ) -> Result<String, tonic::Status> {
         self.client(i)
             .seal(SealRequest {
-                binding: Some(binding()),
+                binding: Some(binding),
                 state: self.state.clone(),
                 ttl_seconds: self.ttl,
                 single_use,
@@ -986,6 +1010,9 @@ async fn run(
                             .map(|_| ())
                         }
                         Scenario::Seal => ctx.seal(w, false).await.map(|_| ()),
+                        Scenario::SealJson => {
+                            ctx.seal_as(w, json_binding(), false).await.map(|_| ())
+                        }
                         Scenario::Echo => ctx.echo(w).await,
                         Scenario::Redis => ctx.redis_set(w, ops).await,
                         Scenario::Open | Scenario::Consume => {
