@@ -681,12 +681,14 @@ enum ClientIo {
     Coalesced,
 }
 
-/// A connector for TCP connections that report they do not write vectored.
+/// A connector whose TCP connections are wrapped in stateseal's own
+/// [`stateseal::limits::Counted`], so the client writes exactly as the
+/// server's connections do (they report that they do not write vectored).
 #[derive(Clone, Copy)]
 struct Coalescing;
 
 impl tower_service::Service<http::Uri> for Coalescing {
-    type Response = hyper_util::rt::TokioIo<NoVectored>;
+    type Response = hyper_util::rt::TokioIo<stateseal::limits::Counted<tokio::net::TcpStream>>;
     type Error = std::io::Error;
     type Future = std::pin::Pin<
         Box<dyn std::future::Future<Output = std::io::Result<Self::Response>> + Send>,
@@ -705,46 +707,15 @@ impl tower_service::Service<http::Uri> for Coalescing {
             let port = uri.port_u16().unwrap_or(80);
             let tcp = tokio::net::TcpStream::connect((host, port)).await?;
             tcp.set_nodelay(true)?;
-            Ok(hyper_util::rt::TokioIo::new(NoVectored(tcp)))
+            // `Counted` holds a connection permit; the client's connections
+            // are not bounded, so each gets a permit of its own.
+            let permit = Arc::new(tokio::sync::Semaphore::new(1))
+                .try_acquire_owned()
+                .map_err(std::io::Error::other)?;
+            Ok(hyper_util::rt::TokioIo::new(
+                stateseal::limits::Counted::new(tcp, permit),
+            ))
         })
-    }
-}
-
-/// A TCP stream that tells h2 it does not write vectored.
-struct NoVectored(tokio::net::TcpStream);
-
-impl tokio::io::AsyncRead for NoVectored {
-    fn poll_read(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.0).poll_read(cx, buf)
-    }
-}
-
-impl tokio::io::AsyncWrite for NoVectored {
-    fn poll_write(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        std::pin::Pin::new(&mut self.0).poll_write(cx, buf)
-    }
-    fn poll_flush(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.0).poll_flush(cx)
-    }
-    fn poll_shutdown(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.0).poll_shutdown(cx)
-    }
-    fn is_write_vectored(&self) -> bool {
-        false
     }
 }
 
