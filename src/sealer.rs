@@ -351,7 +351,7 @@ impl Sealer {
         if opened.header.single_use {
             let key = LedgerKey {
                 expires_at,
-                id: opened.ledger_id,
+                id: opened.ledger_id(&tenant_keys),
             };
             let lease = match mode {
                 OpenMode::Consume => None,

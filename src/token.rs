@@ -225,8 +225,18 @@ pub struct Opened {
     pub state: Zeroizing<Vec<u8>>,
     /// The sealed manifest (format 2 tokens).
     pub manifest: Option<Zeroizing<Vec<u8>>>,
-    /// The id under which a single-use token is recorded in the ledger.
-    pub ledger_id: [u8; 32],
+    /// The token's nonce, from which its ledger id is derived on demand
+    /// (a reusable token never needs one).
+    nonce: [u8; NONCE_LEN],
+}
+
+impl Opened {
+    /// The id under which a single-use token is recorded in the ledger:
+    /// HMAC-SHA256 of its nonce under the tenant's ledger-id key (`keys`
+    /// must be the ones it opened under).
+    pub fn ledger_id(&self, keys: &TenantKeys) -> [u8; 32] {
+        ledger_id(keys, &self.nonce)
+    }
 }
 
 impl std::fmt::Debug for Opened {
@@ -317,7 +327,7 @@ impl UntrustedToken {
             header: self.header,
             state,
             manifest,
-            ledger_id: ledger_id(keys, &nonce),
+            nonce,
         })
     }
 }

@@ -146,7 +146,7 @@ fn generate() -> Value {
                 "expires_at": v.expires_at,
                 "single_use": v.single_use,
                 "nonce_hex": hex(&nonce(i)),
-                "ledger_id_hex": hex(&opened.ledger_id),
+                "ledger_id_hex": hex(&opened.ledger_id(&keys)),
                 "token": token,
             })
         })

@@ -131,7 +131,7 @@ fn debug_never_shows_state_tokens_subjects_or_params() {
     let debug = format!("{opened:?}");
     assert_hidden("Opened", debug.clone());
     let id_hex: String = opened
-        .ledger_id
+        .ledger_id(&keys)
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();
@@ -191,7 +191,7 @@ async fn postgres_trace_logs_hold_no_ledger_ids() {
         .unwrap()
         .open(&keys, &binding)
         .unwrap()
-        .ledger_id;
+        .ledger_id(&keys);
     let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
     let dec = format!("{:?}", &id[..8]);
     let dec = dec.trim_matches(|c| c == '[' || c == ']');
