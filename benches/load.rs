@@ -703,7 +703,12 @@ impl tower_service::Service<http::Uri> for Coalescing {
 
     fn call(&mut self, uri: http::Uri) -> Self::Future {
         Box::pin(async move {
-            let host = uri.host().unwrap_or("127.0.0.1");
+            // An IPv6 host comes bracketed in a URI (`[::1]`).
+            let host = uri
+                .host()
+                .unwrap_or("127.0.0.1")
+                .trim_start_matches('[')
+                .trim_end_matches(']');
             let port = uri.port_u16().unwrap_or(80);
             let tcp = tokio::net::TcpStream::connect((host, port)).await?;
             tcp.set_nodelay(true)?;
