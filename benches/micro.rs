@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use stateseal::binding::{params_digest, Binding, Method, ParamsDigest, Tenant};
+use stateseal::binding::{params_digest, params_digest_v2, Binding, Method, ParamsDigest, Tenant};
 use stateseal::keyring::{Keyring, KeysetFile, TenantKeys};
 use stateseal::ledger::sled::SledLedger;
 use stateseal::ledger::{Ledger, LedgerKey};
@@ -196,6 +196,12 @@ fn digest(c: &mut Criterion) {
         });
     }
     g.finish();
+    // The load bench's `params_json` (`benches/load.rs`, `json_binding`)
+    // under the default binding version.
+    let json = r#"{"name":"deploy","arguments":{"service":"api","replicas":3,"confirm":true}}"#;
+    c.bench_function("params_digest_v2/tools_call_load_bench", |b| {
+        b.iter(|| params_digest_v2(Method::ToolsCall, json).expect("digest"))
+    });
 }
 
 /// One flush (plus fdatasync) per consume: the baseline group commit beats.

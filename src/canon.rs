@@ -17,6 +17,7 @@
 //! numbers a double cannot hold (RFC mode only), and nesting deeper than
 //! [`MAX_DEPTH`].
 
+use std::borrow::Cow;
 use std::cmp::Ordering;
 
 /// Deepest nesting of arrays and objects accepted.
@@ -81,7 +82,9 @@ pub fn object_members(
     }
     i += 1;
     let mut found: Vec<Option<Vec<u8>>> = vec![None; names.len()];
-    let mut seen: std::collections::HashSet<String> = std::collections::HashSet::new();
+    // Every key, decoded; duplicates are looked for once the object ends
+    // (sorted, so a large object costs O(n log n), not O(n²)).
+    let mut seen: Vec<Cow<'_, str>> = Vec::new();
     i = skip_ws(b, i);
     if b.get(i) == Some(&b'}') {
         i += 1;
@@ -94,16 +97,14 @@ pub fn object_members(
                 return Err(CanonError::Malformed);
             }
             i = skip_ws(b, i + 1);
-            if seen.contains(&key) {
-                return Err(CanonError::Malformed);
-            }
             let slot = names.iter().position(|n| *n == key);
             p.out.clear();
             i = p.value(i, 1)?;
             if let Some(slot) = slot {
-                found[slot] = Some(std::mem::take(&mut p.out));
+                // A copy, so the buffer keeps its capacity for the next value.
+                found[slot] = Some(p.out.clone());
             }
-            seen.insert(key);
+            seen.push(key);
             i = skip_ws(b, i);
             match b.get(i) {
                 Some(b',') => i += 1,
@@ -116,6 +117,10 @@ pub fn object_members(
         }
     }
     if skip_ws(b, i) != b.len() {
+        return Err(CanonError::Malformed);
+    }
+    seen.sort_unstable();
+    if seen.windows(2).any(|w| w[0] == w[1]) {
         return Err(CanonError::Malformed);
     }
     Ok(found)
@@ -263,7 +268,7 @@ impl<'a> Parser<'a> {
             self.out.push(b':');
             i = skip_ws(self.b, i + 1);
             i = self.value(i, depth)?;
-            let drop_it = top && self.skip.contains(&key.as_str());
+            let drop_it = top && self.skip.contains(&&*key);
             if drop_it {
                 // Checked, but left out. Still counts for duplicates.
                 self.out.truncate(key_end);
@@ -327,11 +332,23 @@ impl<'a> Parser<'a> {
         Ok(())
     }
 
-    /// Decodes the string starting at the quote at `i`.
-    fn decode_string(&self, i: usize) -> Result<(String, usize), CanonError> {
-        let b = self.b;
+    /// Decodes the string starting at the quote at `i`: borrowed from the
+    /// input when it holds no escape.
+    fn decode_string(&self, i: usize) -> Result<(Cow<'a, str>, usize), CanonError> {
+        let b: &'a [u8] = self.b;
         if b.get(i) != Some(&b'"') {
             return Err(CanonError::Malformed);
+        }
+        let mut j = i + 1;
+        while let Some(&c) = b.get(j) {
+            if c == b'"' || c == b'\\' || c < 0x20 {
+                break;
+            }
+            j += 1;
+        }
+        if b.get(j) == Some(&b'"') {
+            let s = std::str::from_utf8(&b[i + 1..j]).map_err(|_| CanonError::Malformed)?;
+            return Ok((Cow::Borrowed(s), j + 1));
         }
         let mut s = String::new();
         let mut j = i + 1;
@@ -347,7 +364,7 @@ impl<'a> Parser<'a> {
             }
             s.push_str(std::str::from_utf8(&b[run_start..j]).map_err(|_| CanonError::Malformed)?);
             match b.get(j) {
-                Some(b'"') => return Ok((s, j + 1)),
+                Some(b'"') => return Ok((Cow::Owned(s), j + 1)),
                 Some(b'\\') => {
                     let esc = b.get(j + 1).ok_or(CanonError::Malformed)?;
                     j += 2;
@@ -440,6 +457,16 @@ impl<'a> Parser<'a> {
             }
             exp_text = &b[s..j];
         }
+        // An integer of at most 15 digits is a double exactly, and both
+        // modes write it as ECMAScript does: its digits (-0 as 0).
+        if frac_start == frac_end && exp_text.is_empty() && int_end - int_start <= 15 {
+            let digits = &b[int_start..int_end];
+            if negative && digits != b"0" {
+                self.out.push(b'-');
+            }
+            self.out.extend_from_slice(digits);
+            return Ok(j);
+        }
         let text = std::str::from_utf8(&b[i..j]).map_err(|_| CanonError::Malformed)?;
         let double: f64 = text.parse().map_err(|_| CanonError::Malformed)?;
         match self.mode {
@@ -493,7 +520,14 @@ fn hex4(b: &[u8], i: usize) -> Result<u32, CanonError> {
 /// else as is.
 fn write_string(out: &mut Vec<u8>, s: &str) {
     out.push(b'"');
-    for &c in s.as_bytes() {
+    let bytes = s.as_bytes();
+    let mut run = 0;
+    for (i, &c) in bytes.iter().enumerate() {
+        if c != b'"' && c != b'\\' && c >= 0x20 {
+            continue;
+        }
+        out.extend_from_slice(&bytes[run..i]);
+        run = i + 1;
         match c {
             b'"' => out.extend_from_slice(b"\\\""),
             b'\\' => out.extend_from_slice(b"\\\\"),
@@ -511,12 +545,20 @@ fn write_string(out: &mut Vec<u8>, s: &str) {
             c => out.push(c),
         }
     }
+    out.extend_from_slice(&bytes[run..]);
     out.push(b'"');
 }
 
 /// Compares two canonical key strings (with quotes) by the UTF-16 code
 /// units of the strings they spell (RFC 8785 §3.2.3).
 fn compare_keys(a: &[u8], b: &[u8]) -> Ordering {
+    // Without escapes the bytes between the quotes are the key's UTF-8,
+    // whose byte order is code point order. That is UTF-16 order too unless
+    // a code point above U+FFFF (lead byte 0xF0-0xF4) is involved.
+    let plain = |k: &[u8]| !k.iter().any(|&c| c == b'\\' || c >= 0xF0);
+    if plain(a) && plain(b) {
+        return a[1..a.len() - 1].cmp(&b[1..b.len() - 1]);
+    }
     let (a, b) = (unescape_canonical(a), unescape_canonical(b));
     a.encode_utf16().cmp(b.encode_utf16())
 }
@@ -844,5 +886,38 @@ mod tests {
         assert_eq!(m[1].as_deref(), Some(&br#"{"a":2,"b":1}"#[..]));
         assert_eq!(m[2], None);
         assert!(object_members(r#"{"x":1,"x":1}"#, NumberMode::Exact, &["x"]).is_err());
+        // A duplicate spelled with an escape is still a duplicate, and one
+        // among many members is found too.
+        assert!(object_members(r#"{"x":1,"\u0078":2}"#, NumberMode::Exact, &[]).is_err());
+        let many: Vec<String> = (0..200).map(|i| format!("\"k{i}\":{i}")).collect();
+        let dup = format!("{{{},\"k7\":0}}", many.join(","));
+        assert!(object_members(&dup, NumberMode::Exact, &[]).is_err());
+        assert!(object_members(&format!("{{{}}}", many.join(",")), NumberMode::Exact, &[]).is_ok());
+    }
+
+    /// The shortcuts (strings without escapes borrowed and copied as runs,
+    /// keys compared as bytes, short integers copied) give what the general
+    /// paths give at each of their edges.
+    #[test]
+    fn shortcuts_agree_with_the_general_paths() {
+        // Integers: -0 is 0; 15 digits copied; 16 and more through the double.
+        assert_eq!(c("-0"), "0");
+        assert_eq!(x("-0"), "0");
+        assert_eq!(c("[0,-7,999999999999999]"), "[0,-7,999999999999999]");
+        assert_eq!(c("9999999999999999"), "10000000000000000");
+        assert_eq!(x("9999999999999999"), "9999999999999999E0");
+        assert_eq!(c("-123456789012345"), "-123456789012345");
+        // Byte order is UTF-16 order below U+10000, also past ASCII...
+        assert_eq!(
+            c("{\"\u{e000}\":1,\"\u{7ff}\":2,\"z\":3}"),
+            "{\"z\":3,\"\u{7ff}\":2,\"\u{e000}\":1}"
+        );
+        // ...and a prefix sorts first.
+        assert_eq!(c(r#"{"ab":1,"a":2}"#), r#"{"a":2,"ab":1}"#);
+        // A key with an escape against one without.
+        assert_eq!(c(r#"{"b":1,"\u0061":2}"#), r#"{"a":2,"b":1}"#);
+        assert_eq!(c(r#"{"a\n":1,"a":2}"#), r#"{"a":2,"a\n":1}"#);
+        // Escapes written around runs of plain characters.
+        assert_eq!(c(r#""ab\"cd\\ef\u0001g""#), r#""ab\"cd\\ef\u0001g""#);
     }
 }

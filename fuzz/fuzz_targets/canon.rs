@@ -1,11 +1,13 @@
 //! The params canonicalizer. Differential oracle: whatever we accept, an
 //! independent RFC 8785 implementation (serde_json_canonicalizer over
 //! serde_json) writes identically. Properties: both modes are idempotent,
-//! and the exact mode differs from RFC 8785 only in numbers.
+//! the exact mode differs from RFC 8785 only in numbers, and the binding
+//! profile's member extraction (`object_members`) accepts exactly the
+//! objects the full canonicalizer accepts, each member as it appears there.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use stateseal::canon::{canonicalize, NumberMode};
+use stateseal::canon::{canonicalize, object_members, NumberMode};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {
@@ -36,5 +38,25 @@ fuzz_target!(|data: &[u8]| {
                 assert_eq!(&exact, ours, "exact mode changed a non-number");
             }
         }
+    }
+    let exact = canonicalize(text, NumberMode::Exact);
+    let names = ["name", "arguments", "uri"];
+    match object_members(text, NumberMode::Exact, &names) {
+        Ok(found) => {
+            let full = exact.expect("members extracted where the whole was refused");
+            for (name, value) in names.iter().zip(found) {
+                let Some(value) = value else { continue };
+                let mut member = format!("\"{name}\":").into_bytes();
+                member.extend_from_slice(&value);
+                assert!(
+                    full.windows(member.len()).any(|w| w == member.as_slice()),
+                    "a member's canonical form is not the one in the whole"
+                );
+            }
+        }
+        Err(_) => assert!(
+            exact.is_err() || exact.is_ok_and(|e| e.first() != Some(&b'{')),
+            "an object the canonicalizer accepts was refused by object_members"
+        ),
     }
 });
