@@ -64,6 +64,10 @@ struct Args {
     /// A running stateseal; without it, one is started on a temporary dir.
     #[arg(long)]
     addr: Option<String>,
+    /// The process id of the `--addr` server, to report its CPU per call
+    /// (a server this bench starts is measured without it).
+    #[arg(long)]
+    server_pid: Option<u32>,
     /// Comma-separated scenarios (noop always runs as the baseline).
     #[arg(
         long,
@@ -172,6 +176,11 @@ impl Scenario {
             Scenario::Redis => "redis",
         }
     }
+    /// Whether the calls go to stateseal (echo and redis go to servers of
+    /// their own, so stateseal's CPU says nothing about them).
+    fn on_stateseal(self) -> bool {
+        !matches!(self, Scenario::Echo | Scenario::Redis)
+    }
     fn calls_per_op(self) -> f64 {
         if matches!(self, Scenario::Flow | Scenario::Reserve) {
             2.0
@@ -201,10 +210,19 @@ struct Totals {
     secs: f64,
     hist: Option<Histogram<u64>>,
     errors: BTreeMap<String, u64>,
+    /// The server's CPU (user + system, clock ticks) over the measured
+    /// windows, when its process is known.
+    server_ticks: Option<u64>,
 }
 
 impl Totals {
-    fn add(&mut self, r: RunResult) {
+    fn add(&mut self, r: RunResult, server_ticks: Option<u64>) {
+        // Known only if known for every window.
+        self.server_ticks = match (&self.hist, self.server_ticks, server_ticks) {
+            (None, _, t) => t,
+            (Some(_), Some(a), Some(b)) => Some(a + b),
+            _ => None,
+        };
         self.ops += r.ops;
         self.secs += r.secs;
         match &mut self.hist {
@@ -222,6 +240,24 @@ impl Totals {
             0.0
         }
     }
+    /// The server's CPU µs per call (not per op: a flow op is two calls).
+    fn server_us_per_call(&self, calls_per_op: f64) -> Option<f64> {
+        let calls = self.ops as f64 * calls_per_op;
+        let hz = rustix::param::clock_ticks_per_second() as f64;
+        let ticks = self.server_ticks? as f64;
+        (calls > 0.0 && hz > 0.0).then(|| ticks / hz * 1e6 / calls)
+    }
+}
+
+/// A process's CPU so far, user + system, in clock ticks (`/proc/PID/stat`,
+/// every thread of it).
+fn cpu_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces; the fields after it do not.
+    let fields: Vec<&str> = stat.get(stat.rfind(')')? + 2..)?.split(' ').collect();
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some(utime + stime)
 }
 
 struct RunResult {
@@ -1136,6 +1172,7 @@ fn main() {
         rt.block_on(write_h2load_bodies(dir, &addr, args.state_size));
         return;
     }
+    let server_pid = server.as_ref().map(|s| s.child.id()).or(args.server_pid);
     let sampling = Arc::new(AtomicBool::new(false));
     let sampler_task = match (&args.samples, &server) {
         (Some(out), Some(srv)) => Some(rt.spawn(sampler(
@@ -1223,8 +1260,11 @@ fn main() {
                     (Scenario::Noop, Some(b)) => Duration::from_secs_f64(b),
                     _ => measure,
                 };
+                let before = server_pid.and_then(cpu_ticks);
                 let r = run(&ctx, sc, &args, window, args.requests, pool, true).await;
-                totals.entry(sc).or_default().add(r);
+                let after = server_pid.and_then(cpu_ticks);
+                let ticks = before.zip(after).map(|(b, a)| a.saturating_sub(b));
+                totals.entry(sc).or_default().add(r, ticks);
             }
         }
         totals
@@ -1245,8 +1285,16 @@ fn main() {
     let rss = server.as_ref().and_then(|s| s.rss_kib("VmHWM:"));
     println!();
     println!(
-        "{:<8} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>10}  errors",
-        "scenario", "ops/s", "calls/s", "p50 µs", "p90 µs", "p99 µs", "p99.9 µs", "× noop"
+        "{:<8} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>10} {:>12}  errors",
+        "scenario",
+        "ops/s",
+        "calls/s",
+        "p50 µs",
+        "p90 µs",
+        "p99 µs",
+        "p99.9 µs",
+        "× noop",
+        "srv µs/call"
     );
     let mut json_rows = Vec::new();
     for (sc, t) in &results {
@@ -1258,8 +1306,11 @@ fn main() {
             0.0
         };
         let errs: Vec<String> = t.errors.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let cpu = t
+            .server_us_per_call(sc.calls_per_op())
+            .filter(|_| sc.on_stateseal());
         println!(
-            "{:<8} {:>10.0} {:>10.0} {:>9} {:>9} {:>9} {:>9} {:>10.2}  {}",
+            "{:<8} {:>10.0} {:>10.0} {:>9} {:>9} {:>9} {:>9} {:>10.2} {:>12}  {}",
             sc.name(),
             t.rate(),
             calls,
@@ -1268,6 +1319,7 @@ fn main() {
             h.value_at_quantile(0.99),
             h.value_at_quantile(0.999),
             ratio,
+            cpu.map_or("-".into(), |c| format!("{c:.1}")),
             if errs.is_empty() {
                 "-".into()
             } else {
@@ -1285,6 +1337,7 @@ fn main() {
             "p99_us": h.value_at_quantile(0.99),
             "p999_us": h.value_at_quantile(0.999),
             "ratio_to_noop": ratio,
+            "server_cpu_us_per_call": cpu,
             "errors": t.errors,
         }));
     }
