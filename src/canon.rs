@@ -339,30 +339,25 @@ impl<'a> Parser<'a> {
         if b.get(i) != Some(&b'"') {
             return Err(CanonError::Malformed);
         }
-        let mut j = i + 1;
-        while let Some(&c) = b.get(j) {
-            if c == b'"' || c == b'\\' || c < 0x20 {
-                break;
+        // A run of plain characters (the input is a &str, so any run
+        // between ASCII delimiters is valid UTF-8), and where it ends.
+        let run = |start: usize| -> Result<(&'a str, usize), CanonError> {
+            let mut end = start;
+            while b
+                .get(end)
+                .is_some_and(|&c| c != b'"' && c != b'\\' && c >= 0x20)
+            {
+                end += 1;
             }
-            j += 1;
-        }
+            let text = std::str::from_utf8(&b[start..end]).map_err(|_| CanonError::Malformed)?;
+            Ok((text, end))
+        };
+        let (first, mut j) = run(i + 1)?;
         if b.get(j) == Some(&b'"') {
-            let s = std::str::from_utf8(&b[i + 1..j]).map_err(|_| CanonError::Malformed)?;
-            return Ok((Cow::Borrowed(s), j + 1));
+            return Ok((Cow::Borrowed(first), j + 1));
         }
-        let mut s = String::new();
-        let mut j = i + 1;
+        let mut s = String::from(first);
         loop {
-            // Copy the run of plain characters at once (the input is a &str,
-            // so any run between ASCII delimiters is valid UTF-8).
-            let run_start = j;
-            while let Some(&c) = b.get(j) {
-                if c == b'"' || c == b'\\' || c < 0x20 {
-                    break;
-                }
-                j += 1;
-            }
-            s.push_str(std::str::from_utf8(&b[run_start..j]).map_err(|_| CanonError::Malformed)?);
             match b.get(j) {
                 Some(b'"') => return Ok((Cow::Owned(s), j + 1)),
                 Some(b'\\') => {
@@ -399,6 +394,9 @@ impl<'a> Parser<'a> {
                         }
                         _ => return Err(CanonError::Malformed),
                     }
+                    let (text, end) = run(j)?;
+                    s.push_str(text);
+                    j = end;
                 }
                 // End of input, or a raw control character.
                 _ => return Err(CanonError::Malformed),
