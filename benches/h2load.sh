@@ -14,7 +14,9 @@
 # round, p50/p99 latency (from h2load's per-request log), the server's CPU
 # per call (utime + stime from /proc around the run) and response bytes per
 # call (a failed call has none: the script stops if a scenario's calls carry
-# no message).
+# no message). With more than one round, then per scenario the median and
+# range across rounds of the ratio, of p99 against its round's no-op p99,
+# and of the CPU per call.
 set -euo pipefail
 ROUNDS=${1:-3}
 REQUESTS=${2:-100000}
@@ -84,6 +86,38 @@ for r in $(seq "$ROUNDS"); do
             awk '{a[NR]=$1} END {print a[int(NR*0.50)], a[int(NR*0.99)]}')
         cpu=$(awk -v d=$((t1 - t0)) -v hz="$HZ" -v n="$REQUESTS" 'BEGIN {printf "%.1f", d * 1e6 / hz / n}')
         ratio=$(awk -v a="$rate" -v b="$noop_rate" 'BEGIN {printf "%.2f", a / b}')
-        printf '%-6s %-10s %10.0f %7s %8s %8s %12s %10s\n' "$r" "$sc" "$rate" "$ratio" "$p50" "$p99" "$cpu" "$per"
+        printf '%-6s %-10s %10.0f %7s %8s %8s %12s %10s\n' "$r" "$sc" "$rate" "$ratio" "$p50" "$p99" "$cpu" "$per" |
+            tee -a "$WORK/rows"
     done
 done
+
+# One round's ratio says little on a shared machine (the no-op alone moves by
+# 20% between rounds), so the medians across rounds, with their ranges: the
+# throughput ratio, p99 against the same round's no-op p99, and the server's
+# CPU per call.
+if [ "$ROUNDS" -gt 1 ]; then
+    echo
+    printf '%-10s %18s %20s %22s\n' scenario "× noop (range)" "p99 / noop p99" "CPU µs/call"
+    awk '
+        {
+            side = ($2 ~ /^echo/) ? "e" : "s"
+            if ($2 == "noop" || $2 == "echo-noop") p99noop[$1, side] = $6
+            n[$2]++; x[$2, n[$2]] = $4; q[$2, n[$2]] = $6 / p99noop[$1, side]; c[$2, n[$2]] = $7
+            if (!($2 in seen)) { seen[$2] = 1; order[++k] = $2 }
+        }
+        function med(a, s, m,    i, j, t, v) {
+            for (i = 1; i <= m; i++) v[i] = a[s, i]
+            for (i = 1; i <= m; i++) for (j = i + 1; j <= m; j++) if (v[j] < v[i]) { t = v[i]; v[i] = v[j]; v[j] = t }
+            lo = v[1]; hi = v[m]
+            return m % 2 ? v[(m + 1) / 2] : (v[m / 2] + v[m / 2 + 1]) / 2
+        }
+        END {
+            for (i = 1; i <= k; i++) {
+                s = order[i]; m = n[s]
+                v = med(x, s, m); r = sprintf("%.2f (%.2f-%.2f)", v, lo, hi)
+                v = med(q, s, m); p = sprintf("%.2f (%.2f-%.2f)", v, lo, hi)
+                v = med(c, s, m); u = sprintf("%.1f (%.1f-%.1f)", v, lo, hi)
+                printf "%-10s %18s %20s %22s\n", s, r, p, u
+            }
+        }' "$WORK/rows"
+fi
