@@ -343,10 +343,7 @@ impl<'a> Parser<'a> {
         // between ASCII delimiters is valid UTF-8), and where it ends.
         let run = |start: usize| -> Result<(&'a str, usize), CanonError> {
             let mut end = start;
-            while b
-                .get(end)
-                .is_some_and(|&c| c != b'"' && c != b'\\' && c >= 0x20)
-            {
+            while b.get(end).is_some_and(|&c| plain_in_string(c)) {
                 end += 1;
             }
             let text = std::str::from_utf8(&b[start..end]).map_err(|_| CanonError::Malformed)?;
@@ -521,7 +518,7 @@ fn write_string(out: &mut Vec<u8>, s: &str) {
     let bytes = s.as_bytes();
     let mut run = 0;
     for (i, &c) in bytes.iter().enumerate() {
-        if c != b'"' && c != b'\\' && c >= 0x20 {
+        if plain_in_string(c) {
             continue;
         }
         out.extend_from_slice(&bytes[run..i]);
@@ -534,17 +531,23 @@ fn write_string(out: &mut Vec<u8>, s: &str) {
             0x0a => out.extend_from_slice(b"\\n"),
             0x0c => out.extend_from_slice(b"\\f"),
             0x0d => out.extend_from_slice(b"\\r"),
-            c if c < 0x20 => {
+            // The other control characters (all that is left).
+            c => {
                 const HEX: &[u8; 16] = b"0123456789abcdef";
                 out.extend_from_slice(b"\\u00");
                 out.push(HEX[usize::from(c >> 4)]);
                 out.push(HEX[usize::from(c & 0xf)]);
             }
-            c => out.push(c),
         }
     }
     out.extend_from_slice(&bytes[run..]);
     out.push(b'"');
+}
+
+/// A byte that stands for itself inside a JSON string, read or written: not
+/// the quote, not the backslash, not a control character.
+fn plain_in_string(c: u8) -> bool {
+    c != b'"' && c != b'\\' && c >= 0x20
 }
 
 /// Compares two canonical key strings (with quotes) by the UTF-16 code
