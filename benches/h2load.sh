@@ -86,8 +86,8 @@ for r in $(seq "$ROUNDS"); do
             awk '{a[NR]=$1} END {print a[int(NR*0.50)], a[int(NR*0.99)]}')
         cpu=$(awk -v d=$((t1 - t0)) -v hz="$HZ" -v n="$REQUESTS" 'BEGIN {printf "%.1f", d * 1e6 / hz / n}')
         ratio=$(awk -v a="$rate" -v b="$noop_rate" 'BEGIN {printf "%.2f", a / b}')
-        printf '%-6s %-10s %10.0f %7s %8s %8s %12s %10s\n' "$r" "$sc" "$rate" "$ratio" "$p50" "$p99" "$cpu" "$per" |
-            tee -a "$WORK/rows"
+        printf '%-6s %-10s %10.0f %7s %8s %8s %12s %10s\n' "$r" "$sc" "$rate" "$ratio" "$p50" "$p99" "$cpu" "$per"
+        echo "$r $sc $ratio $p99 $cpu" >>"$WORK/rows"   # for the summary
     done
 done
 
@@ -101,8 +101,8 @@ if [ "$ROUNDS" -gt 1 ]; then
     awk '
         {
             side = ($2 ~ /^echo/) ? "e" : "s"
-            if ($2 == "noop" || $2 == "echo-noop") p99noop[$1, side] = $6
-            n[$2]++; x[$2, n[$2]] = $4; q[$2, n[$2]] = $6 / p99noop[$1, side]; c[$2, n[$2]] = $7
+            if ($2 == "noop" || $2 == "echo-noop") p99noop[$1, side] = $4
+            n[$2]++; x[$2, n[$2]] = $3; q[$2, n[$2]] = $4 / p99noop[$1, side]; c[$2, n[$2]] = $5
             if (!($2 in seen)) { seen[$2] = 1; order[++k] = $2 }
         }
         function med(a, s, m,    i, j, t, v) {
