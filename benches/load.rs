@@ -213,14 +213,43 @@ struct Totals {
     /// The server's CPU (user + system, clock ticks) over the measured
     /// windows, when its process is known.
     server_ticks: Option<u64>,
+    /// The same by thread group (see `ThreadTicks`), for the threads that
+    /// lived through a whole window.
+    server_threads: Option<BTreeMap<String, ThreadGroup>>,
+}
+
+/// The CPU of the threads of one name (a trailing number dropped, so sled's
+/// `sled-io-0` … `sled-io-6` are one group) over the measured windows.
+#[derive(Clone, Copy, Default)]
+struct ThreadGroup {
+    ticks: u64,
+    /// Threads in the group (the most seen in one window).
+    threads: usize,
 }
 
 impl Totals {
-    fn add(&mut self, r: RunResult, server_ticks: Option<u64>) {
+    fn add(
+        &mut self,
+        r: RunResult,
+        server_ticks: Option<u64>,
+        server_threads: Option<BTreeMap<String, ThreadGroup>>,
+    ) {
         // Known only if known for every window.
         self.server_ticks = match (&self.hist, self.server_ticks, server_ticks) {
             (None, _, t) => t,
             (Some(_), Some(a), Some(b)) => Some(a + b),
+            _ => None,
+        };
+        self.server_threads = match (&self.hist, self.server_threads.take(), server_threads) {
+            (None, _, t) => t,
+            (Some(_), Some(mut a), Some(b)) => {
+                for (name, g) in b {
+                    let e = a.entry(name).or_default();
+                    e.ticks += g.ticks;
+                    e.threads = e.threads.max(g.threads);
+                }
+                Some(a)
+            }
             _ => None,
         };
         self.ops += r.ops;
@@ -242,22 +271,82 @@ impl Totals {
     }
     /// The server's CPU µs per call (not per op: a flow op is two calls).
     fn server_us_per_call(&self, calls_per_op: f64) -> Option<f64> {
+        self.us_per_call(self.server_ticks?, calls_per_op)
+    }
+    /// The same by thread group, largest first.
+    fn server_threads_us_per_call(&self, calls_per_op: f64) -> Vec<(String, usize, f64)> {
+        let mut v: Vec<_> = self
+            .server_threads
+            .iter()
+            .flatten()
+            .filter_map(|(name, g)| {
+                let us = self.us_per_call(g.ticks, calls_per_op)?;
+                Some((name.clone(), g.threads, us))
+            })
+            .collect();
+        v.sort_by(|a, b| b.2.total_cmp(&a.2));
+        v
+    }
+    fn us_per_call(&self, ticks: u64, calls_per_op: f64) -> Option<f64> {
         let calls = self.ops as f64 * calls_per_op;
         let hz = rustix::param::clock_ticks_per_second() as f64;
-        let ticks = self.server_ticks? as f64;
-        (calls > 0.0 && hz > 0.0).then(|| ticks / hz * 1e6 / calls)
+        (calls > 0.0 && hz > 0.0).then(|| ticks as f64 / hz * 1e6 / calls)
     }
 }
 
-/// A process's CPU so far, user + system, in clock ticks (`/proc/PID/stat`,
-/// every thread of it).
-fn cpu_ticks(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name may hold spaces; the fields after it do not.
+/// The command name and the CPU so far, user + system in clock ticks, from
+/// a `/proc/…/stat` file (a process's, every thread of it; or one thread's).
+fn stat_ticks(path: &str) -> Option<(String, u64)> {
+    let stat = std::fs::read_to_string(path).ok()?;
+    // The command name may hold spaces and parentheses; the fields after
+    // its last `)` do not.
+    let name = stat.get(stat.find('(')? + 1..stat.rfind(')')?)?.to_owned();
     let fields: Vec<&str> = stat.get(stat.rfind(')')? + 2..)?.split(' ').collect();
     let utime: u64 = fields.get(11)?.parse().ok()?;
     let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some(utime + stime)
+    Some((name, utime + stime))
+}
+
+/// A process's CPU so far, user + system, in clock ticks.
+fn cpu_ticks(pid: u32) -> Option<u64> {
+    stat_ticks(&format!("/proc/{pid}/stat")).map(|(_, t)| t)
+}
+
+/// Each thread's name and CPU so far, by thread id.
+type ThreadTicks = BTreeMap<u32, (String, u64)>;
+
+fn thread_ticks(pid: u32) -> Option<ThreadTicks> {
+    let mut out = BTreeMap::new();
+    for entry in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+        let Some(tid) = entry
+            .ok()
+            .and_then(|e| e.file_name().to_str()?.parse().ok())
+        else {
+            continue;
+        };
+        // A thread that ended since the listing has no stat: skipped.
+        if let Some(t) = stat_ticks(&format!("/proc/{pid}/task/{tid}/stat")) {
+            out.insert(tid, t);
+        }
+    }
+    Some(out)
+}
+
+/// What each thread group spent between two snapshots, counting the
+/// threads present in both.
+fn thread_delta(before: &ThreadTicks, after: &ThreadTicks) -> BTreeMap<String, ThreadGroup> {
+    let mut groups: BTreeMap<String, ThreadGroup> = BTreeMap::new();
+    for (tid, (name, t)) in after {
+        let Some((_, b)) = before.get(tid) else {
+            continue;
+        };
+        let group = name.trim_end_matches(|c: char| c.is_ascii_digit());
+        let group = group.strip_suffix('-').unwrap_or(group);
+        let g = groups.entry(group.to_owned()).or_default();
+        g.ticks += t.saturating_sub(*b);
+        g.threads += 1;
+    }
+    groups
 }
 
 struct RunResult {
@@ -1261,10 +1350,15 @@ fn main() {
                     _ => measure,
                 };
                 let before = server_pid.and_then(cpu_ticks);
+                let threads_before = server_pid.and_then(thread_ticks);
                 let r = run(&ctx, sc, &args, window, args.requests, pool, true).await;
+                let threads_after = server_pid.and_then(thread_ticks);
                 let after = server_pid.and_then(cpu_ticks);
                 let ticks = before.zip(after).map(|(b, a)| a.saturating_sub(b));
-                totals.entry(sc).or_default().add(r, ticks);
+                let threads = threads_before
+                    .zip(threads_after)
+                    .map(|(b, a)| thread_delta(&b, &a));
+                totals.entry(sc).or_default().add(r, ticks, threads);
             }
         }
         totals
@@ -1297,6 +1391,7 @@ fn main() {
         "srv µs/call"
     );
     let mut json_rows = Vec::new();
+    let mut thread_lines = Vec::new();
     for (sc, t) in &results {
         let h = t.hist.as_ref().expect("at least one run");
         let calls = t.rate() * sc.calls_per_op();
@@ -1309,6 +1404,19 @@ fn main() {
         let cpu = t
             .server_us_per_call(sc.calls_per_op())
             .filter(|_| sc.on_stateseal());
+        let by_thread = if sc.on_stateseal() {
+            t.server_threads_us_per_call(sc.calls_per_op())
+        } else {
+            Vec::new()
+        };
+        let shown: Vec<String> = by_thread
+            .iter()
+            .filter(|(_, _, us)| *us >= 0.05)
+            .map(|(name, n, us)| format!("{name} ×{n} {us:.1}"))
+            .collect();
+        if !shown.is_empty() {
+            thread_lines.push(format!("{:<10} {}", sc.name(), shown.join(", ")));
+        }
         println!(
             "{:<8} {:>10.0} {:>10.0} {:>9} {:>9} {:>9} {:>9} {:>10.2} {:>12}  {}",
             sc.name(),
@@ -1338,8 +1446,18 @@ fn main() {
             "p999_us": h.value_at_quantile(0.999),
             "ratio_to_noop": ratio,
             "server_cpu_us_per_call": cpu,
+            "server_threads_cpu_us_per_call": by_thread
+                .iter()
+                .map(|(name, n, us)| (name.clone(), serde_json::json!({ "threads": n, "us_per_call": us })))
+                .collect::<serde_json::Map<_, _>>(),
             "errors": t.errors,
         }));
+    }
+    if !thread_lines.is_empty() {
+        println!("server CPU µs per call, by thread (× threads in the group):");
+        for l in &thread_lines {
+            println!("  {l}");
+        }
     }
     if let Some(kib) = rss {
         println!("server peak RSS (VmHWM): {:.1} MiB", kib as f64 / 1024.0);
@@ -1354,6 +1472,27 @@ fn main() {
                 t.ops,
                 t.errors
             );
+        }
+        // The server's threads were read for every scenario on it: the
+        // request workers and, once a consumption has run, the ledger's
+        // writer.
+        if server.is_some() {
+            for (sc, t) in results.iter().filter(|(sc, _)| sc.on_stateseal()) {
+                let groups = t.server_threads.as_ref();
+                assert!(
+                    groups
+                        .is_some_and(|g| g.get("tokio-rt-worker").is_some_and(|w| w.threads >= 1)),
+                    "smoke run: no request worker among the server's threads for {}",
+                    sc.name()
+                );
+                if matches!(sc, Scenario::Consume | Scenario::Flow | Scenario::Reserve) {
+                    assert!(
+                        groups.is_some_and(|g| g.contains_key("stateseal-ledge")),
+                        "smoke run: no ledger writer among the server's threads for {}",
+                        sc.name()
+                    );
+                }
+            }
         }
         // And the picture draws a row per scenario.
         let picture = svg(&results, noop_rate);
