@@ -213,7 +213,7 @@ struct Totals {
     /// The server's CPU (user + system, clock ticks) over the measured
     /// windows, when its process is known.
     server_ticks: Option<u64>,
-    /// The same by thread group (see `ThreadTicks`), for the threads that
+    /// The same by thread group (see `ThreadGroup`), for the threads that
     /// lived through a whole window.
     server_threads: Option<BTreeMap<String, ThreadGroup>>,
 }
