@@ -234,24 +234,21 @@ impl Totals {
         server_ticks: Option<u64>,
         server_threads: Option<BTreeMap<String, ThreadGroup>>,
     ) {
-        // Known only if known for every window.
-        self.server_ticks = match (&self.hist, self.server_ticks, server_ticks) {
-            (None, _, t) => t,
-            (Some(_), Some(a), Some(b)) => Some(a + b),
-            _ => None,
-        };
-        self.server_threads = match (&self.hist, self.server_threads.take(), server_threads) {
-            (None, _, t) => t,
-            (Some(_), Some(mut a), Some(b)) => {
+        let first = self.hist.is_none();
+        self.server_ticks = known_in_every(first, self.server_ticks, server_ticks, |a, b| a + b);
+        self.server_threads = known_in_every(
+            first,
+            self.server_threads.take(),
+            server_threads,
+            |mut a, b| {
                 for (name, g) in b {
                     let e = a.entry(name).or_default();
                     e.ticks += g.ticks;
                     e.threads = e.threads.max(g.threads);
                 }
-                Some(a)
-            }
-            _ => None,
-        };
+                a
+            },
+        );
         self.ops += r.ops;
         self.secs += r.secs;
         match &mut self.hist {
@@ -291,6 +288,21 @@ impl Totals {
         let calls = self.ops as f64 * calls_per_op;
         let hz = rustix::param::clock_ticks_per_second() as f64;
         (calls > 0.0 && hz > 0.0).then(|| ticks as f64 / hz * 1e6 / calls)
+    }
+}
+
+/// A figure summed over the measured windows, known only if it was known
+/// for every one of them (`first`: this is the first window).
+fn known_in_every<T>(
+    first: bool,
+    sum: Option<T>,
+    window: Option<T>,
+    add: impl FnOnce(T, T) -> T,
+) -> Option<T> {
+    match (first, sum, window) {
+        (true, _, w) => w,
+        (false, Some(s), Some(w)) => Some(add(s, w)),
+        _ => None,
     }
 }
 
