@@ -12,6 +12,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
              .cargo/config.toml?): sealing and opening small tokens is about 2x slower"
         );
     }
+    // The same list sets --cfg tokio_unstable, which lets the server's
+    // runtime switch tokio's LIFO slot off (src/server.rs, `runtime`).
+    if std::env::var_os("CARGO_CFG_TOKIO_UNSTABLE").is_none() {
+        println!(
+            "cargo:warning=built without --cfg tokio_unstable (RUSTFLAGS replaced \
+             .cargo/config.toml?): the server keeps tokio's LIFO slot and writes every \
+             answer on its own, at 10-35% more CPU per call"
+        );
+    }
     let proto = "proto/stateseal/v1/stateseal.proto";
     println!("cargo:rerun-if-changed={proto}");
     let fds = protox::compile([proto], ["proto"])?;

@@ -1212,10 +1212,21 @@ fn main() {
         args.rounds = 1;
         args.requests = Some(200);
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    // `--serve-echo` serves on the server's own runtime (without tokio's
+    // LIFO slot), so that its no-op and echo are served as stateseal serves.
+    // The client keeps tokio's default runtime, as in every earlier session:
+    // a client without the slot writes its requests in fewer `sendto`s and
+    // makes every call cheaper for the server as well (docs/performance.md,
+    // "One write for many answers"), so switching it would move the
+    // baseline rather than measure the server.
+    let rt = if args.serve_echo {
+        stateseal::server::runtime()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+    }
+    .expect("runtime");
     if args.serve_echo {
         rt.block_on(async {
             println!("addr={}", start_echo().await);

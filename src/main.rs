@@ -38,10 +38,7 @@ fn run() -> anyhow::Result<()> {
                 stateseal::hardening::disable_core_dumps()
                     .context("cannot disable core dumps (pass --allow-core-dumps to run anyway)")?;
             }
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-                .context("cannot start the async runtime")?;
+            let runtime = stateseal::server::runtime().context("cannot start the async runtime")?;
             runtime.block_on(async move {
                 // Installed before the server says it is listening, so that a
                 // SIGTERM right after start is a graceful stop, not a kill.

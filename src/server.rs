@@ -104,6 +104,29 @@ pub enum ServeError {
     Ledger(#[from] crate::ledger::LedgerError),
 }
 
+/// The multi-threaded runtime the server runs on.
+///
+/// Without tokio's LIFO slot: with it, a stream task that finishes a response
+/// wakes its connection's task into the slot, which runs next and writes that
+/// one response, so every answer costs a `sendto` of its own (0.67 per call
+/// under h2load at 128 in flight); queued behind the other ready streams
+/// instead, the connection task writes many answers at once (0.05 per call)
+/// and a call costs 10-35% less server CPU (docs/performance.md, "One write
+/// for many answers"). The switch is one of tokio's unstable APIs, so it
+/// needs `--cfg tokio_unstable` (`.cargo/config.toml`); a build without it
+/// keeps the slot (`build.rs` warns).
+pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    runtime_builder().build()
+}
+
+fn runtime_builder() -> tokio::runtime::Builder {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.enable_all();
+    #[cfg(tokio_unstable)]
+    builder.disable_lifo_slot();
+    builder
+}
+
 /// The largest gRPC message accepted: room for the largest params JSON, a
 /// token carrying the largest state and manifest, and the largest input
 /// requests or responses. Bigger messages are refused by the transport
@@ -420,5 +443,39 @@ async fn report_readiness(
             last = Some(ready);
         }
         tokio::time::sleep(every).await;
+    }
+}
+
+#[cfg(test)]
+mod runtime_tests {
+    use std::sync::{Arc, Mutex};
+
+    /// The server's runtime runs woken and spawned tasks in the order they
+    /// became ready: a task that spawns `b` and then `c` sees `b` run
+    /// first. With tokio's LIFO slot (a build without `--cfg
+    /// tokio_unstable`: `.cargo/config.toml`'s rustflags replaced) `c`
+    /// would jump the queue, as a connection's task does when a response
+    /// wakes it.
+    #[test]
+    fn the_runtime_runs_ready_tasks_in_order_without_the_lifo_slot() {
+        let rt = super::runtime_builder()
+            .worker_threads(1)
+            .build()
+            .expect("runtime");
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let o = order.clone();
+        rt.block_on(async move {
+            let (b, c) = tokio::spawn(async move {
+                let (ob, oc) = (o.clone(), o);
+                let b = tokio::spawn(async move { ob.lock().expect("lock").push("b") });
+                let c = tokio::spawn(async move { oc.lock().expect("lock").push("c") });
+                (b, c)
+            })
+            .await
+            .expect("join");
+            b.await.expect("join b");
+            c.await.expect("join c");
+        });
+        assert_eq!(*order.lock().expect("lock"), ["b", "c"]);
     }
 }
