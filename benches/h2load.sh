@@ -22,41 +22,20 @@ ROUNDS=${1:-3}
 REQUESTS=${2:-100000}
 cd "$(dirname "$0")/.."
 
-if ! command -v h2load >/dev/null; then
-    echo "h2load is not installed (Debian: apt-get install nghttp2-client)" >&2
-    exit 2
-fi
-
-BENCH=$(cargo bench --bench load --no-run 2>&1 | sed -n 's/.*Executable.*(\(.*\)).*/\1/p' | tail -1)
-SERVER=${STATESEAL_BIN:-target/release/stateseal}   # another build to compare
-[ -x "$BENCH" ] && [ -x "$SERVER" ] || { echo "build failed" >&2; exit 1; }
-
-WORK=$(mktemp -d)
-PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-"$SERVER" serve --listen "127.0.0.1:$PORT" --data-dir "$WORK/data" 2>"$WORK/server.log" &
-PID=$!
+. benches/h2common.sh
+h2_require h2load:nghttp2-client
+h2_start_server
 "$BENCH" --bench --serve-echo >"$WORK/echo.out" 2>/dev/null &
 ECHO_PID=$!
-trap 'kill $PID $ECHO_PID 2>/dev/null; wait $PID $ECHO_PID 2>/dev/null; rm -rf "$WORK"' EXIT
+EXTRA_PIDS=$ECHO_PID
 for _ in $(seq 50); do
-    grep -q "addr=" "$WORK/server.log" 2>/dev/null && grep -q "addr=" "$WORK/echo.out" && break
+    grep -q "addr=" "$WORK/echo.out" && break
     sleep 0.1
 done
 ECHO_ADDR=$(sed -n 's/^addr=//p' "$WORK/echo.out")
-"$BENCH" --bench --addr "127.0.0.1:$PORT" --h2load-bodies "$WORK/bodies" 2>/dev/null
 
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 HZ=$(getconf CLK_TCK)
-
-declare -A PATHS=(
-    [noop]=/grpc.health.v1.Health/Check
-    [seal]=/stateseal.v1.RequestState/Seal
-    [seal_json]=/stateseal.v1.RequestState/Seal
-    [open]=/stateseal.v1.RequestState/Open
-    [echo-noop]=/grpc.health.v1.Health/Check
-    [echo]=/stateseal.v1.RequestState/Seal
-)
-declare -A BODY=([noop]=noop [seal]=seal [seal_json]=seal_json [open]=open [echo-noop]=noop [echo]=seal)
 
 printf '%-6s %-10s %10s %7s %8s %8s %12s %10s\n' round scenario calls/s "× noop" "p50 µs" "p99 µs" "CPU µs/call" "bytes/call"
 for r in $(seq "$ROUNDS"); do
@@ -69,15 +48,11 @@ for r in $(seq "$ROUNDS"); do
             *) pid=$PID addr=127.0.0.1:$PORT ;;
         esac
         t0=$(ticks $pid)
-        out=$(h2load -n "$REQUESTS" -c 4 -m 32 -t 1 \
-            -H 'content-type: application/grpc' -H 'te: trailers' \
-            --data="$WORK/bodies/${BODY[$sc]}.bin" --log-file="$WORK/$sc.log" \
-            "http://$addr${PATHS[$sc]}")
+        h2_run "$sc" "$addr" "$REQUESTS" --log-file="$WORK/$sc.log"
+        out=$H2OUT
         t1=$(ticks $pid)
         rate=$(sed -n 's/^finished in .*, \([0-9.]*\) req\/s.*/\1/p' <<<"$out")
-        succeeded=$(sed -n 's/^requests: .* \([0-9]*\) succeeded.*/\1/p' <<<"$out")
         data=$(sed -n 's/^traffic: .* (\([0-9]*\)) data.*/\1/p' <<<"$out")
-        [ "$succeeded" = "$REQUESTS" ] || { echo "$sc: only $succeeded of $REQUESTS succeeded" >&2; echo "$out" >&2; exit 1; }
         per=$((data / REQUESTS))
         # A gRPC error carries its status in trailers and no message.
         [ "$per" -ge 6 ] || { echo "$sc: responses carry no message (a gRPC error?)" >&2; echo "$out" >&2; exit 1; }

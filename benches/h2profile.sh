@@ -23,47 +23,20 @@ REQUESTS=${2:-300000}
 FREQ=2000
 cd "$(dirname "$0")/.."
 
-for tool in h2load:nghttp2-client perf:linux-perf; do
-    command -v "${tool%%:*}" >/dev/null || {
-        echo "${tool%%:*} is not installed (Debian: apt-get install ${tool#*:})" >&2
-        exit 2
-    }
-done
-
-BENCH=$(cargo bench --bench load --no-run 2>&1 | sed -n 's/.*Executable.*(\(.*\)).*/\1/p' | tail -1)
+. benches/h2common.sh
+h2_require h2load:nghttp2-client perf:linux-perf
 cargo build --release --quiet
-SERVER=${STATESEAL_BIN:-target/release/stateseal}
-[ -x "$BENCH" ] && [ -x "$SERVER" ] || { echo "build failed" >&2; exit 1; }
-
-WORK=$(mktemp -d)
-PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-"$SERVER" serve --listen "127.0.0.1:$PORT" --data-dir "$WORK/data" 2>"$WORK/server.log" &
-PID=$!
-trap 'kill $PID 2>/dev/null; wait $PID 2>/dev/null; rm -rf "$WORK"' EXIT
-for _ in $(seq 50); do grep -q "addr=" "$WORK/server.log" 2>/dev/null && break; sleep 0.1; done
-"$BENCH" --bench --addr "127.0.0.1:$PORT" --h2load-bodies "$WORK/bodies" 2>/dev/null
-
-declare -A PATHS=(
-    [noop]=/grpc.health.v1.Health/Check
-    [seal]=/stateseal.v1.RequestState/Seal
-    [seal_json]=/stateseal.v1.RequestState/Seal
-    [open]=/stateseal.v1.RequestState/Open
-)
+h2_start_server
 
 # Samples per group of one scenario's run, as "group<TAB>samples" lines.
 profile() {
     local sc=$1 data="$WORK/$1.perf"
-    [ -n "${PATHS[$sc]:-}" ] || { echo "unknown scenario $sc (noop seal seal_json open)" >&2; exit 1; }
     perf record -q -F "$FREQ" -p "$PID" -o "$data" 2>"$WORK/perf.log" &
     local perf_pid=$!
     sleep 0.5 # perf attaches to every thread before the load starts
-    out=$(h2load -n "$REQUESTS" -c 4 -m 32 -t 1 \
-        -H 'content-type: application/grpc' -H 'te: trailers' \
-        --data="$WORK/bodies/$sc.bin" "http://127.0.0.1:$PORT${PATHS[$sc]}")
-    kill -INT "$perf_pid"
+    h2_run "$sc" "127.0.0.1:$PORT" "$REQUESTS"
+    kill -TERM "$perf_pid" # perf writes its file on SIGTERM too; a background job may ignore SIGINT
     wait "$perf_pid" || true
-    succeeded=$(sed -n 's/^requests: .* \([0-9]*\) succeeded.*/\1/p' <<<"$out")
-    [ "$succeeded" = "$REQUESTS" ] || { echo "$sc: only $succeeded of $REQUESTS succeeded" >&2; exit 1; }
     [ -s "$data" ] || { echo "perf recorded nothing: $(cat "$WORK/perf.log")" >&2; exit 1; }
     perf report -i "$data" --no-children --sort dso,symbol -F sample,dso,sym -t $'\t' --stdio 2>/dev/null |
         awk -F'\t' '

@@ -1,0 +1,60 @@
+# Sourced by benches/h2load.sh and benches/h2profile.sh: the tools they need,
+# one release stateseal server on a temporary directory (loopback only) with
+# the gRPC-framed request bodies written by the load bench, and one h2load
+# run that must succeed in full.
+
+# h2_require TOOL:DEBIAN_PACKAGE ...: exits 2 naming the package to install.
+h2_require() {
+    local tool
+    for tool in "$@"; do
+        command -v "${tool%%:*}" >/dev/null || {
+            echo "${tool%%:*} is not installed (Debian: apt-get install ${tool#*:})" >&2
+            exit 2
+        }
+    done
+}
+
+# Sets BENCH, SERVER (STATESEAL_BIN, or this checkout's release build), WORK,
+# PORT and PID; the server's bodies are in $WORK/bodies. EXTRA_PIDS (set by
+# the caller after this) are stopped with the server on exit.
+h2_start_server() {
+    BENCH=$(cargo bench --bench load --no-run 2>&1 | sed -n 's/.*Executable.*(\(.*\)).*/\1/p' | tail -1)
+    SERVER=${STATESEAL_BIN:-target/release/stateseal}   # another build to compare
+    [ -x "$BENCH" ] && [ -x "$SERVER" ] || { echo "build failed" >&2; exit 1; }
+    WORK=$(mktemp -d)
+    PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    "$SERVER" serve --listen "127.0.0.1:$PORT" --data-dir "$WORK/data" 2>"$WORK/server.log" &
+    PID=$!
+    EXTRA_PIDS=
+    trap 'kill $PID $EXTRA_PIDS 2>/dev/null; wait $PID $EXTRA_PIDS 2>/dev/null; rm -rf "$WORK"' EXIT
+    for _ in $(seq 50); do
+        grep -q "addr=" "$WORK/server.log" 2>/dev/null && break
+        sleep 0.1
+    done
+    "$BENCH" --bench --addr "127.0.0.1:$PORT" --h2load-bodies "$WORK/bodies" 2>/dev/null
+}
+
+# The request path of each scenario, and the body it sends.
+declare -A PATHS=(
+    [noop]=/grpc.health.v1.Health/Check
+    [seal]=/stateseal.v1.RequestState/Seal
+    [seal_json]=/stateseal.v1.RequestState/Seal
+    [open]=/stateseal.v1.RequestState/Open
+    [echo-noop]=/grpc.health.v1.Health/Check
+    [echo]=/stateseal.v1.RequestState/Seal
+)
+declare -A BODY=([noop]=noop [seal]=seal [seal_json]=seal_json [open]=open [echo-noop]=noop [echo]=seal)
+
+# h2_run SCENARIO ADDR REQUESTS [h2load options]: h2load's output in $H2OUT;
+# exits unless every request succeeded.
+h2_run() {
+    local sc=$1 addr=$2 n=$3
+    shift 3
+    [ -n "${PATHS[$sc]:-}" ] || { echo "unknown scenario $sc (${!PATHS[*]})" >&2; exit 1; }
+    H2OUT=$(h2load -n "$n" -c 4 -m 32 -t 1 \
+        -H 'content-type: application/grpc' -H 'te: trailers' \
+        --data="$WORK/bodies/${BODY[$sc]}.bin" "$@" "http://$addr${PATHS[$sc]}")
+    local succeeded
+    succeeded=$(sed -n 's/^requests: .* \([0-9]*\) succeeded.*/\1/p' <<<"$H2OUT")
+    [ "$succeeded" = "$n" ] || { echo "$sc: only $succeeded of $n succeeded" >&2; echo "$H2OUT" >&2; exit 1; }
+}
