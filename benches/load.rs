@@ -68,6 +68,11 @@ struct Args {
     /// (a server this bench starts is measured without it).
     #[arg(long)]
     server_pid: Option<u32>,
+    /// The `--addr` server's data directory, to report the requests its
+    /// block device served per call (a server this bench starts is
+    /// measured without it).
+    #[arg(long)]
+    server_data_dir: Option<PathBuf>,
     /// Comma-separated scenarios (noop always runs as the baseline).
     #[arg(
         long,
@@ -216,6 +221,69 @@ struct Totals {
     /// The same by thread group (see `ThreadGroup`), for the threads that
     /// lived through a whole window.
     server_threads: Option<BTreeMap<String, ThreadGroup>>,
+    /// The requests the data directory's block device served over the
+    /// measured windows, when its counters are readable.
+    disk: Option<DiskStat>,
+}
+
+/// What the server was seen doing over one measured window.
+struct Window {
+    ticks: Option<u64>,
+    threads: Option<BTreeMap<String, ThreadGroup>>,
+    disk: Option<DiskStat>,
+}
+
+/// A block device's request counters (`/sys/dev/block/MAJ:MIN/stat`, the
+/// kernel's Documentation/block/stat.rst): write requests, 512-byte sectors
+/// written, and cache flushes. They count every process's requests to the
+/// device, not only the server's.
+#[derive(Clone, Copy, Default, Debug, PartialEq)]
+struct DiskStat {
+    writes: u64,
+    write_sectors: u64,
+    flushes: u64,
+}
+
+impl DiskStat {
+    /// The counters of the block device that holds `dir`; `None` where it
+    /// has none (tmpfs, overlay on a non-block device) or the kernel does
+    /// not count flushes (before Linux 5.5).
+    fn of_dir(dir: &std::path::Path) -> Option<Self> {
+        use std::os::unix::fs::MetadataExt;
+        let dev = std::fs::metadata(dir).ok()?.dev();
+        let (major, minor) = (rustix::fs::major(dev), rustix::fs::minor(dev));
+        let stat = std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/stat")).ok()?;
+        Self::parse(&stat)
+    }
+
+    fn parse(stat: &str) -> Option<Self> {
+        let f: Vec<u64> = stat
+            .split_whitespace()
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .ok()?;
+        Some(DiskStat {
+            writes: *f.get(4)?,
+            write_sectors: *f.get(6)?,
+            flushes: *f.get(15)?,
+        })
+    }
+
+    fn since(self, before: Self) -> Self {
+        DiskStat {
+            writes: self.writes.saturating_sub(before.writes),
+            write_sectors: self.write_sectors.saturating_sub(before.write_sectors),
+            flushes: self.flushes.saturating_sub(before.flushes),
+        }
+    }
+
+    fn plus(self, other: Self) -> Self {
+        DiskStat {
+            writes: self.writes + other.writes,
+            write_sectors: self.write_sectors + other.write_sectors,
+            flushes: self.flushes + other.flushes,
+        }
+    }
 }
 
 /// The CPU of the threads of one name (a trailing number dropped, so sled's
@@ -228,27 +296,19 @@ struct ThreadGroup {
 }
 
 impl Totals {
-    fn add(
-        &mut self,
-        r: RunResult,
-        server_ticks: Option<u64>,
-        server_threads: Option<BTreeMap<String, ThreadGroup>>,
-    ) {
+    fn add(&mut self, r: RunResult, w: Window) {
         let first = self.hist.is_none();
-        self.server_ticks = known_in_every(first, self.server_ticks, server_ticks, |a, b| a + b);
-        self.server_threads = known_in_every(
-            first,
-            self.server_threads.take(),
-            server_threads,
-            |mut a, b| {
+        self.server_ticks = known_in_every(first, self.server_ticks, w.ticks, |a, b| a + b);
+        self.disk = known_in_every(first, self.disk, w.disk, DiskStat::plus);
+        self.server_threads =
+            known_in_every(first, self.server_threads.take(), w.threads, |mut a, b| {
                 for (name, g) in b {
                     let e = a.entry(name).or_default();
                     e.ticks += g.ticks;
                     e.threads = e.threads.max(g.threads);
                 }
                 a
-            },
-        );
+            });
         self.ops += r.ops;
         self.secs += r.secs;
         match &mut self.hist {
@@ -283,6 +343,19 @@ impl Totals {
             .collect();
         v.sort_by(|a, b| b.2.total_cmp(&a.2));
         v
+    }
+    /// The data directory's device: write requests, cache flushes and KiB
+    /// written per call.
+    fn disk_per_call(&self, calls_per_op: f64) -> Option<(f64, f64, f64)> {
+        let d = self.disk?;
+        let calls = self.ops as f64 * calls_per_op;
+        (calls > 0.0).then(|| {
+            (
+                d.writes as f64 / calls,
+                d.flushes as f64 / calls,
+                d.write_sectors as f64 / 2.0 / calls,
+            )
+        })
     }
     fn us_per_call(&self, ticks: u64, calls_per_op: f64) -> Option<f64> {
         let calls = self.ops as f64 * calls_per_op;
@@ -1285,6 +1358,10 @@ fn main() {
         return;
     }
     let server_pid = server.as_ref().map(|s| s.child.id()).or(args.server_pid);
+    let data_dir = server
+        .as_ref()
+        .map(Server::data_dir)
+        .or(args.server_data_dir.clone());
     let sampling = Arc::new(AtomicBool::new(false));
     let sampler_task = match (&args.samples, &server) {
         (Some(out), Some(srv)) => Some(rt.spawn(sampler(
@@ -1372,16 +1449,22 @@ fn main() {
                     (Scenario::Noop, Some(b)) => Duration::from_secs_f64(b),
                     _ => measure,
                 };
+                let disk_stat = || data_dir.as_deref().and_then(DiskStat::of_dir);
+                let disk_before = disk_stat();
                 let before = server_pid.and_then(cpu_ticks);
                 let threads_before = server_pid.and_then(thread_ticks);
                 let r = run(&ctx, sc, &args, window, args.requests, pool, true).await;
                 let threads_after = server_pid.and_then(thread_ticks);
                 let after = server_pid.and_then(cpu_ticks);
-                let ticks = before.zip(after).map(|(b, a)| a.saturating_sub(b));
-                let threads = threads_before
-                    .zip(threads_after)
-                    .map(|(b, a)| thread_delta(&b, &a));
-                totals.entry(sc).or_default().add(r, ticks, threads);
+                let disk_after = disk_stat();
+                let w = Window {
+                    ticks: before.zip(after).map(|(b, a)| a.saturating_sub(b)),
+                    threads: threads_before
+                        .zip(threads_after)
+                        .map(|(b, a)| thread_delta(&b, &a)),
+                    disk: disk_before.zip(disk_after).map(|(b, a)| a.since(b)),
+                };
+                totals.entry(sc).or_default().add(r, w);
             }
         }
         totals
@@ -1415,6 +1498,7 @@ fn main() {
     );
     let mut json_rows = Vec::new();
     let mut thread_lines = Vec::new();
+    let mut disk_lines = Vec::new();
     for (sc, t) in &results {
         let h = t.hist.as_ref().expect("at least one run");
         let calls = t.rate() * sc.calls_per_op();
@@ -1439,6 +1523,15 @@ fn main() {
             .collect();
         if !shown.is_empty() {
             thread_lines.push(format!("{:<10} {}", sc.name(), shown.join(", ")));
+        }
+        let disk = t
+            .disk_per_call(sc.calls_per_op())
+            .filter(|_| sc.on_stateseal());
+        if let Some((writes, flushes, kib)) = disk {
+            disk_lines.push(format!(
+                "{:<10} writes {writes:.3}, flushes {flushes:.3}, KiB written {kib:.2}",
+                sc.name()
+            ));
         }
         println!(
             "{:<8} {:>10.0} {:>10.0} {:>9} {:>9} {:>9} {:>9} {:>10.2} {:>12}  {}",
@@ -1469,6 +1562,9 @@ fn main() {
             "p999_us": h.value_at_quantile(0.999),
             "ratio_to_noop": ratio,
             "server_cpu_us_per_call": cpu,
+            "disk_per_call": disk.map(|(writes, flushes, kib)| serde_json::json!({
+                "writes": writes, "flushes": flushes, "kib_written": kib,
+            })),
             "server_threads_cpu_us_per_call": by_thread
                 .iter()
                 .map(|(name, n, us)| (name.clone(), serde_json::json!({ "threads": n, "us_per_call": us })))
@@ -1479,6 +1575,12 @@ fn main() {
     if !thread_lines.is_empty() {
         println!("server CPU µs per call, by thread (× threads in the group):");
         for l in &thread_lines {
+            println!("  {l}");
+        }
+    }
+    if !disk_lines.is_empty() {
+        println!("requests per call to the data directory's block device (every process's):");
+        for l in &disk_lines {
             println!("  {l}");
         }
     }
@@ -1514,6 +1616,15 @@ fn main() {
                         "smoke run: no ledger writer among the server's threads for {}",
                         sc.name()
                     );
+                    // A durable consumption reaches the disk: where the data
+                    // directory's device is known, it served writes.
+                    if let Some(d) = t.disk {
+                        assert!(
+                            d.writes > 0 && d.write_sectors > 0,
+                            "smoke run: {} wrote nothing to the data directory's device: {d:?}",
+                            sc.name()
+                        );
+                    }
                 }
             }
         }
