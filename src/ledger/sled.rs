@@ -12,7 +12,7 @@
 //! log buffer out before the batch and sealing another right after the
 //! batch's manifest, so a batch costs two more device writes, each waited
 //! for in turn (measured: 4.1 against 3.1 write requests per round at one
-//! consumption per round, 4.9 against 3.3 at 64 in flight;
+//! consumption per round, 4.8 against 3.0–3.3 at 64 in flight;
 //! docs/performance.md, "What a durable round asks of the disk"). Nothing
 //! needs a round to be atomic as a whole: every record is one key's, each
 //! key is written at most once per round, and nobody is answered before the
