@@ -1,6 +1,7 @@
 //! The embedded sled ledger, for one replica.
 //!
-//! sled writes to disk only on flush. One writer thread owns every
+//! sled writes to disk when it is flushed: by this writer, or by sled's own
+//! flusher every 500 ms. One writer thread owns every
 //! consumption: callers hand it their key and wait; it takes everything that
 //! queued up while its previous round ran (group commit), decides each key
 //! (absent from the tree and not earlier in this round → consumed now;
