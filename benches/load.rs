@@ -237,7 +237,7 @@ struct Window {
 /// kernel's Documentation/block/stat.rst): write requests, 512-byte sectors
 /// written, and cache flushes. They count every process's requests to the
 /// device, not only the server's.
-#[derive(Clone, Copy, Default, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug)]
 struct DiskStat {
     writes: u64,
     write_sectors: u64,
@@ -245,19 +245,21 @@ struct DiskStat {
 }
 
 impl DiskStat {
-    /// The counters of the block device that holds `dir`; `None` where it
-    /// has none (tmpfs, overlay on a non-block device) or the kernel does
-    /// not count flushes (before Linux 5.5).
-    fn of_dir(dir: &std::path::Path) -> Option<Self> {
+    /// The counters file of the block device that holds `dir`; `None`
+    /// where it has none (tmpfs, overlay on a non-block device).
+    fn file_of(dir: &std::path::Path) -> Option<PathBuf> {
         use std::os::unix::fs::MetadataExt;
         let dev = std::fs::metadata(dir).ok()?.dev();
         let (major, minor) = (rustix::fs::major(dev), rustix::fs::minor(dev));
-        let stat = std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/stat")).ok()?;
-        Self::parse(&stat)
+        let file = PathBuf::from(format!("/sys/dev/block/{major}:{minor}/stat"));
+        file.exists().then_some(file)
     }
 
-    fn parse(stat: &str) -> Option<Self> {
-        let f: Vec<u64> = stat
+    /// The counters now; `None` if unreadable or the kernel does not count
+    /// flushes (before Linux 5.5).
+    fn read(file: &std::path::Path) -> Option<Self> {
+        let f: Vec<u64> = std::fs::read_to_string(file)
+            .ok()?
             .split_whitespace()
             .map(str::parse)
             .collect::<Result<_, _>>()
@@ -269,19 +271,12 @@ impl DiskStat {
         })
     }
 
-    fn since(self, before: Self) -> Self {
+    /// Each counter of `self` and `other` combined by `f`.
+    fn zip_with(self, other: Self, f: impl Fn(u64, u64) -> u64) -> Self {
         DiskStat {
-            writes: self.writes.saturating_sub(before.writes),
-            write_sectors: self.write_sectors.saturating_sub(before.write_sectors),
-            flushes: self.flushes.saturating_sub(before.flushes),
-        }
-    }
-
-    fn plus(self, other: Self) -> Self {
-        DiskStat {
-            writes: self.writes + other.writes,
-            write_sectors: self.write_sectors + other.write_sectors,
-            flushes: self.flushes + other.flushes,
+            writes: f(self.writes, other.writes),
+            write_sectors: f(self.write_sectors, other.write_sectors),
+            flushes: f(self.flushes, other.flushes),
         }
     }
 }
@@ -299,7 +294,7 @@ impl Totals {
     fn add(&mut self, r: RunResult, w: Window) {
         let first = self.hist.is_none();
         self.server_ticks = known_in_every(first, self.server_ticks, w.ticks, |a, b| a + b);
-        self.disk = known_in_every(first, self.disk, w.disk, DiskStat::plus);
+        self.disk = known_in_every(first, self.disk, w.disk, |a, b| a.zip_with(b, |x, y| x + y));
         self.server_threads =
             known_in_every(first, self.server_threads.take(), w.threads, |mut a, b| {
                 for (name, g) in b {
@@ -1319,6 +1314,9 @@ fn main() {
     } else {
         None
     };
+    let redis_disk_file = redis_server
+        .as_ref()
+        .and_then(|r| DiskStat::file_of(r.dir.path()));
     let mut metrics_addr: Option<String> = None;
     let (server, addr) = match &args.addr {
         Some(a) => (None, a.clone()),
@@ -1354,10 +1352,11 @@ fn main() {
         return;
     }
     let server_pid = server.as_ref().map(|s| s.child.id()).or(args.server_pid);
-    let data_dir = server
+    let disk_file = server
         .as_ref()
         .map(Server::data_dir)
-        .or(args.server_data_dir.clone());
+        .or(args.server_data_dir.clone())
+        .and_then(|d| DiskStat::file_of(&d));
     let sampling = Arc::new(AtomicBool::new(false));
     let sampler_task = match (&args.samples, &server) {
         (Some(out), Some(srv)) => Some(rt.spawn(sampler(
@@ -1448,11 +1447,11 @@ fn main() {
                 // The device of the store the scenario writes to: Redis's
                 // own directory for `redis`, the server's data directory for
                 // the rest.
-                let disk_dir = match (sc, &redis_server) {
-                    (Scenario::Redis, Some(r)) => Some(r.dir.path().to_path_buf()),
-                    _ => data_dir.clone(),
+                let disk_file = match sc {
+                    Scenario::Redis => redis_disk_file.as_deref(),
+                    _ => disk_file.as_deref(),
                 };
-                let disk_stat = || disk_dir.as_deref().and_then(DiskStat::of_dir);
+                let disk_stat = || disk_file.and_then(DiskStat::read);
                 let disk_before = disk_stat();
                 let before = server_pid.and_then(cpu_ticks);
                 let threads_before = server_pid.and_then(thread_ticks);
@@ -1465,7 +1464,9 @@ fn main() {
                     threads: threads_before
                         .zip(threads_after)
                         .map(|(b, a)| thread_delta(&b, &a)),
-                    disk: disk_before.zip(disk_after).map(|(b, a)| a.since(b)),
+                    disk: disk_before
+                        .zip(disk_after)
+                        .map(|(b, a)| a.zip_with(b, u64::saturating_sub)),
                 };
                 totals.entry(sc).or_default().add(r, w);
             }

@@ -8,6 +8,9 @@
 //! otherwise consumed before), writes each changed key with its own sled
 //! `insert` or `remove`, flushes once, `fdatasync`s sled's data file, and
 //! only then answers. N concurrent consumptions cost one flush, not N.
+//! A single writer makes check-then-insert atomic without a per-key
+//! compare-and-swap (the garbage collector only ever removes records that
+//! expired, which no open can ask about).
 //!
 //! Not one `apply_batch` per round: sled makes a batch atomic by writing its
 //! log buffer out before the batch and sealing another right after the
@@ -22,9 +25,6 @@
 //! consumptions were never acknowledged, as after a crash between a durable
 //! round and its answers, and the tokens stay burned (the same attempt,
 //! named by its attempt id, gets its success again).
-//! A single writer makes check-then-insert atomic without a per-key
-//! compare-and-swap (the garbage collector only ever removes records that
-//! expired, which no open can ask about).
 //!
 //! sled's own flush uses `sync_file_range`, which survives a killed process
 //! but not a power loss; the `fdatasync` covers the latter.
