@@ -4,7 +4,7 @@
 //! run, interleaved round by round so the ratio holds on a noisy machine.
 //!
 //!     cargo bench --bench load -- [--addr HOST:PORT]
-//!         [--scenarios noop,echo,seal,seal_json,open,consume,flow,reserve,redis]
+//!         [--scenarios noop,echo,seal,seal_json,open,consume,flow,reserve,echo_fsync,redis]
 //!         [--client-io coalesced|vectored]
 //!         [--concurrency 64] [--connections 4] [--duration 3] [--requests N]
 //!         [--state-size 256] [--warmup 1] [--rounds 2] [--json FILE] [--plot FILE.svg]
@@ -36,6 +36,14 @@
 //!   (`TransportLimits::apply`), answering with a response of the token's
 //!   size and doing nothing else: what HTTP/2 and protobuf cost for these
 //!   sizes, so the report separates it from what stateseal adds;
+//! - echo_fsync: consume's Open request sent to the same echo server, which
+//!   answers with a response of an Open's size only after a group commit as
+//!   the sled ledger's writer makes one (one thread fed by a channel; per
+//!   round a 64-byte record per call written with one `pwrite` into a
+//!   preallocated, zero-filled file, one `fdatasync`, the size change of a
+//!   probe file, then every answer): the cheapest acknowledgement after its
+//!   own `fdatasync` through the same stack, deciding nothing — what bounds
+//!   consume on the machine and disk of the run;
 //! - redis: durable `SET key 1 NX EX 600` against a private `redis-server`
 //!   started in a temporary directory with `appendonly yes` and
 //!   `appendfsync always`, at the same concurrency over as many
@@ -76,7 +84,7 @@ struct Args {
     /// Comma-separated scenarios (noop always runs as the baseline).
     #[arg(
         long,
-        default_value = "echo,seal,seal_json,open,consume,flow,reserve,redis"
+        default_value = "echo,seal,seal_json,open,consume,flow,reserve,echo_fsync,redis"
     )]
     scenarios: String,
     /// Requests in flight.
@@ -164,6 +172,7 @@ enum Scenario {
     Consume,
     Flow,
     Reserve,
+    EchoFsync,
     Redis,
 }
 
@@ -178,13 +187,25 @@ impl Scenario {
             Scenario::Flow => "flow",
             Scenario::Reserve => "reserve",
             Scenario::Echo => "echo",
+            Scenario::EchoFsync => "echo_fsync",
             Scenario::Redis => "redis",
         }
     }
-    /// Whether the calls go to stateseal (echo and redis go to servers of
-    /// their own, so stateseal's CPU says nothing about them).
+    /// Whether the calls go to stateseal (echo, echo_fsync and redis go to
+    /// servers of their own, so stateseal's CPU says nothing about them).
     fn on_stateseal(self) -> bool {
-        !matches!(self, Scenario::Echo | Scenario::Redis)
+        !matches!(self, Scenario::Echo | Scenario::EchoFsync | Scenario::Redis)
+    }
+    /// Whether every answer waits for an `fdatasync` of its own store.
+    fn durable(self) -> bool {
+        matches!(
+            self,
+            Scenario::Consume
+                | Scenario::Flow
+                | Scenario::Reserve
+                | Scenario::EchoFsync
+                | Scenario::Redis
+        )
     }
     fn calls_per_op(self) -> f64 {
         if matches!(self, Scenario::Flow | Scenario::Reserve) {
@@ -203,6 +224,7 @@ impl Scenario {
             "flow" => Scenario::Flow,
             "reserve" => Scenario::Reserve,
             "echo" => Scenario::Echo,
+            "echo_fsync" => Scenario::EchoFsync,
             "redis" => Scenario::Redis,
             _ => return None,
         })
@@ -489,8 +511,12 @@ fn start_server(extra: &[String]) -> (Server, String) {
 }
 
 /// The echo baseline: the RequestState service answering Seal with a
-/// response of the size stateseal's would have, doing nothing else.
-struct Echo;
+/// response of the size stateseal's would have, doing nothing else; and,
+/// with a journal, Open with a response of an Open's size after the
+/// journal's group commit (`echo_fsync`).
+struct Echo {
+    journal: Option<Journal>,
+}
 
 #[tonic::async_trait]
 impl stateseal::proto::request_state_server::RequestState for Echo {
@@ -508,9 +534,27 @@ impl stateseal::proto::request_state_server::RequestState for Echo {
     }
     async fn open(
         &self,
-        _: tonic::Request<OpenRequest>,
+        req: tonic::Request<OpenRequest>,
     ) -> Result<tonic::Response<stateseal::proto::OpenResponse>, tonic::Status> {
-        Err(tonic::Status::unimplemented("echo"))
+        let journal = self
+            .journal
+            .as_ref()
+            .ok_or_else(|| tonic::Status::unimplemented("echo without a journal"))?;
+        let token = req.into_inner().request_state;
+        // A record as the ledger's: 64 bytes from the token.
+        let mut record = [0u8; Journal::RECORD];
+        let n = token.len().min(record.len());
+        record[..n].copy_from_slice(&token.as_bytes()[..n]);
+        journal.append(record).await?;
+        // The state an Open of this token would return.
+        let state = (token.len() * 3 / 4).saturating_sub(stateseal::token::OVERHEAD);
+        Ok(tonic::Response::new(stateseal::proto::OpenResponse {
+            state: vec![0x5a; state],
+            expires_at_unix: 1_900_000_600,
+            key_id: "1".into(),
+            consumed: true,
+            ..Default::default()
+        }))
     }
     async fn commit(
         &self,
@@ -526,8 +570,112 @@ impl stateseal::proto::request_state_server::RequestState for Echo {
     }
 }
 
-/// Starts the echo server on 127.0.0.1 with stateseal's transport settings.
-async fn start_echo() -> String {
+type JournalJob = (
+    [u8; Journal::RECORD],
+    tokio::sync::oneshot::Sender<Result<(), String>>,
+);
+
+/// `echo_fsync`'s store: a group commit shaped as the sled ledger's writer
+/// (one thread fed by a std channel, answers by oneshot; a round takes
+/// every call waiting), whose round is the least a durable acknowledgement
+/// needs: one `pwrite` of a 64-byte record per call into a preallocated,
+/// zero-filled file (so `fdatasync` has no size to commit), one
+/// `fdatasync`, and the ledger's probe (the size change of a second file)
+/// before the answers. It decides nothing and keeps no index. Stops for
+/// good at the first failure, as the ledger does.
+struct Journal {
+    tx: std::sync::mpsc::Sender<JournalJob>,
+    _dir: tempfile::TempDir,
+}
+
+impl Journal {
+    const RECORD: usize = 64;
+    /// Written round after round from the start again: 64 Ki records.
+    const SIZE: u64 = 4 << 20;
+
+    /// A journal in a new temporary directory under `parent` (the system's
+    /// temporary directory without one).
+    fn create(parent: Option<&std::path::Path>) -> std::io::Result<Self> {
+        use std::io::Write;
+        let dir = match parent {
+            Some(p) => tempfile::tempdir_in(p)?,
+            None => tempfile::tempdir()?,
+        };
+        let mut file = std::fs::OpenOptions::new()
+            .create_new(true)
+            .read(true)
+            .write(true)
+            .open(dir.path().join("journal"))?;
+        file.write_all(&vec![0u8; Self::SIZE as usize])?;
+        file.sync_all()?;
+        let probe = std::fs::File::create(dir.path().join("probe"))?;
+        probe.sync_all()?;
+        std::fs::File::open(dir.path())?.sync_all()?;
+        let (tx, rx) = std::sync::mpsc::channel::<JournalJob>();
+        std::thread::Builder::new()
+            .name("echo-journal".into())
+            .spawn(move || Self::run(&file, &probe, &rx))?;
+        Ok(Journal { tx, _dir: dir })
+    }
+
+    fn run(
+        file: &std::fs::File,
+        probe: &std::fs::File,
+        rx: &std::sync::mpsc::Receiver<JournalJob>,
+    ) {
+        use std::os::unix::fs::FileExt;
+        let (mut at, mut probe_len, mut dead) = (0u64, 0u64, None::<String>);
+        let mut buf = Vec::new();
+        while let Ok(first) = rx.recv() {
+            let mut jobs = vec![first];
+            jobs.extend(rx.try_iter());
+            let result = match &dead {
+                Some(e) => Err(e.clone()),
+                None => {
+                    buf.clear();
+                    for (record, _) in &jobs {
+                        buf.extend_from_slice(record);
+                    }
+                    if at + buf.len() as u64 > Self::SIZE {
+                        at = 0;
+                    }
+                    let r = file
+                        .write_all_at(&buf, at)
+                        .and_then(|()| file.sync_data())
+                        .and_then(|()| {
+                            probe_len ^= 1;
+                            probe.set_len(probe_len)
+                        })
+                        .map_err(|e| format!("echo journal: {e}"));
+                    at += buf.len() as u64;
+                    if let Err(e) = &r {
+                        dead = Some(e.clone());
+                    }
+                    r
+                }
+            };
+            for (_, reply) in jobs {
+                let _ = reply.send(result.clone());
+            }
+        }
+    }
+
+    /// Returns once the record is on disk.
+    async fn append(&self, record: [u8; Self::RECORD]) -> Result<(), tonic::Status> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.tx
+            .send((record, reply))
+            .map_err(|_| tonic::Status::unavailable("echo journal stopped"))?;
+        answer
+            .await
+            .map_err(|_| tonic::Status::unavailable("echo journal stopped"))?
+            .map_err(tonic::Status::unavailable)
+    }
+}
+
+/// Starts the echo server on 127.0.0.1 with stateseal's transport settings
+/// (with `journal`, it answers Open too: `echo_fsync`).
+async fn start_echo(journal: Option<Journal>) -> String {
     // stateseal's own listener: the same connection limits, TCP_NODELAY
     // and write coalescing as the server it is the baseline for.
     let lim = stateseal::limits::TransportLimits::default();
@@ -546,7 +694,9 @@ async fn start_echo() -> String {
     tokio::spawn(
         lim.apply(tonic::transport::Server::builder())
             .add_service(health)
-            .add_service(stateseal::proto::request_state_server::RequestStateServer::new(Echo))
+            .add_service(
+                stateseal::proto::request_state_server::RequestStateServer::new(Echo { journal }),
+            )
             .serve_with_incoming(incoming),
     );
     addr.to_string()
@@ -994,6 +1144,8 @@ struct Ctx {
     echo: Vec<Channel>,
     redis: Vec<redis::aio::MultiplexedConnection>,
     state: Vec<u8>,
+    /// What echo_fsync sends as its token: as long as a sealed one.
+    echo_token: String,
 }
 
 impl Ctx {
@@ -1009,6 +1161,19 @@ impl Ctx {
                 state: self.state.clone(),
                 ttl_seconds: 0,
                 single_use: false,
+                ..Default::default()
+            })
+            .await
+            .map(|_| ())
+    }
+
+    /// consume's Open request (a token of a single-use token's length), to
+    /// the echo server's journal.
+    async fn echo_fsync(&self, i: usize) -> Result<(), tonic::Status> {
+        RequestStateClient::new(self.echo[i % self.echo.len()].clone())
+            .open(OpenRequest {
+                request_state: self.echo_token.clone(),
+                binding: Some(binding()),
                 ..Default::default()
             })
             .await
@@ -1191,6 +1356,7 @@ async fn run(
                             ctx.seal_as(w, json_binding(), false).await.map(|_| ())
                         }
                         Scenario::Echo => ctx.echo(w).await,
+                        Scenario::EchoFsync => ctx.echo_fsync(w).await,
                         Scenario::Redis => ctx.redis_set(w, ops).await,
                         Scenario::Open | Scenario::Consume => {
                             ctx.open(w, token.expect("pre-sealed token")).await
@@ -1293,7 +1459,7 @@ fn main() {
     .expect("runtime");
     if args.serve_echo {
         rt.block_on(async {
-            println!("addr={}", start_echo().await);
+            println!("addr={}", start_echo(None).await);
             std::future::pending::<()>().await
         });
     }
@@ -1357,6 +1523,16 @@ fn main() {
         .map(Server::data_dir)
         .or(args.server_data_dir.clone())
         .and_then(|d| DiskStat::file_of(&d));
+    // echo_fsync's journal, on the file system of the server's data
+    // directory where that is known (the system's temporary directory, as
+    // for a server this bench starts, otherwise).
+    let mut echo_journal = scenarios.contains(&Scenario::EchoFsync).then(|| {
+        Journal::create(args.server_data_dir.as_ref().and_then(|d| d.parent()))
+            .expect("create the echo_fsync journal")
+    });
+    let journal_disk_file = echo_journal
+        .as_ref()
+        .and_then(|j| DiskStat::file_of(j._dir.path()));
     let sampling = Arc::new(AtomicBool::new(false));
     let sampler_task = match (&args.samples, &server) {
         (Some(out), Some(srv)) => Some(rt.spawn(sampler(
@@ -1380,8 +1556,8 @@ fn main() {
             channels.push(connect(&addr, "stateseal", args.client_io).await);
         }
         let mut echo = Vec::new();
-        if scenarios.contains(&Scenario::Echo) {
-            let echo_addr = start_echo().await;
+        if scenarios.contains(&Scenario::Echo) || echo_journal.is_some() {
+            let echo_addr = start_echo(echo_journal.take()).await;
             for _ in 0..args.connections.max(1) {
                 echo.push(connect(&echo_addr, "the echo server", args.client_io).await);
             }
@@ -1405,6 +1581,9 @@ fn main() {
             echo,
             redis: redis_cons,
             state: vec![0x5a; args.state_size],
+            echo_token: "A".repeat(stateseal::token::encoded_len(
+                stateseal::token::OVERHEAD + args.state_size,
+            )),
         });
         let measure = Duration::from_secs_f64(args.duration);
         let warm = Duration::from_secs_f64(args.warmup);
@@ -1445,10 +1624,11 @@ fn main() {
                     _ => measure,
                 };
                 // The device of the store the scenario writes to: Redis's
-                // own directory for `redis`, the server's data directory for
-                // the rest.
+                // own directory for `redis`, the echo journal's for
+                // `echo_fsync`, the server's data directory for the rest.
                 let disk_file = match sc {
                     Scenario::Redis => redis_disk_file.as_deref(),
+                    Scenario::EchoFsync => journal_disk_file.as_deref(),
                     _ => disk_file.as_deref(),
                 };
                 let disk_stat = || disk_file.and_then(DiskStat::read);
@@ -1489,7 +1669,7 @@ fn main() {
     let rss = server.as_ref().and_then(|s| s.rss_kib("VmHWM:"));
     println!();
     println!(
-        "{:<8} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>10} {:>12}  errors",
+        "{:<10} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>10} {:>12}  errors",
         "scenario",
         "ops/s",
         "calls/s",
@@ -1530,7 +1710,7 @@ fn main() {
         }
         let disk = t
             .disk_per_call(sc.calls_per_op())
-            .filter(|_| sc.on_stateseal() || *sc == Scenario::Redis);
+            .filter(|_| sc.on_stateseal() || sc.durable());
         if let Some((writes, flushes, kib)) = disk {
             disk_lines.push(format!(
                 "{:<10} writes {writes:.3}, flushes {flushes:.3}, KiB written {kib:.2}",
@@ -1538,7 +1718,7 @@ fn main() {
             ));
         }
         println!(
-            "{:<8} {:>10.0} {:>10.0} {:>9} {:>9} {:>9} {:>9} {:>10.2} {:>12}  {}",
+            "{:<10} {:>10.0} {:>10.0} {:>9} {:>9} {:>9} {:>9} {:>10.2} {:>12}  {}",
             sc.name(),
             t.rate(),
             calls,
@@ -1584,7 +1764,7 @@ fn main() {
     }
     if !disk_lines.is_empty() {
         println!(
-            "requests per call to the block device of the data directory (Redis's for redis; every process's):"
+            "requests per call to the block device of the store (the data directory; Redis's for redis, the echo journal's for echo_fsync; every process's):"
         );
         for l in &disk_lines {
             println!("  {l}");
@@ -1616,22 +1796,24 @@ fn main() {
                     "smoke run: no request worker among the server's threads for {}",
                     sc.name()
                 );
-                if matches!(sc, Scenario::Consume | Scenario::Flow | Scenario::Reserve) {
+                if sc.durable() {
                     assert!(
                         groups.is_some_and(|g| g.contains_key("stateseal-ledge")),
                         "smoke run: no ledger writer among the server's threads for {}",
                         sc.name()
                     );
-                    // A durable consumption reaches the disk: where the data
-                    // directory's device is known, it served writes.
-                    if let Some(d) = t.disk {
-                        assert!(
-                            d.writes > 0 && d.write_sectors > 0,
-                            "smoke run: {} wrote nothing to the data directory's device: {d:?}",
-                            sc.name()
-                        );
-                    }
                 }
+            }
+        }
+        // A durable answer reaches the disk: where the device of the
+        // scenario's store is known, it served writes.
+        for (sc, t) in results.iter().filter(|(sc, _)| sc.durable()) {
+            if let Some(d) = t.disk {
+                assert!(
+                    d.writes > 0 && d.write_sectors > 0,
+                    "smoke run: {} wrote nothing to its store's device: {d:?}",
+                    sc.name()
+                );
             }
         }
         // And the picture draws a row per scenario.
