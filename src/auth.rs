@@ -147,7 +147,7 @@ impl Tenants {
                 || e.dns.as_ref().is_some_and(|d| dns.contains(d))
         });
         match (found.next(), found.next()) {
-            (Some(e), None) => Some(Tenant::new(e.name.clone())),
+            (Some(e), None) => Some(Tenant::new(e.name.as_str())),
             _ => None,
         }
     }
@@ -164,7 +164,7 @@ impl Tenants {
                 }
             }
         }
-        found.map(|e| Tenant::new(e.name.clone()))
+        found.map(|e| Tenant::new(e.name.as_str()))
     }
 }
 

@@ -18,6 +18,7 @@
 //! different duplicates would otherwise disagree on what was bound.
 
 use std::fmt;
+use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
@@ -29,14 +30,16 @@ use crate::error::Reject;
 pub const EXCLUDED_PARAMS: [&str; 3] = ["inputResponses", "requestState", "_meta"];
 
 /// The authenticated caller (an MCP server deployment) a token belongs to.
+/// Shared, not copied: every request carries its caller's tenant, and a
+/// clone is a reference count.
 #[derive(Clone, PartialEq, Eq, Hash)]
-pub struct Tenant(String);
+pub struct Tenant(Arc<str>);
 
 impl Tenant {
     /// The implicit tenant of a loopback, unauthenticated deployment.
     pub const DEFAULT: &'static str = "default";
 
-    pub fn new(name: impl Into<String>) -> Self {
+    pub fn new(name: impl Into<Arc<str>>) -> Self {
         Tenant(name.into())
     }
     pub fn as_str(&self) -> &str {

@@ -188,7 +188,13 @@ impl Sealer {
                 params_digest_for(input.version, method, j)?
             }
         };
-        Ok(self.bind(tenant, input.subject, method, params, input.version))
+        Ok(self.bind(
+            tenant,
+            input.subject.to_owned(),
+            method,
+            params,
+            input.version,
+        ))
     }
 
     /// The cheap checks of a binding: subject and method.
@@ -215,14 +221,14 @@ impl Sealer {
     pub fn bind(
         &self,
         tenant: &Tenant,
-        subject: &str,
+        subject: String,
         method: Method,
         params: ParamsDigest,
         version: BindingVersion,
     ) -> Binding {
         Binding {
             tenant: tenant.clone(),
-            subject: subject.to_owned(),
+            subject,
             method,
             params,
             version,

@@ -57,9 +57,7 @@ impl RequestStateService {
                 (digest, json_version)
             }
         };
-        Ok(self
-            .sealer
-            .bind(tenant, &b.subject, method, digest, version))
+        Ok(self.sealer.bind(tenant, b.subject, method, digest, version))
     }
 }
 
