@@ -585,7 +585,8 @@ type JournalJob = (
 /// good at the first failure, as the ledger does.
 struct Journal {
     tx: std::sync::mpsc::Sender<JournalJob>,
-    _dir: tempfile::TempDir,
+    /// Removed with the journal.
+    dir: tempfile::TempDir,
 }
 
 impl Journal {
@@ -615,7 +616,7 @@ impl Journal {
         std::thread::Builder::new()
             .name("echo-journal".into())
             .spawn(move || Self::run(&file, &probe, &rx))?;
-        Ok(Journal { tx, _dir: dir })
+        Ok(Journal { tx, dir })
     }
 
     fn run(
@@ -1532,7 +1533,7 @@ fn main() {
     });
     let journal_disk_file = echo_journal
         .as_ref()
-        .and_then(|j| DiskStat::file_of(j._dir.path()));
+        .and_then(|j| DiskStat::file_of(j.dir.path()));
     let sampling = Arc::new(AtomicBool::new(false));
     let sampler_task = match (&args.samples, &server) {
         (Some(out), Some(srv)) => Some(rt.spawn(sampler(
