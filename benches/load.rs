@@ -1771,6 +1771,28 @@ fn main() {
             println!("  {l}");
         }
     }
+    // Each durable scenario of stateseal against the durable round alone,
+    // per call: what the ledger keeps of what this machine's disk allows.
+    let floor = results.get(&Scenario::EchoFsync).map(Totals::rate);
+    let of_floor: Vec<(&str, f64)> = results
+        .iter()
+        .filter(|(sc, _)| sc.durable() && sc.on_stateseal())
+        .filter_map(|(sc, t)| {
+            floor
+                .filter(|f| *f > 0.0)
+                .map(|f| (sc.name(), t.rate() * sc.calls_per_op() / f))
+        })
+        .collect();
+    if !of_floor.is_empty() {
+        let shown: Vec<String> = of_floor
+            .iter()
+            .map(|(name, r)| format!("{name} {r:.2}"))
+            .collect();
+        println!(
+            "calls/s against echo_fsync's (the durable round alone): {}",
+            shown.join(", ")
+        );
+    }
     if let Some(kib) = rss {
         println!("server peak RSS (VmHWM): {:.1} MiB", kib as f64 / 1024.0);
     }
@@ -1841,6 +1863,10 @@ fn main() {
             "rounds": args.rounds,
             "duration_per_round": args.duration,
             "server_peak_rss_kib": rss,
+            "ratio_to_echo_fsync": of_floor
+                .iter()
+                .map(|(name, r)| ((*name).to_owned(), serde_json::json!(r)))
+                .collect::<serde_json::Map<_, _>>(),
             "scenarios": json_rows,
         });
         std::fs::write(path, serde_json::to_string_pretty(&doc).expect("json"))
