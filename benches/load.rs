@@ -343,6 +343,18 @@ impl Totals {
             0.0
         }
     }
+    /// Calls per second (each op of `sc` makes `calls_per_op` calls).
+    fn call_rate(&self, sc: Scenario) -> f64 {
+        self.rate() * sc.calls_per_op()
+    }
+    /// Calls per second against a baseline's (0 without a baseline).
+    fn calls_against(&self, sc: Scenario, base: f64) -> f64 {
+        if base > 0.0 {
+            self.call_rate(sc) / base
+        } else {
+            0.0
+        }
+    }
     /// The server's CPU µs per call (not per op: a flow op is two calls).
     fn server_us_per_call(&self, calls_per_op: f64) -> Option<f64> {
         self.us_per_call(self.server_ticks?, calls_per_op)
@@ -1686,12 +1698,8 @@ fn main() {
     let mut disk_lines = Vec::new();
     for (sc, t) in &results {
         let h = t.hist.as_ref().expect("at least one run");
-        let calls = t.rate() * sc.calls_per_op();
-        let ratio = if noop_rate > 0.0 {
-            calls / noop_rate
-        } else {
-            0.0
-        };
+        let calls = t.call_rate(*sc);
+        let ratio = t.calls_against(*sc, noop_rate);
         let errs: Vec<String> = t.errors.iter().map(|(k, v)| format!("{k}={v}")).collect();
         let cpu = t
             .server_us_per_call(sc.calls_per_op())
@@ -1773,15 +1781,14 @@ fn main() {
     }
     // Each durable scenario of stateseal against the durable round alone,
     // per call: what the ledger keeps of what this machine's disk allows.
-    let floor = results.get(&Scenario::EchoFsync).map(Totals::rate);
+    let floor = results
+        .get(&Scenario::EchoFsync)
+        .map(|t| t.call_rate(Scenario::EchoFsync))
+        .filter(|f| *f > 0.0);
     let of_floor: Vec<(&str, f64)> = results
         .iter()
         .filter(|(sc, _)| sc.durable() && sc.on_stateseal())
-        .filter_map(|(sc, t)| {
-            floor
-                .filter(|f| *f > 0.0)
-                .map(|f| (sc.name(), t.rate() * sc.calls_per_op() / f))
-        })
+        .filter_map(|(sc, t)| floor.map(|f| (sc.name(), t.calls_against(*sc, f))))
         .collect();
     if !of_floor.is_empty() {
         let shown: Vec<String> = of_floor
@@ -1882,14 +1889,9 @@ fn svg(results: &BTreeMap<Scenario, Totals>, noop_rate: f64) -> String {
         .iter()
         .map(|(sc, t)| {
             let h = t.hist.as_ref().expect("at least one run");
-            let ratio = if noop_rate > 0.0 {
-                t.rate() * sc.calls_per_op() / noop_rate
-            } else {
-                0.0
-            };
             (
                 sc.name(),
-                ratio,
+                t.calls_against(*sc, noop_rate),
                 [
                     h.value_at_quantile(0.5),
                     h.value_at_quantile(0.9),
