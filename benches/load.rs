@@ -156,6 +156,13 @@ struct Args {
     /// more written with a `writev` of its own).
     #[arg(long, value_enum, default_value = "coalesced")]
     client_io: ClientIo,
+    /// Microseconds echo_fsync's journal waits after a round's first call
+    /// before it takes the others (a commit delay, as PostgreSQL's
+    /// `commit_delay`): larger rounds, fewer `fdatasync`s, longer waits.
+    /// The sled ledger has no such delay; 0 measures the floor of the
+    /// round it makes.
+    #[arg(long, default_value_t = 0)]
+    echo_fsync_delay_us: u64,
     /// Passed by `cargo bench`. Without it (`cargo test --all-targets` runs
     /// bench binaries too), the generator does a short smoke run instead.
     #[arg(long, hide = true)]
@@ -594,7 +601,9 @@ type JournalJob = (
 /// zero-filled file (so `fdatasync` has no size to commit), one
 /// `fdatasync`, and the ledger's probe (the size change of a second file)
 /// before the answers. It decides nothing and keeps no index. Stops for
-/// good at the first failure, as the ledger does.
+/// good at the first failure, as the ledger does. With a commit delay
+/// (`--echo-fsync-delay-us`) it waits that long after a round's first call
+/// before it takes the rest.
 struct Journal {
     tx: std::sync::mpsc::Sender<JournalJob>,
     /// Removed with the journal.
@@ -608,7 +617,10 @@ impl Journal {
 
     /// A journal in a new temporary directory under `parent` (the system's
     /// temporary directory without one).
-    fn create(parent: Option<&std::path::Path>) -> std::io::Result<Self> {
+    fn create(
+        parent: Option<&std::path::Path>,
+        delay: std::time::Duration,
+    ) -> std::io::Result<Self> {
         use std::io::Write;
         let dir = match parent {
             Some(p) => tempfile::tempdir_in(p)?,
@@ -627,7 +639,7 @@ impl Journal {
         let (tx, rx) = std::sync::mpsc::channel::<JournalJob>();
         std::thread::Builder::new()
             .name("echo-journal".into())
-            .spawn(move || Self::run(&file, &probe, &rx))?;
+            .spawn(move || Self::run(&file, &probe, &rx, delay))?;
         Ok(Journal { tx, dir })
     }
 
@@ -635,11 +647,15 @@ impl Journal {
         file: &std::fs::File,
         probe: &std::fs::File,
         rx: &std::sync::mpsc::Receiver<JournalJob>,
+        delay: std::time::Duration,
     ) {
         use std::os::unix::fs::FileExt;
         let (mut at, mut probe_len, mut dead) = (0u64, 0u64, None::<String>);
         let mut buf = Vec::new();
         while let Ok(first) = rx.recv() {
+            if !delay.is_zero() {
+                std::thread::sleep(delay);
+            }
             let mut jobs = vec![first];
             jobs.extend(rx.try_iter());
             let result = match &dead {
@@ -1526,6 +1542,12 @@ fn main() {
         "stateseal load: {addr}, concurrency {}, connections {}, state {} B, {} round(s) × {:.1}s per scenario",
         args.concurrency, args.connections, args.state_size, args.rounds, args.duration
     );
+    if args.echo_fsync_delay_us > 0 {
+        eprintln!(
+            "echo_fsync: a commit delay of {} µs before each round",
+            args.echo_fsync_delay_us
+        );
+    }
     if let Some(dir) = &args.h2load_bodies {
         rt.block_on(write_h2load_bodies(dir, &addr, args.state_size));
         return;
@@ -1540,8 +1562,11 @@ fn main() {
     // directory where that is known (the system's temporary directory, as
     // for a server this bench starts, otherwise).
     let mut echo_journal = scenarios.contains(&Scenario::EchoFsync).then(|| {
-        Journal::create(args.server_data_dir.as_ref().and_then(|d| d.parent()))
-            .expect("create the echo_fsync journal")
+        Journal::create(
+            args.server_data_dir.as_ref().and_then(|d| d.parent()),
+            std::time::Duration::from_micros(args.echo_fsync_delay_us),
+        )
+        .expect("create the echo_fsync journal")
     });
     let journal_disk_file = echo_journal
         .as_ref()
@@ -1869,6 +1894,7 @@ fn main() {
             "state_size": args.state_size,
             "rounds": args.rounds,
             "duration_per_round": args.duration,
+            "echo_fsync_delay_us": args.echo_fsync_delay_us,
             "server_peak_rss_kib": rss,
             "ratio_to_echo_fsync": of_floor
                 .iter()
