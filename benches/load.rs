@@ -1542,12 +1542,6 @@ fn main() {
         "stateseal load: {addr}, concurrency {}, connections {}, state {} B, {} round(s) × {:.1}s per scenario",
         args.concurrency, args.connections, args.state_size, args.rounds, args.duration
     );
-    if args.echo_fsync_delay_us > 0 {
-        eprintln!(
-            "echo_fsync: a commit delay of {} µs before each round",
-            args.echo_fsync_delay_us
-        );
-    }
     if let Some(dir) = &args.h2load_bodies {
         rt.block_on(write_h2load_bodies(dir, &addr, args.state_size));
         return;
@@ -1562,6 +1556,12 @@ fn main() {
     // directory where that is known (the system's temporary directory, as
     // for a server this bench starts, otherwise).
     let mut echo_journal = scenarios.contains(&Scenario::EchoFsync).then(|| {
+        if args.echo_fsync_delay_us > 0 {
+            eprintln!(
+                "echo_fsync: a commit delay of {} µs before each round",
+                args.echo_fsync_delay_us
+            );
+        }
         Journal::create(
             args.server_data_dir.as_ref().and_then(|d| d.parent()),
             std::time::Duration::from_micros(args.echo_fsync_delay_us),
