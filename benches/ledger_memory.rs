@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use stateseal::ledger::sled::SledLedger;
-use stateseal::ledger::{Ledger, LedgerKey};
+use stateseal::ledger::{Ledger, LedgerKey, TenantTag};
 
 mod support;
 
@@ -87,6 +87,7 @@ fn main() {
                             let key = LedgerKey {
                                 expires_at: now + 2,
                                 id,
+                                tenant: TenantTag::default(),
                             };
                             ledger.consume(&key).await.unwrap();
                             i += consumers;

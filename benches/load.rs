@@ -587,6 +587,12 @@ impl stateseal::proto::request_state_server::RequestState for Echo {
     ) -> Result<tonic::Response<stateseal::proto::ReleaseResponse>, tonic::Status> {
         Err(tonic::Status::unimplemented("echo"))
     }
+    async fn renew(
+        &self,
+        _: tonic::Request<stateseal::proto::RenewRequest>,
+    ) -> Result<tonic::Response<stateseal::proto::RenewResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("echo"))
+    }
 }
 
 type JournalJob = (

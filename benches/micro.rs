@@ -12,7 +12,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use stateseal::binding::{params_digest, params_digest_v2, Binding, Method, ParamsDigest, Tenant};
 use stateseal::keyring::{Keyring, KeysetFile, TenantKeys};
 use stateseal::ledger::sled::SledLedger;
-use stateseal::ledger::{Ledger, LedgerKey};
+use stateseal::ledger::{Ledger, LedgerKey, TenantTag};
 use stateseal::token::{self, Header, UntrustedToken};
 
 const SIZES: [usize; 3] = [64, 256, 4096];
@@ -242,6 +242,7 @@ fn ledger(c: &mut Criterion) {
             LedgerKey {
                 expires_at: 4_000_000_000,
                 id,
+                tenant: TenantTag::default(),
             }
         }
     };

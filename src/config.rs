@@ -166,6 +166,13 @@ pub struct ServeArgs {
     /// (OVERLOADED) until expired records are collected. 0: no bound.
     #[arg(long, env = "STATESEAL_MAX_LEDGER_RECORDS", default_value_t = 250_000)]
     pub max_ledger_records: u64,
+    /// Most sled ledger records one tenant may hold, so that one tenant
+    /// cannot refuse everyone else: past it, that tenant's new tokens are
+    /// refused (OVERLOADED) and no other tenant's. Default: half of
+    /// --max-ledger-records with --auth bearer or mtls, none with --auth
+    /// none (one tenant). 0: no per-tenant bound.
+    #[arg(long, env = "STATESEAL_MAX_LEDGER_RECORDS_PER_TENANT")]
+    pub max_ledger_records_per_tenant: Option<u64>,
     /// How callers authenticate.
     #[arg(long, env = "STATESEAL_AUTH", value_enum, default_value = "none")]
     pub auth: AuthMode,
@@ -480,8 +487,16 @@ impl ServeArgs {
                     0 => u64::MAX,
                     n => n,
                 };
+                let per_tenant = match (self.max_ledger_records_per_tenant, self.auth) {
+                    (Some(0), _) => u64::MAX,
+                    (Some(n), _) => n,
+                    (None, AuthMode::None) => u64::MAX,
+                    (None, _) => max.div_ceil(2),
+                };
                 Ok(Arc::new(
-                    SledLedger::open(&self.data_dir.join("ledger"))?.with_max_records(max),
+                    SledLedger::open(&self.data_dir.join("ledger"))?
+                        .with_max_records(max)
+                        .with_max_tenant_records(per_tenant),
                 ))
             }
             LedgerKind::Postgres => {

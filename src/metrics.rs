@@ -59,9 +59,10 @@ pub enum Rpc {
     Open = 1,
     Commit = 2,
     Release = 3,
+    Renew = 4,
 }
 
-const RPCS: [&str; 4] = ["Seal", "Open", "Commit", "Release"];
+const RPCS: [&str; 5] = ["Seal", "Open", "Commit", "Release", "Renew"];
 /// Outcomes: "ok" and each rejection reason.
 const OUTCOMES: usize = 1 + Reject::ALL.len();
 
@@ -86,6 +87,7 @@ pub struct Metrics {
     ledger_latency: Histogram,
     ledger_failures: Counter,
     auth_failures: Counter,
+    leases_lost: Counter,
 }
 
 /// Readiness as last reported (for `stateseal_ready`).
@@ -120,6 +122,7 @@ impl Metrics {
             ledger_latency: latency_histogram(),
             ledger_failures: Counter::default(),
             auth_failures: Counter::default(),
+            leases_lost: Counter::default(),
         }
     }
 
@@ -136,6 +139,12 @@ impl Metrics {
     /// Records a request refused by authentication.
     pub fn auth_failure(&self) {
         self.auth_failures.inc();
+    }
+
+    /// Records a Commit or Renew of a reservation that no longer held its
+    /// token (taken over after its lease ended, released or collected).
+    pub fn lease_lost(&self) {
+        self.leases_lost.inc();
     }
 
     pub fn ledger_consume(&self, took: Duration, ok: bool, consumed: bool) {
@@ -211,6 +220,11 @@ pub fn registry(src: Sources) -> Registry {
         "Requests refused by caller authentication (UNAUTHENTICATED or PERMISSION_DENIED)",
         m.auth_failures.clone(),
     );
+    r.register(
+        "stateseal_lease_lost",
+        "Commits and renewals of a reservation that no longer held its token (another attempt took it over after the lease ended, or it was released or collected): that handler may have run twice",
+        m.leases_lost.clone(),
+    );
     r.register_collector(Box::new(Owned(src)));
     r
 }
@@ -258,7 +272,21 @@ impl Collector for Owned {
                 "The bound on those records (--max-ledger-records); -1 when unbounded.",
                 i64::try_from(load(&f.max_records)).unwrap_or(-1),
             )?;
-            counter(&mut enc, "stateseal_ledger_full_refusals", "Consumptions and reservations refused OVERLOADED because the ledger held --max-ledger-records.", load(&f.refused_full))?;
+            counter(&mut enc, "stateseal_ledger_full_refusals", "Consumptions and reservations refused OVERLOADED because the ledger held --max-ledger-records, or their tenant its share.", load(&f.refused_full))?;
+            gauge(
+                &mut enc,
+                "stateseal_ledger_tenant_records_max",
+                "The bound on one tenant's records (--max-ledger-records-per-tenant); -1 when unbounded.",
+                i64::try_from(load(&f.max_tenant_records)).unwrap_or(-1),
+            )?;
+            gauge(
+                &mut enc,
+                "stateseal_ledger_tenant_records_top",
+                "The most records any one tenant holds.",
+                i64::try_from(load(&f.top_tenant_records)).unwrap_or(i64::MAX),
+            )?;
+            counter(&mut enc, "stateseal_ledger_tenant_full_refusals", "Consumptions and reservations refused OVERLOADED because their tenant held its share of the ledger.", load(&f.refused_tenant_full))?;
+            counter(&mut enc, "stateseal_ledger_leases_collected", "Reservations whose lease ended, that nobody took over, removed by garbage collection (the clock skew after the lease's end).", load(&f.collected_leases))?;
         }
         gauge(
             &mut enc,

@@ -9,7 +9,9 @@ use crate::binding::{params_digest_for, Binding, BindingVersion, Method, ParamsD
 use crate::clock::Clock;
 use crate::error::Reject;
 use crate::keyring::{KeyId, KeyringHandle};
-use crate::ledger::{Committed, Consumed, Lease, Ledger, LedgerKey};
+use crate::ledger::{
+    Consumed, Held, Lease, LeaseAsk, LeaseEnd, Ledger, LedgerKey, Reserved, TenantTag,
+};
 use crate::metrics::METRICS;
 use crate::timeguard::TimeGuard;
 use crate::token::{self, Header, ReservationClaims, UntrustedToken};
@@ -102,8 +104,8 @@ pub struct OpenedState {
     /// This call consumed a single-use token.
     pub consumed: bool,
     /// OPEN_MODE_RESERVE on a single-use token: the reservation string and
-    /// the end of its lease.
-    pub reservation: Option<(String, u64)>,
+    /// its lease.
+    pub reservation: Option<(String, LeaseEnd)>,
 }
 
 impl std::fmt::Debug for OpenedState {
@@ -358,77 +360,63 @@ impl Sealer {
             let key = LedgerKey {
                 expires_at,
                 id: opened.ledger_id(&tenant_keys),
-            };
-            let lease = match mode {
-                OpenMode::Consume => None,
-                OpenMode::Reserve { lease_seconds } => {
-                    let secs = match lease_seconds {
-                        0 => self.limits.default_lease,
-                        s => s.min(self.limits.max_lease),
-                    };
-                    let mut rid = [0u8; 16];
-                    rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut rid);
-                    // Never past the token's own life (plus the skew its
-                    // ledger record is kept for).
-                    let until = (now + u64::from(secs)).min(expires_at + self.limits.clock_skew);
-                    Some(Lease {
-                        rid,
-                        until,
-                        attempt,
-                    })
-                }
+                tenant: TenantTag::of(binding.tenant.as_str()),
             };
             let started = std::time::Instant::now();
-            let outcome = match lease {
-                None => self.ledger.consume_as(&key, attempt).await,
-                Some(lease) => self.ledger.reserve(&key, lease, now).await,
+            let outcome = match mode {
+                OpenMode::Consume => self.ledger.consume_as(&key, attempt).await.map(Ok),
+                OpenMode::Reserve { lease_seconds } => {
+                    let mut rid = [0u8; 16];
+                    rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut rid);
+                    let ask = LeaseAsk {
+                        rid,
+                        attempt,
+                        seconds: self.lease_seconds(lease_seconds),
+                        cap: self.lease_cap(expires_at),
+                    };
+                    self.ledger.reserve(&key, ask, now).await.map(Err)
+                }
             };
             METRICS.ledger_consume(
                 started.elapsed(),
                 outcome.is_ok(),
-                lease.is_none() && matches!(outcome, Ok(Consumed::Now)),
+                matches!(outcome, Ok(Ok(Consumed::Now))),
             );
-            match outcome {
-                // Re-checked after the ledger decided: a decision that came
-                // late (a stalled disk or database) is not an acceptance.
-                Ok(Consumed::Now | Consumed::Again(_)) if self.clock.now_unix() >= expires_at => {
-                    tracing::warn!("consumption decided after the token expired; refused");
-                    return Err(Reject::Expired);
-                }
-                // The same attempt again: the same success.
-                Ok(Consumed::Again(held)) => match (lease, held) {
-                    (None, None) => consumed = true,
-                    (Some(_), Some(held)) => {
-                        reservation = Some(self.reservation_string(
-                            &tenant_keys,
-                            key_id,
-                            binding,
-                            &key,
-                            held,
-                        )?);
-                    }
-                    _ => return Err(Reject::InUse),
-                },
-                Ok(Consumed::Now) => match lease {
-                    None => consumed = true,
-                    Some(lease) => {
-                        reservation = Some(self.reservation_string(
-                            &tenant_keys,
-                            key_id,
-                            binding,
-                            &key,
-                            lease,
-                        )?);
-                    }
-                },
-                Ok(Consumed::Before) => return Err(Reject::Replayed),
-                Ok(Consumed::PastHorizon) => return Err(Reject::Expired),
-                Ok(Consumed::InUse) => return Err(Reject::InUse),
-                Ok(Consumed::Full) => return Err(Reject::Overloaded),
+            let outcome = match outcome {
+                Ok(o) => o,
                 Err(e) => {
                     tracing::warn!(error = %e, backend = self.ledger.backend(), "ledger failed; failing closed");
                     return Err(Reject::LedgerUnavailable);
                 }
+            };
+            let accepted = matches!(
+                outcome,
+                Ok(Consumed::Now | Consumed::Again) | Err(Reserved::Now(_) | Reserved::Again(_))
+            );
+            // Re-checked after the ledger decided: a decision that came
+            // late (a stalled disk or database) is not an acceptance.
+            if accepted && self.clock.now_unix() >= expires_at {
+                tracing::warn!("consumption decided after the token expired; refused");
+                return Err(Reject::Expired);
+            }
+            match outcome {
+                // Consumed now, or by the same attempt before: the same success.
+                Ok(Consumed::Now | Consumed::Again) => consumed = true,
+                Err(Reserved::Now(lease) | Reserved::Again(lease)) => {
+                    reservation = Some(self.reservation_string(
+                        &tenant_keys,
+                        key_id,
+                        binding,
+                        &key,
+                        lease,
+                    )?);
+                }
+                Ok(Consumed::Before) | Err(Reserved::Before) => return Err(Reject::Replayed),
+                Ok(Consumed::PastHorizon) | Err(Reserved::PastHorizon) => {
+                    return Err(Reject::Expired)
+                }
+                Ok(Consumed::InUse) | Err(Reserved::InUse) => return Err(Reject::InUse),
+                Ok(Consumed::Full) | Err(Reserved::Full) => return Err(Reject::Overloaded),
             }
         }
         Ok(OpenedState {
@@ -441,7 +429,21 @@ impl Sealer {
         })
     }
 
-    /// The reservation string of `lease` on `key`, and the lease's end.
+    /// The lease a reservation or renewal asking for `asked` seconds gets.
+    fn lease_seconds(&self, asked: u32) -> u32 {
+        match asked {
+            0 => self.limits.default_lease,
+            s => s.min(self.limits.max_lease),
+        }
+    }
+
+    /// The latest a lease may end: never past the token's own life plus
+    /// the skew its ledger record is kept for.
+    fn lease_cap(&self, expires_at: u64) -> u64 {
+        expires_at + self.limits.clock_skew
+    }
+
+    /// The reservation string of `lease` on `key`, and the lease.
     fn reservation_string(
         &self,
         tenant_keys: &crate::keyring::TenantKeys,
@@ -449,15 +451,15 @@ impl Sealer {
         binding: &Binding,
         key: &LedgerKey,
         lease: Lease,
-    ) -> Result<(String, u64), Reject> {
+    ) -> Result<(String, LeaseEnd), Reject> {
         let claims = ReservationClaims {
             expires_at: key.expires_at,
             ledger_id: key.id,
             rid: lease.rid,
-            lease_until: lease.until,
+            lease_until: lease.end.until,
         };
         let r = token::seal_reservation(tenant_keys, key_id, binding.tenant.as_str(), &claims)?;
-        Ok((r, lease.until))
+        Ok((r, lease.end))
     }
 
     /// Opens a reservation string of `tenant`: its claims and ledger key.
@@ -476,30 +478,77 @@ impl Sealer {
         let key = LedgerKey {
             expires_at: c.expires_at,
             id: c.ledger_id,
+            tenant: TenantTag::of(tenant.as_str()),
         };
         Ok((c, key))
     }
 
-    /// Makes a reservation a durable consumption, if its lease lives.
+    /// Makes a reservation a durable consumption while it still holds the
+    /// token: its lease may have ended, as long as no other attempt took
+    /// the token over (then `LEASE_EXPIRED`: its handler ran, and another
+    /// may have; logged and counted).
     pub async fn commit(&self, tenant: &Tenant, reservation: &str) -> Result<(), Reject> {
         if !self.guard.synced() {
             return Err(Reject::ClockUnsynced);
         }
         let (c, key) = self.reservation(tenant, reservation)?;
-        let now = self.clock.now_unix();
-        if now > c.lease_until {
-            return Err(Reject::LeaseExpired);
-        }
         let started = std::time::Instant::now();
-        let outcome = self.ledger.commit(&key, c.rid, now).await;
+        let outcome = self.ledger.commit(&key, c.rid).await;
         METRICS.ledger_consume(
             started.elapsed(),
             outcome.is_ok(),
-            matches!(outcome, Ok(Committed::Done)),
+            matches!(outcome, Ok(Held::Yes(_))),
         );
+        self.held(tenant, "commit", outcome).map(|_| ())
+    }
+
+    /// Extends a reservation's lease while its handler runs: to
+    /// `lease_seconds` (0 = the default) from the ledger's reference clock,
+    /// capped as at Open. `LEASE_EXPIRED` once another attempt took the
+    /// token over.
+    pub async fn renew(
+        &self,
+        tenant: &Tenant,
+        reservation: &str,
+        lease_seconds: u32,
+    ) -> Result<LeaseEnd, Reject> {
+        if !self.guard.synced() {
+            return Err(Reject::ClockUnsynced);
+        }
+        let (c, key) = self.reservation(tenant, reservation)?;
+        let outcome = self
+            .ledger
+            .renew(
+                &key,
+                c.rid,
+                self.lease_seconds(lease_seconds),
+                self.lease_cap(c.expires_at),
+                self.clock.now_unix(),
+            )
+            .await;
+        self.held(tenant, "renew", outcome)?
+            .ok_or(Reject::LedgerUnavailable)
+    }
+
+    /// A commit's or renewal's outcome as the caller sees it.
+    fn held(
+        &self,
+        tenant: &Tenant,
+        rpc: &'static str,
+        outcome: Result<Held, crate::ledger::LedgerError>,
+    ) -> Result<Option<LeaseEnd>, Reject> {
         match outcome {
-            Ok(Committed::Done) => Ok(()),
-            Ok(Committed::LeaseLost) => Err(Reject::LeaseExpired),
+            Ok(Held::Yes(end)) => Ok(end),
+            Ok(Held::Lost) => {
+                METRICS.lease_lost();
+                tracing::warn!(
+                    tenant = tenant.as_str(),
+                    rpc,
+                    "reservation lost: another attempt took the token over after its lease \
+                     ended, or it was released or collected; its handler may run twice"
+                );
+                Err(Reject::LeaseExpired)
+            }
             Err(e) => {
                 tracing::warn!(error = %e, backend = self.ledger.backend(), "ledger failed; failing closed");
                 Err(Reject::LedgerUnavailable)

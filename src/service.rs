@@ -242,15 +242,16 @@ impl RequestState for RequestStateService {
                     reserved = o.reservation.is_some(),
                     "opened"
                 );
-                let (reservation, lease_expires_at_unix) = o.reservation.take().unwrap_or_default();
+                let (reservation, lease) = o.reservation.take().unzip();
                 Ok(Response::new(proto::OpenResponse {
                     // Moved, not copied: the allocation goes to prost.
                     state: std::mem::take(&mut *o.state),
                     expires_at_unix: o.expires_at as i64,
                     key_id: o.key_id.to_string(),
                     consumed: o.consumed,
-                    reservation,
-                    lease_expires_at_unix,
+                    reservation: reservation.unwrap_or_default(),
+                    lease_expires_at_unix: lease.map_or(0, |l| l.until),
+                    lease_seconds: lease.map_or(0, |l| l.seconds),
                     input_responses_json,
                     dropped,
                 }))
@@ -283,6 +284,33 @@ impl RequestState for RequestStateService {
             started.elapsed(),
         );
         finish(&tenant, "commit", result.map(|()| proto::CommitResponse {}))
+    }
+
+    #[tracing::instrument(level = "debug", name = "renew", skip_all, fields(request_id = next_request_id()))]
+    async fn renew(
+        &self,
+        req: Request<proto::RenewRequest>,
+    ) -> Result<Response<proto::RenewResponse>, Status> {
+        let started = Instant::now();
+        let tenant = tenant_of(&req)?;
+        let r = req.get_ref();
+        let result = self
+            .sealer
+            .renew(&tenant, &r.reservation, r.lease_seconds)
+            .await;
+        METRICS.request(
+            Rpc::Renew,
+            result.as_ref().err().copied(),
+            started.elapsed(),
+        );
+        finish(
+            &tenant,
+            "renew",
+            result.map(|l| proto::RenewResponse {
+                lease_expires_at_unix: l.until,
+                lease_seconds: l.seconds,
+            }),
+        )
     }
 
     #[tracing::instrument(level = "debug", name = "release", skip_all, fields(request_id = next_request_id()))]

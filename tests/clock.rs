@@ -293,7 +293,7 @@ async fn backward_step_then_restart_reopens_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_consumption_is_not_accepted_after_collection() {
     use stateseal::ledger::sled::SledLedger;
-    use stateseal::ledger::{Consumed, Ledger, LedgerError, LedgerKey};
+    use stateseal::ledger::{Consumed, Held, LeaseAsk, Ledger, LedgerError, LedgerKey, Reserved};
     use stateseal::sealer::Limits;
     use stateseal::server::ServeOptions;
 
@@ -314,6 +314,30 @@ async fn a_stalled_consumption_is_not_accepted_after_collection() {
                 self.release.notified().await;
             }
             self.inner.consume_as(key, attempt).await
+        }
+        async fn reserve(
+            &self,
+            key: &LedgerKey,
+            ask: LeaseAsk,
+            now: u64,
+        ) -> Result<Reserved, LedgerError> {
+            self.inner.reserve(key, ask, now).await
+        }
+        async fn renew(
+            &self,
+            key: &LedgerKey,
+            rid: [u8; 16],
+            seconds: u32,
+            cap: u64,
+            now: u64,
+        ) -> Result<Held, LedgerError> {
+            self.inner.renew(key, rid, seconds, cap, now).await
+        }
+        async fn commit(&self, key: &LedgerKey, rid: [u8; 16]) -> Result<Held, LedgerError> {
+            self.inner.commit(key, rid).await
+        }
+        async fn release(&self, key: &LedgerKey, rid: [u8; 16]) -> Result<(), LedgerError> {
+            self.inner.release(key, rid).await
         }
         async fn ready(&self) -> bool {
             self.inner.ready().await

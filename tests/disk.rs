@@ -348,7 +348,7 @@ async fn a_filesystem_gone_read_only_fails_stop_and_loses_nothing() {
 async fn a_sled_writer_dead_on_a_read_only_filesystem_is_not_ready() {
     use rand::RngCore;
     use stateseal::ledger::sled::SledLedger;
-    use stateseal::ledger::{Consumed, Ledger, LedgerKey};
+    use stateseal::ledger::{Consumed, Ledger, LedgerKey, TenantTag};
     let base = tempfile::tempdir().unwrap();
     let dir = base.path().join("mnt");
     std::fs::create_dir(&dir).unwrap();
@@ -365,6 +365,7 @@ async fn a_sled_writer_dead_on_a_read_only_filesystem_is_not_ready() {
         LedgerKey {
             expires_at: 4_000_000_000,
             id,
+            tenant: TenantTag::default(),
         }
     };
     let ledger = SledLedger::open(&dir.join("ledger")).unwrap();

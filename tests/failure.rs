@@ -19,7 +19,7 @@ use rand::Rng;
 use stateseal::clock::{Clock, ManualClock};
 use stateseal::keyring::KeysetFile;
 use stateseal::ledger::sled::SledLedger;
-use stateseal::ledger::{Consumed, Ledger, LedgerError, LedgerKey};
+use stateseal::ledger::{Consumed, Held, LeaseAsk, Ledger, LedgerError, LedgerKey, Reserved};
 use stateseal::proto::SealRequest;
 use stateseal::sealer::Limits;
 use stateseal::server::ServeOptions;
@@ -30,6 +30,15 @@ use tonic_health::pb::health_check_response::ServingStatus;
 struct Faulty {
     inner: Arc<SledLedger>,
     broken: AtomicBool,
+}
+
+impl Faulty {
+    fn check(&self) -> Result<(), LedgerError> {
+        if self.broken.load(Ordering::SeqCst) {
+            return Err(LedgerError("injected: no space left on device".into()));
+        }
+        Ok(())
+    }
 }
 
 #[async_trait::async_trait]
@@ -43,6 +52,34 @@ impl Ledger for Faulty {
             return Err(LedgerError("injected: no space left on device".into()));
         }
         self.inner.consume_as(key, attempt).await
+    }
+    async fn reserve(
+        &self,
+        key: &LedgerKey,
+        ask: LeaseAsk,
+        now: u64,
+    ) -> Result<Reserved, LedgerError> {
+        self.check()?;
+        self.inner.reserve(key, ask, now).await
+    }
+    async fn renew(
+        &self,
+        key: &LedgerKey,
+        rid: [u8; 16],
+        seconds: u32,
+        cap: u64,
+        now: u64,
+    ) -> Result<Held, LedgerError> {
+        self.check()?;
+        self.inner.renew(key, rid, seconds, cap, now).await
+    }
+    async fn commit(&self, key: &LedgerKey, rid: [u8; 16]) -> Result<Held, LedgerError> {
+        self.check()?;
+        self.inner.commit(key, rid).await
+    }
+    async fn release(&self, key: &LedgerKey, rid: [u8; 16]) -> Result<(), LedgerError> {
+        self.check()?;
+        self.inner.release(key, rid).await
     }
     async fn ready(&self) -> bool {
         !self.broken.load(Ordering::SeqCst) && self.inner.ready().await

@@ -678,7 +678,8 @@ async fn binding_v2_is_exact_and_v1_tokens_still_open() {
 /// ignore the mode; a forged reservation is refused.
 #[tokio::test]
 async fn reserve_commit_release_through_the_service() {
-    use stateseal::proto::{CommitRequest, OpenMode, ReleaseRequest};
+    use stateseal::clock::Clock;
+    use stateseal::proto::{CommitRequest, OpenMode, ReleaseRequest, RenewRequest};
     let mut s = start().await;
     let reserve = |t: &str, lease: u32| OpenRequest {
         mode: OpenMode::Reserve as i32,
@@ -748,7 +749,8 @@ async fn reserve_commit_release_through_the_service() {
         "REPLAYED"
     );
 
-    // A lease that ends before the commit.
+    // A lease that ends before the commit, and nobody took the token over:
+    // the commit still counts (the handler ran once).
     let t = s
         .client
         .seal(seal_req(b"x", true))
@@ -757,19 +759,86 @@ async fn reserve_commit_release_through_the_service() {
         .into_inner()
         .request_state;
     let r = s.client.open(reserve(&t, 5)).await.unwrap().into_inner();
+    assert_eq!(r.lease_seconds, 5);
     s.clock.advance(6);
-    let err = s
-        .client
+    s.client
         .commit(CommitRequest {
             reservation: r.reservation,
         })
         .await
-        .unwrap_err();
-    assert_eq!(reason(&err), "LEASE_EXPIRED");
+        .unwrap();
+    assert_eq!(
+        reason(&s.client.open(reserve(&t, 5)).await.unwrap_err()),
+        "REPLAYED"
+    );
+
+    // A lease that ended and was taken over: the late holder's commit and
+    // renewal are refused (LEASE_EXPIRED), the taker's commit counts.
+    let t = s
+        .client
+        .seal(seal_req(b"x", true))
+        .await
+        .unwrap()
+        .into_inner()
+        .request_state;
+    let late = s.client.open(reserve(&t, 5)).await.unwrap().into_inner();
+    s.clock.advance(6);
     let again = s.client.open(reserve(&t, 5)).await.unwrap().into_inner();
+    for err in [
+        s.client
+            .commit(CommitRequest {
+                reservation: late.reservation.clone(),
+            })
+            .await
+            .unwrap_err(),
+        s.client
+            .renew(RenewRequest {
+                reservation: late.reservation.clone(),
+                lease_seconds: 0,
+            })
+            .await
+            .unwrap_err(),
+    ] {
+        assert_eq!(reason(&err), "LEASE_EXPIRED");
+        assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+    }
     s.client
         .commit(CommitRequest {
             reservation: again.reservation.clone(),
+        })
+        .await
+        .unwrap();
+
+    // Renewed while its handler runs: never taken over.
+    let t = s
+        .client
+        .seal(seal_req(b"x", true))
+        .await
+        .unwrap()
+        .into_inner()
+        .request_state;
+    let held = s.client.open(reserve(&t, 5)).await.unwrap().into_inner();
+    for _ in 0..4 {
+        s.clock.advance(4);
+        let r = s
+            .client
+            .renew(RenewRequest {
+                reservation: held.reservation.clone(),
+                lease_seconds: 5,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.lease_seconds, 5);
+        assert_eq!(r.lease_expires_at_unix, s.clock.now_unix() + 5);
+        assert_eq!(
+            reason(&s.client.open(reserve(&t, 5)).await.unwrap_err()),
+            "IN_USE"
+        );
+    }
+    s.client
+        .commit(CommitRequest {
+            reservation: held.reservation,
         })
         .await
         .unwrap();
@@ -833,14 +902,46 @@ async fn response_dropping_relay(
             let drop = drop.clone();
             tokio::spawn(async move {
                 let mut buf = vec![0u8; 16 * 1024];
+                // While dropping: the server's frames, parsed until the
+                // first HEADERS frame of a stream (the answer), then the
+                // connection to the client is cut.
+                let mut held: Vec<u8> = Vec::new();
                 while let Ok(n) = sr.read(&mut buf).await {
                     if n == 0 {
                         break;
                     }
-                    if !drop.load(std::sync::atomic::Ordering::SeqCst)
-                        && cw.write_all(&buf[..n]).await.is_err()
-                    {
-                        break;
+                    if !drop.load(std::sync::atomic::Ordering::SeqCst) {
+                        if cw.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                        continue;
+                    }
+                    held.extend_from_slice(&buf[..n]);
+                    let mut at = 0;
+                    let mut answered = false;
+                    while held.len() >= at + 9 {
+                        let len = (usize::from(held[at]) << 16)
+                            | (usize::from(held[at + 1]) << 8)
+                            | usize::from(held[at + 2]);
+                        let kind = held[at + 3];
+                        let stream = u32::from_be_bytes([
+                            held[at + 5],
+                            held[at + 6],
+                            held[at + 7],
+                            held[at + 8],
+                        ]) & 0x7fff_ffff;
+                        if kind == 1 && stream != 0 {
+                            answered = true;
+                            break;
+                        }
+                        if held.len() < at + 9 + len {
+                            break;
+                        }
+                        at += 9 + len;
+                    }
+                    held.drain(..at);
+                    if answered {
+                        break; // drops `cw`: the client sees the connection cut
                     }
                 }
             });
@@ -850,8 +951,10 @@ async fn response_dropping_relay(
 }
 
 /// Attempt ids: an Open whose answer is lost after the ledger recorded the
-/// consumption is retried safely by the same attempt (the same success),
-/// while another attempt gets REPLAYED; the same for a reservation.
+/// consumption (the connection is cut as the answer arrives, so the server
+/// has decided by then, however slow the machine) is retried safely by the
+/// same attempt (the same success), while another attempt gets REPLAYED;
+/// the same for a reservation. An attempt ends with its Commit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_answer_is_retried_safely_with_the_same_attempt_id() {
     use stateseal::proto::{CommitRequest, OpenMode};
@@ -872,13 +975,19 @@ async fn a_lost_answer_is_retried_safely_with_the_same_attempt_id() {
             .into_inner()
             .request_state;
         drop.store(true, std::sync::atomic::Ordering::SeqCst);
-        let mut req = tonic::Request::new(with_attempt(&t, "mcp-request-17", mode));
-        req.set_timeout(std::time::Duration::from_millis(500));
-        let lost = via_relay.open(req).await.unwrap_err();
+        // No deadline: the server must not cut the call short; the bound
+        // is a liveness bound only.
+        let lost = tokio::time::timeout(
+            std::time::Duration::from_secs(60),
+            via_relay.open(with_attempt(&t, "mcp-request-17", mode)),
+        )
+        .await
+        .expect("the relay cuts the connection when the answer arrives")
+        .unwrap_err();
         assert!(
             matches!(
                 lost.code(),
-                tonic::Code::DeadlineExceeded | tonic::Code::Unavailable | tonic::Code::Cancelled
+                tonic::Code::Unavailable | tonic::Code::Cancelled | tonic::Code::Unknown
             ),
             "{lost:?}"
         );
@@ -920,6 +1029,16 @@ async fn a_lost_answer_is_retried_safely_with_the_same_attempt_id() {
                 ),
                 "REPLAYED",
                 "after the commit the attempt is over"
+            );
+            let consume = s
+                .client
+                .open(with_attempt(&t, "mcp-request-17", OpenMode::Consume))
+                .await
+                .unwrap_err();
+            assert_eq!(
+                reason(&consume),
+                "REPLAYED",
+                "a plain consume by the committed attempt's id is REPLAYED too"
             );
         }
         drop.store(false, std::sync::atomic::Ordering::SeqCst);

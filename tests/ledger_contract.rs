@@ -8,7 +8,7 @@ use std::sync::Arc;
 use rand::RngCore;
 use stateseal::ledger::postgres::{PgLedger, PgOptions};
 use stateseal::ledger::sled::SledLedger;
-use stateseal::ledger::{Committed, Consumed, Lease, Ledger, LedgerKey};
+use stateseal::ledger::{Consumed, Held, Lease, LeaseAsk, Ledger, LedgerKey, Reserved, TenantTag};
 
 pub fn database_url() -> Option<String> {
     std::env::var("STATESEAL_TEST_DATABASE_URL")
@@ -19,7 +19,11 @@ pub fn database_url() -> Option<String> {
 fn key(expires_at: u64) -> LedgerKey {
     let mut id = [0u8; 32];
     rand::thread_rng().fill_bytes(&mut id);
-    LedgerKey { expires_at, id }
+    LedgerKey {
+        expires_at,
+        id,
+        tenant: TenantTag::default(),
+    }
 }
 
 const FAR: u64 = 4_000_000_000;
@@ -183,11 +187,25 @@ fn wall_now() -> u64 {
         .as_secs()
 }
 
-fn lease(rid: u8, until: u64) -> Lease {
-    Lease {
+/// A lease of `seconds` for reservation `rid`.
+fn ask(rid: u8, seconds: u32) -> LeaseAsk {
+    LeaseAsk {
         rid: [rid; 16],
-        until,
         attempt: None,
+        seconds,
+        cap: u64::MAX,
+    }
+}
+
+/// Long enough for a 1-second lease granted now to have ended by any clock
+/// that counts whole seconds (the database's too): until = t + 1, ended once
+/// the clock reads t + 2.
+const PAST_A_ONE_SECOND_LEASE: std::time::Duration = std::time::Duration::from_millis(2100);
+
+fn reserved_now(r: Reserved) -> Lease {
+    match r {
+        Reserved::Now(l) => l,
+        other => panic!("expected Now, got {other:?}"),
     }
 }
 
@@ -197,7 +215,7 @@ async fn attempts_are_idempotent(l: Arc<dyn Ledger>) {
     // Consume: the same attempt gets the same success; another, REPLAYED.
     let k = key(FAR);
     assert_eq!(l.consume_as(&k, x).await.unwrap(), Consumed::Now);
-    assert_eq!(l.consume_as(&k, x).await.unwrap(), Consumed::Again(None));
+    assert_eq!(l.consume_as(&k, x).await.unwrap(), Consumed::Again);
     assert_eq!(l.consume_as(&k, y).await.unwrap(), Consumed::Before);
     assert_eq!(l.consume_as(&k, None).await.unwrap(), Consumed::Before);
     // Concurrent: one attempt wins; its own retries agree, others do not.
@@ -220,68 +238,83 @@ async fn attempts_are_idempotent(l: Arc<dyn Ledger>) {
     let w = winner.unwrap();
     assert_eq!(
         l.consume_as(&k, Some([w; 16])).await.unwrap(),
-        Consumed::Again(None)
+        Consumed::Again
     );
     // Reserve: the same attempt gets the lease it holds.
     let k = key(FAR);
-    let held = Lease {
-        attempt: x,
-        ..lease(1, now + 60)
-    };
-    assert_eq!(l.reserve(&k, held, now).await.unwrap(), Consumed::Now);
-    let again = Lease {
-        attempt: x,
-        ..lease(2, now + 90)
-    };
-    assert_eq!(
-        l.reserve(&k, again, now + 1).await.unwrap(),
-        Consumed::Again(Some(held))
+    let held = reserved_now(
+        l.reserve(
+            &k,
+            LeaseAsk {
+                attempt: x,
+                ..ask(1, 60)
+            },
+            now,
+        )
+        .await
+        .unwrap(),
     );
-    let other = Lease {
+    assert!(
+        held.end.until >= now + 59 && held.end.seconds >= 59,
+        "{held:?}"
+    );
+    let again = LeaseAsk {
+        attempt: x,
+        ..ask(2, 90)
+    };
+    match l.reserve(&k, again, now).await.unwrap() {
+        Reserved::Again(h) => {
+            assert_eq!(h.rid, held.rid);
+            assert_eq!(h.end.until, held.end.until);
+        }
+        other => panic!("{other:?}"),
+    }
+    let other = LeaseAsk {
         attempt: y,
-        ..lease(3, now + 90)
+        ..ask(3, 90)
     };
-    assert_eq!(
-        l.reserve(&k, other, now + 1).await.unwrap(),
-        Consumed::InUse
-    );
-    assert_eq!(
-        l.commit(&k, held.rid, now + 2).await.unwrap(),
-        Committed::Done
-    );
-    assert_eq!(
-        l.reserve(&k, again, now + 3).await.unwrap(),
-        Consumed::Before
-    );
+    assert_eq!(l.reserve(&k, other, now).await.unwrap(), Reserved::InUse);
+    // A consume by the holding attempt's id is IN_USE too: only a Commit
+    // turns a reservation into a consumption.
+    assert_eq!(l.consume_as(&k, x).await.unwrap(), Consumed::InUse);
+    assert_eq!(l.commit(&k, held.rid).await.unwrap(), Held::Yes(None));
+    // An attempt ends with its Commit: its id is REPLAYED like any other.
+    assert_eq!(l.reserve(&k, again, now).await.unwrap(), Reserved::Before);
+    assert_eq!(l.consume_as(&k, x).await.unwrap(), Consumed::Before);
 }
 
 async fn reserve_commit_release(l: Arc<dyn Ledger>) {
     let now = wall_now();
     let k = key(FAR);
-    let (a, b) = (lease(1, now + 60), lease(2, now + 60));
-    assert_eq!(l.reserve(&k, a, now).await.unwrap(), Consumed::Now);
+    let (a, b) = (ask(1, 60), ask(2, 60));
+    reserved_now(l.reserve(&k, a, now).await.unwrap());
     // Held: another attempt, and a plain consumption, are IN_USE.
-    assert_eq!(l.reserve(&k, b, now + 1).await.unwrap(), Consumed::InUse);
+    assert_eq!(l.reserve(&k, b, now).await.unwrap(), Reserved::InUse);
     assert_eq!(l.consume(&k).await.unwrap(), Consumed::InUse);
     // Releasing what one does not hold changes nothing.
     l.release(&k, b.rid).await.unwrap();
-    assert_eq!(l.reserve(&k, b, now + 1).await.unwrap(), Consumed::InUse);
+    assert_eq!(l.reserve(&k, b, now).await.unwrap(), Reserved::InUse);
     // Released by its holder: available again.
     l.release(&k, a.rid).await.unwrap();
-    assert_eq!(l.reserve(&k, b, now + 2).await.unwrap(), Consumed::Now);
+    reserved_now(l.reserve(&k, b, now).await.unwrap());
+    assert_eq!(l.commit(&k, a.rid).await.unwrap(), Held::Lost);
     assert_eq!(
-        l.commit(&k, a.rid, now + 2).await.unwrap(),
-        Committed::LeaseLost
+        l.renew(&k, a.rid, 60, u64::MAX, now).await.unwrap(),
+        Held::Lost
     );
-    assert_eq!(l.commit(&k, b.rid, now + 2).await.unwrap(), Committed::Done);
+    assert_eq!(l.commit(&k, b.rid).await.unwrap(), Held::Yes(None));
     assert_eq!(
-        l.commit(&k, b.rid, now + 3).await.unwrap(),
-        Committed::Done,
+        l.commit(&k, b.rid).await.unwrap(),
+        Held::Yes(None),
         "idempotent"
     );
-    // Committed: consumed for everyone.
-    assert_eq!(l.reserve(&k, a, now + 3).await.unwrap(), Consumed::Before);
+    // Committed: consumed for everyone; nothing left to renew.
+    assert_eq!(l.reserve(&k, a, now).await.unwrap(), Reserved::Before);
     assert_eq!(l.consume(&k).await.unwrap(), Consumed::Before);
+    assert_eq!(
+        l.renew(&k, b.rid, 60, u64::MAX, now).await.unwrap(),
+        Held::Lost
+    );
     l.release(&k, b.rid).await.unwrap();
     assert_eq!(
         l.consume(&k).await.unwrap(),
@@ -290,35 +323,89 @@ async fn reserve_commit_release(l: Arc<dyn Ledger>) {
     );
 }
 
+/// Leases judged by the ledger's reference clock (the wall clock here, the
+/// database's for PostgreSQL): a lease that ended and that nobody took over
+/// still commits; one taken over does not; a renewed lease is not taken
+/// over; the lease never outlives its cap.
 async fn lease_expiry(l: Arc<dyn Ledger>) {
-    let now = wall_now();
+    // Ended, not taken over: still commits.
     let k = key(FAR);
-    let a = lease(1, now + 5);
-    assert_eq!(l.reserve(&k, a, now).await.unwrap(), Consumed::Now);
+    let a = reserved_now(l.reserve(&k, ask(1, 1), wall_now()).await.unwrap());
+    assert_eq!(a.end.seconds, 1);
+    tokio::time::sleep(PAST_A_ONE_SECOND_LEASE).await;
+    assert_eq!(l.commit(&k, a.rid).await.unwrap(), Held::Yes(None));
+    assert_eq!(l.consume(&k).await.unwrap(), Consumed::Before);
+
+    // Ended, then taken over by another attempt: the holder has lost it.
+    let k = key(FAR);
+    let a = reserved_now(l.reserve(&k, ask(1, 1), wall_now()).await.unwrap());
+    tokio::time::sleep(PAST_A_ONE_SECOND_LEASE).await;
+    let b = reserved_now(l.reserve(&k, ask(2, 60), wall_now()).await.unwrap());
+    assert_eq!(l.commit(&k, a.rid).await.unwrap(), Held::Lost);
     assert_eq!(
-        l.commit(&k, a.rid, now + 6).await.unwrap(),
-        Committed::LeaseLost
+        l.renew(&k, a.rid, 60, u64::MAX, wall_now()).await.unwrap(),
+        Held::Lost
     );
-    // An expired lease is taken over by the next attempt.
-    let b = lease(2, now + 100);
-    assert_eq!(l.reserve(&k, b, now + 6).await.unwrap(), Consumed::Now);
+    assert_eq!(l.commit(&k, b.rid).await.unwrap(), Held::Yes(None));
+
+    // Renewed before it ended: a later attempt finds it IN_USE.
+    let k = key(FAR);
+    let a = reserved_now(l.reserve(&k, ask(1, 1), wall_now()).await.unwrap());
+    match l.renew(&k, a.rid, 30, u64::MAX, wall_now()).await.unwrap() {
+        Held::Yes(Some(end)) => assert!(end.seconds >= 29, "{end:?}"),
+        other => panic!("{other:?}"),
+    }
+    tokio::time::sleep(PAST_A_ONE_SECOND_LEASE).await;
     assert_eq!(
-        l.commit(&k, a.rid, now + 6).await.unwrap(),
-        Committed::LeaseLost
+        l.reserve(&k, ask(2, 60), wall_now()).await.unwrap(),
+        Reserved::InUse
     );
-    assert_eq!(l.commit(&k, b.rid, now + 7).await.unwrap(), Committed::Done);
-    // A plain consumption takes over a lease that already ended.
-    let k2 = key(FAR);
-    let stale = lease(3, now - 10);
-    assert_eq!(
-        l.reserve(&k2, stale, now - 20).await.unwrap(),
-        Consumed::Now
-    );
-    assert_eq!(l.consume(&k2).await.unwrap(), Consumed::Now);
-    assert_eq!(
-        l.commit(&k2, stale.rid, now - 15).await.unwrap(),
-        Committed::LeaseLost
-    );
+    assert_eq!(l.consume(&k).await.unwrap(), Consumed::InUse);
+    assert_eq!(l.commit(&k, a.rid).await.unwrap(), Held::Yes(None));
+
+    // A plain consumption takes over a lease that ended.
+    let k = key(FAR);
+    let a = reserved_now(l.reserve(&k, ask(3, 1), wall_now()).await.unwrap());
+    tokio::time::sleep(PAST_A_ONE_SECOND_LEASE).await;
+    assert_eq!(l.consume(&k).await.unwrap(), Consumed::Now);
+    assert_eq!(l.commit(&k, a.rid).await.unwrap(), Held::Lost);
+
+    // The cap bounds a lease and its renewals.
+    let k = key(FAR);
+    let now = wall_now();
+    let capped = LeaseAsk {
+        cap: now + 5,
+        ..ask(4, 300)
+    };
+    let a = reserved_now(l.reserve(&k, capped, now).await.unwrap());
+    assert!(a.end.until <= now + 5 && a.end.seconds <= 5, "{a:?}");
+    match l.renew(&k, a.rid, 300, now + 5, wall_now()).await.unwrap() {
+        Held::Yes(Some(end)) => assert!(end.until <= now + 5, "{end:?}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Garbage collection frees a reservation whose lease ended (and that
+/// nobody took over) well before its token expires; a live one stays.
+async fn gc_frees_ended_leases(l: Arc<dyn Ledger>) {
+    let (ended, live) = (key(FAR), key(FAR));
+    let e = reserved_now(l.reserve(&ended, ask(1, 1), wall_now()).await.unwrap());
+    let v = reserved_now(l.reserve(&live, ask(2, 120), wall_now()).await.unwrap());
+    tokio::time::sleep(PAST_A_ONE_SECOND_LEASE).await;
+    // The contract's backends run with no clock skew: `before` is now.
+    let mut removed = 0;
+    loop {
+        let n = l.remove_expired(wall_now(), 1000).await.unwrap();
+        removed += n;
+        if n == 0 {
+            break;
+        }
+    }
+    assert!(removed >= 1, "removed {removed}");
+    // Freed: the holder's late commit finds nothing; the token reserves afresh.
+    assert_eq!(l.commit(&ended, e.rid).await.unwrap(), Held::Lost);
+    reserved_now(l.reserve(&ended, ask(3, 60), wall_now()).await.unwrap());
+    assert_eq!(l.commit(&live, v.rid).await.unwrap(), Held::Yes(None));
 }
 
 async fn concurrent_reserves_one_winner(l: Arc<dyn Ledger>) {
@@ -328,17 +415,15 @@ async fn concurrent_reserves_one_winner(l: Arc<dyn Ledger>) {
         let tasks: Vec<_> = (0..32u8)
             .map(|i| {
                 let l = l.clone();
-                tokio::spawn(
-                    async move { (i, l.reserve(&k, lease(i, now + 60), now).await.unwrap()) },
-                )
+                tokio::spawn(async move { (i, l.reserve(&k, ask(i, 60), now).await.unwrap()) })
             })
             .collect();
         let mut winners = Vec::new();
         for t in tasks {
             let (i, c) = t.await.unwrap();
             match c {
-                Consumed::Now => winners.push(i),
-                Consumed::InUse => {}
+                Reserved::Now(_) => winners.push(i),
+                Reserved::InUse => {}
                 other => panic!("{other:?}"),
             }
         }
@@ -346,12 +431,12 @@ async fn concurrent_reserves_one_winner(l: Arc<dyn Ledger>) {
         let commits: Vec<_> = (0..32u8)
             .map(|i| {
                 let l = l.clone();
-                tokio::spawn(async move { l.commit(&k, [i; 16], now + 1).await.unwrap() })
+                tokio::spawn(async move { l.commit(&k, [i; 16]).await.unwrap() })
             })
             .collect();
         let mut done = 0;
         for t in commits {
-            if t.await.unwrap() == Committed::Done {
+            if t.await.unwrap() == Held::Yes(None) {
                 done += 1;
             }
         }
@@ -363,6 +448,7 @@ contract!(
     attempts_are_idempotent,
     reserve_commit_release,
     lease_expiry,
+    gc_frees_ended_leases,
     concurrent_reserves_one_winner,
     consume_once,
     concurrent_same_key,

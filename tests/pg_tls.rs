@@ -16,7 +16,7 @@ use common::pki::Ca;
 use rcgen::SanType;
 use stateseal::ledger::pgtls::{PgTlsFlags, SslMode};
 use stateseal::ledger::postgres::{PgLedger, PgOptions};
-use stateseal::ledger::{Consumed, Ledger, LedgerKey};
+use stateseal::ledger::{Consumed, Ledger, LedgerKey, TenantTag};
 
 fn pg_bin() -> Option<PathBuf> {
     let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
@@ -175,6 +175,7 @@ async fn consumes(l: &PgLedger) {
             .as_secs()
             + 600,
         id: rand::random(),
+        tenant: TenantTag::default(),
     };
     assert_eq!(l.consume(&key).await.unwrap(), Consumed::Now);
     assert_eq!(l.consume(&key).await.unwrap(), Consumed::Before);

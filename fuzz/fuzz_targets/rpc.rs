@@ -11,7 +11,7 @@ use prost::Message;
 use stateseal::binding::Tenant;
 use stateseal::clock::ManualClock;
 use stateseal::keyring::{Keyring, KeyringHandle, KeysetFile};
-use stateseal::ledger::{Consumed, Ledger, LedgerError, LedgerKey};
+use stateseal::ledger::{Consumed, Held, LeaseAsk, Ledger, LedgerError, LedgerKey, Reserved};
 use stateseal::proto::{binding::Params, OpenRequest, SealRequest};
 use stateseal::sealer::{BindingInput, Limits, ParamsInput, Sealer};
 
@@ -39,9 +39,30 @@ impl Ledger for MemLedger {
                 map.insert(key.to_bytes(), attempt);
                 Consumed::Now
             }
-            Some(a) if attempt.is_some() && *a == attempt => Consumed::Again(None),
+            Some(a) if attempt.is_some() && *a == attempt => Consumed::Again,
             Some(_) => Consumed::Before,
         })
+    }
+    // This target opens with OPEN_MODE_CONSUME only; the reservation path is
+    // covered by tests/ledger_contract.rs and tests/at_most_once.rs.
+    async fn reserve(&self, _: &LedgerKey, _: LeaseAsk, _: u64) -> Result<Reserved, LedgerError> {
+        Err(LedgerError("reservations are not fuzzed".into()))
+    }
+    async fn renew(
+        &self,
+        _: &LedgerKey,
+        _: [u8; 16],
+        _: u32,
+        _: u64,
+        _: u64,
+    ) -> Result<Held, LedgerError> {
+        Err(LedgerError("reservations are not fuzzed".into()))
+    }
+    async fn commit(&self, _: &LedgerKey, _: [u8; 16]) -> Result<Held, LedgerError> {
+        Err(LedgerError("reservations are not fuzzed".into()))
+    }
+    async fn release(&self, _: &LedgerKey, _: [u8; 16]) -> Result<(), LedgerError> {
+        Err(LedgerError("reservations are not fuzzed".into()))
     }
     async fn ready(&self) -> bool {
         true

@@ -26,11 +26,32 @@ pub mod postgres;
 pub mod sled;
 
 /// A ledger record key: the token's expiry (for ordered garbage collection)
-/// and its keyed, tenant-scoped id. Never the token itself.
+/// and its keyed, tenant-scoped id. Never the token itself. `tenant` is the
+/// owner's [`TenantTag`], stored with the record (not part of the key's
+/// bytes) so that the ledger can bound the records of each tenant.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct LedgerKey {
     pub expires_at: u64,
     pub id: [u8; 32],
+    pub tenant: TenantTag,
+}
+
+/// A short, stable tag of a tenant's name: what the ledger counts records
+/// by. Not a secret (tenant names are not), never the name itself.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default)]
+pub struct TenantTag(pub [u8; 8]);
+
+impl TenantTag {
+    pub fn of(tenant: &str) -> Self {
+        use sha2::Digest;
+        let d = sha2::Sha256::new()
+            .chain_update(b"stateseal tenant tag v1\0")
+            .chain_update(tenant.as_bytes())
+            .finalize();
+        let mut t = [0u8; 8];
+        t.copy_from_slice(&d[..8]);
+        TenantTag(t)
+    }
 }
 
 impl std::fmt::Debug for LedgerKey {
@@ -58,50 +79,112 @@ impl LedgerKey {
 pub enum Consumed {
     /// This call consumed the token; the record is durable.
     Now,
-    /// The token was consumed before.
+    /// The token was consumed before (or committed: an attempt ends with its
+    /// Commit, so even the committing attempt's id gets `Before`).
     Before,
     /// The token expired before the ledger's horizon: its record may have
     /// been collected, so it is refused (as `EXPIRED`).
     PastHorizon,
     /// Another attempt holds a live reservation of the token (`IN_USE`).
     InUse,
-    /// The ledger holds as many records as it may (`--max-ledger-records`):
-    /// nothing was recorded, and the call is refused (`OVERLOADED`) until
-    /// garbage collection makes room. Only a key the ledger does not hold yet
-    /// can meet this; a replay is still answered `Before`.
+    /// The ledger holds as many records as it may (`--max-ledger-records`),
+    /// or the token's tenant holds its share: nothing was recorded, and the
+    /// call is refused (`OVERLOADED`) until garbage collection makes room.
+    /// Only a key the ledger does not hold yet can meet this; a replay is
+    /// still answered `Before`.
     Full,
     /// The same attempt (its keyed attempt hash) consumed the token before
-    /// (`None`), or holds its live reservation (`Some`, the lease it holds):
-    /// the same success again.
-    Again(Option<Lease>),
+    /// with a plain consume: the same success again.
+    Again,
 }
 
-/// A reservation's id (random, 16 bytes), when its lease ends, and the
-/// keyed hash of the attempt that took it, if the caller named one.
+/// The outcome of a reservation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reserved {
+    /// This call reserved the token under the lease; durable.
+    Now(Lease),
+    /// The same attempt holds a reservation of the token: the lease it
+    /// holds (the same success again).
+    Again(Lease),
+    /// Consumed or committed before (`REPLAYED`).
+    Before,
+    /// As [`Consumed::PastHorizon`].
+    PastHorizon,
+    /// Another attempt's lease lives (`IN_USE`).
+    InUse,
+    /// As [`Consumed::Full`].
+    Full,
+}
+
+/// A lease to ask for: the reservation's id (random, 16 bytes), the keyed
+/// hash of the attempt, if the caller named one, how long, and the latest
+/// end it may have (the token's expiry plus the clock skew its record is
+/// kept for).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct LeaseAsk {
+    pub rid: [u8; 16],
+    pub attempt: Option<[u8; 16]>,
+    pub seconds: u32,
+    pub cap: u64,
+}
+
+impl std::fmt::Debug for LeaseAsk {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseAsk")
+            .field("seconds", &self.seconds)
+            .field("cap", &self.cap)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A reservation held: its id, when its lease ends and how long it was
+/// granted for (both by the ledger's reference clock), and the keyed hash of
+/// the attempt that took it.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Lease {
     pub rid: [u8; 16],
-    pub until: u64,
+    pub end: LeaseEnd,
     pub attempt: Option<[u8; 16]>,
+}
+
+/// When a lease ends (Unix seconds) and the seconds it had left when granted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseEnd {
+    pub until: u64,
+    pub seconds: u32,
+}
+
+impl LeaseEnd {
+    /// The end of a lease of `seconds` granted at `now`, capped at `cap`.
+    pub fn from(now: u64, seconds: u32, cap: u64) -> Self {
+        let until = now.saturating_add(u64::from(seconds)).min(cap);
+        LeaseEnd {
+            until,
+            seconds: u32::try_from(until.saturating_sub(now)).unwrap_or(u32::MAX),
+        }
+    }
 }
 
 impl std::fmt::Debug for Lease {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Lease")
-            .field("until", &self.until)
+            .field("end", &self.end)
             .finish_non_exhaustive()
     }
 }
 
-/// The outcome of a commit.
+/// The outcome of a commit or a renewal.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Committed {
-    /// The consumption is durable (now, or by an earlier commit of the same
-    /// reservation).
-    Done,
-    /// The reservation is gone: its lease ended, or it was released, taken
-    /// over or collected. Nothing was recorded.
-    LeaseLost,
+pub enum Held {
+    /// The reservation still held the token: committed (durably; now, or by
+    /// an earlier commit of the same reservation), or renewed until the new
+    /// end. A reservation whose lease ended but that nobody took over still
+    /// holds the token.
+    Yes(Option<LeaseEnd>),
+    /// The reservation is gone: another attempt took the token over after
+    /// its lease ended, or it was released or collected. Nothing was
+    /// recorded.
+    Lost,
 }
 
 /// The ledger could not answer. The detail is for logs only (it never holds
@@ -125,44 +208,42 @@ pub trait Ledger: Send + Sync + 'static {
     async fn consume(&self, key: &LedgerKey) -> Result<Consumed, LedgerError> {
         self.consume_as(key, None).await
     }
-    /// Reserves `key` for `lease` (`Consumed::Now` = reserved by this call):
-    /// absent, or reserved under a lease that ended before `now`, becomes
-    /// reserved; consumed is `Before`; reserved under a live lease is `InUse`.
-    /// Durable before the answer, like `consume`.
+    /// Reserves `key` under the lease `ask` describes: absent, or reserved
+    /// under a lease that ended, becomes reserved (taken over); consumed is
+    /// `Before`; reserved under a live lease is `InUse` (`Again` for the
+    /// same attempt). Lease ends are judged by the ledger's reference clock:
+    /// the database's for PostgreSQL, `now` (the guarded local clock) for
+    /// sled. Durable before the answer, like `consume`.
     async fn reserve(
         &self,
-        _key: &LedgerKey,
-        _lease: Lease,
-        _now: u64,
-    ) -> Result<Consumed, LedgerError> {
-        Err(LedgerError(
-            "this ledger does not support reservations".into(),
-        ))
-    }
-    /// Turns the reservation `rid` of `key` into a consumption, if its lease
-    /// has not ended by `now`; durable before the answer.
-    async fn commit(
+        key: &LedgerKey,
+        ask: LeaseAsk,
+        now: u64,
+    ) -> Result<Reserved, LedgerError>;
+    /// Extends the reservation `rid` of `key` to `seconds` from the
+    /// reference clock (capped at `cap`), while it still holds the token.
+    async fn renew(
         &self,
-        _key: &LedgerKey,
-        _rid: [u8; 16],
-        _now: u64,
-    ) -> Result<Committed, LedgerError> {
-        Err(LedgerError(
-            "this ledger does not support reservations".into(),
-        ))
-    }
+        key: &LedgerKey,
+        rid: [u8; 16],
+        seconds: u32,
+        cap: u64,
+        now: u64,
+    ) -> Result<Held, LedgerError>;
+    /// Turns the reservation `rid` of `key` into a consumption while it
+    /// still holds the token (whether or not its lease ended); durable
+    /// before the answer.
+    async fn commit(&self, key: &LedgerKey, rid: [u8; 16]) -> Result<Held, LedgerError>;
     /// Removes the reservation `rid` of `key`, if it still holds it.
-    async fn release(&self, _key: &LedgerKey, _rid: [u8; 16]) -> Result<(), LedgerError> {
-        Err(LedgerError(
-            "this ledger does not support reservations".into(),
-        ))
-    }
+    async fn release(&self, key: &LedgerKey, rid: [u8; 16]) -> Result<(), LedgerError>;
     /// Whether the ledger can take consumptions now (readiness).
     async fn ready(&self) -> bool;
     /// Raises the horizon to `before_unix` (capped, where the ledger has a
     /// clock of its own, at that clock minus the skew), durably, then
-    /// removes up to `limit` records that expired before the horizon;
-    /// returns how many it removed.
+    /// removes up to `limit` records that expired before the horizon, and
+    /// up to `limit` reservations whose lease ended before `before_unix`
+    /// (nobody took them over: the token is as if never opened, and its
+    /// retry may reserve it afresh); returns how many it removed.
     async fn remove_expired(&self, before_unix: u64, limit: usize) -> Result<usize, LedgerError>;
     /// Makes everything recorded so far durable (at shutdown).
     async fn close(&self) -> Result<(), LedgerError>;

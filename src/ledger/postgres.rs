@@ -36,7 +36,7 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::pgtls::{self, PgTls, PgTlsFlags};
 
-use super::{Committed, Consumed, Lease, Ledger, LedgerError, LedgerKey};
+use super::{Consumed, Held, Lease, LeaseAsk, LeaseEnd, Ledger, LedgerError, LedgerKey, Reserved};
 
 /// The table; the suffix is the schema version.
 pub const TABLE: &str = "stateseal_consumed_v1";
@@ -272,7 +272,11 @@ async fn migrate(pool: &Pool, limit: Duration) -> Result<(), LedgerError> {
          ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS lease_until bigint;
          ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS rid bytea;
          -- Keyed hash of the caller's attempt id (idempotent retries).
-         ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS attempt bytea;"
+         ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS attempt bytea;
+         -- Reservations by the end of their lease: collected once it ended
+         -- (by the database's clock) and nobody took them over.
+         CREATE INDEX IF NOT EXISTS {TABLE}_lease_until ON {TABLE} (lease_until)
+          WHERE state = 1;"
     );
     timed("migrate", limit * 5, tx.batch_execute(&ddl)).await?;
     timed("commit", limit, tx.commit()).await?;
@@ -384,7 +388,7 @@ async fn run_batcher(
                                 Some((_, _, Some(a)))
                                     if attempt.is_some_and(|x| x[..] == a[..]) =>
                                 {
-                                    Consumed::Again(None)
+                                    Consumed::Again
                                 }
                                 _ => Consumed::Before,
                             }
@@ -497,7 +501,8 @@ async fn insert_batch(
             client.query(
                 &format!(
                     "SELECT id, state, coalesce(lease_until >=
-                              extract(epoch FROM statement_timestamp())::bigint, false), attempt
+                              extract(epoch FROM statement_timestamp())::bigint, false),
+                            CASE WHEN rid IS NULL THEN attempt END
                        FROM {TABLE} WHERE id = ANY($1)"
                 ),
                 &[&ids],
@@ -512,6 +517,14 @@ async fn insert_batch(
         }
     }
     Ok((inserted, horizon, existing))
+}
+
+/// A lease ending at `until`, read at the database's `now`.
+fn lease_end(until: i64, now: i64) -> LeaseEnd {
+    LeaseEnd {
+        until: u64::try_from(until).unwrap_or(0),
+        seconds: u32::try_from(until.saturating_sub(now).max(0)).unwrap_or(u32::MAX),
+    }
 }
 
 /// A connection whose statement passed the client timeout: the statement is
@@ -567,92 +580,135 @@ impl Ledger for PgLedger {
     async fn reserve(
         &self,
         key: &LedgerKey,
-        lease: Lease,
-        now: u64,
-    ) -> Result<Consumed, LedgerError> {
+        ask: LeaseAsk,
+        _now: u64,
+    ) -> Result<Reserved, LedgerError> {
         let id = &key.id[..];
         let exp = i64::try_from(key.expires_at).unwrap_or(i64::MAX);
-        let until = i64::try_from(lease.until).unwrap_or(i64::MAX);
-        let now = i64::try_from(now).unwrap_or(i64::MAX);
-        let rid = &lease.rid[..];
-        let attempt = lease.attempt.as_ref().map(|a| &a[..]);
+        let secs = i64::from(ask.seconds);
+        let cap = i64::try_from(ask.cap).unwrap_or(i64::MAX);
+        let rid = &ask.rid[..];
+        let attempt = ask.attempt.as_ref().map(|a| &a[..]);
         let client = timed("connect", self.timeout, self.pool.get()).await?;
+        // Every time here is the database's: the lease's end, whether a
+        // held lease ended (a takeover), and the horizon.
         let sql = format!(
-            "WITH h AS (SELECT extract(epoch FROM statement_timestamp())::bigint - $5 AS horizon)
+            "WITH h AS (SELECT extract(epoch FROM statement_timestamp())::bigint AS now)
              INSERT INTO {TABLE} (id, expires_at, state, lease_until, rid, attempt)
-             SELECT $1, $2, 1, $3, $4, $7 FROM h WHERE $2 >= h.horizon
-             ON CONFLICT (id) DO UPDATE SET state = 1, lease_until = $3, rid = $4, attempt = $7
-              WHERE {TABLE}.state = 1 AND {TABLE}.lease_until < $6
-             RETURNING id"
+             SELECT $1, $2, 1, LEAST(h.now + $3, $4), $5, $6 FROM h WHERE $2 >= h.now - $7
+             ON CONFLICT (id) DO UPDATE
+                SET state = 1, lease_until = EXCLUDED.lease_until, rid = EXCLUDED.rid,
+                    attempt = EXCLUDED.attempt
+              WHERE {TABLE}.state = 1
+                AND {TABLE}.lease_until < extract(epoch FROM statement_timestamp())::bigint
+             RETURNING lease_until, extract(epoch FROM statement_timestamp())::bigint"
         );
         let rows = timed(
             "reserve",
             self.timeout,
-            client.query(&sql, &[&id, &exp, &until, &rid, &self.skew, &now, &attempt]),
+            client.query(&sql, &[&id, &exp, &secs, &cap, &rid, &attempt, &self.skew]),
         )
         .await?;
-        if !rows.is_empty() {
-            return Ok(Consumed::Now);
+        if let Some(r) = rows.first() {
+            return Ok(Reserved::Now(Lease {
+                rid: ask.rid,
+                end: lease_end(r.get(0), r.get(1)),
+                attempt: ask.attempt,
+            }));
         }
         let row = timed(
             "reserve check",
             self.timeout,
             client.query_opt(
-                &format!("SELECT state, lease_until, rid, attempt FROM {TABLE} WHERE id = $1"),
+                &format!(
+                    "SELECT state, lease_until, rid, attempt,
+                            extract(epoch FROM statement_timestamp())::bigint
+                       FROM {TABLE} WHERE id = $1"
+                ),
                 &[&id],
             ),
         )
         .await?;
         let Some(row) = row else {
             // Not inserted and not there: below the database's horizon.
-            return Ok(Consumed::PastHorizon);
+            return Ok(Reserved::PastHorizon);
         };
-        let (state, held_until, held_rid, held_attempt): (
+        let (state, held_until, held_rid, held_attempt, now): (
             i16,
             Option<i64>,
             Option<&[u8]>,
             Option<&[u8]>,
-        ) = (row.get(0), row.get(1), row.get(2), row.get(3));
+            i64,
+        ) = (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
         Ok(match state {
             1 if attempt.is_some() && held_attempt == attempt => {
                 let rid = held_rid
                     .and_then(|r| <[u8; 16]>::try_from(r).ok())
                     .ok_or_else(|| LedgerError("unexpected rid length".into()))?;
-                Consumed::Again(Some(Lease {
+                Reserved::Again(Lease {
                     rid,
-                    until: held_until.and_then(|u| u64::try_from(u).ok()).unwrap_or(0),
-                    attempt: lease.attempt,
-                }))
+                    end: lease_end(held_until.unwrap_or(0), now),
+                    attempt: ask.attempt,
+                })
             }
-            1 => Consumed::InUse,
-            _ => Consumed::Before,
+            1 => Reserved::InUse,
+            _ => Reserved::Before,
         })
     }
 
-    async fn commit(
+    async fn renew(
         &self,
         key: &LedgerKey,
         rid: [u8; 16],
-        now: u64,
-    ) -> Result<Committed, LedgerError> {
+        seconds: u32,
+        cap: u64,
+        _now: u64,
+    ) -> Result<Held, LedgerError> {
         let id = &key.id[..];
         let rid = &rid[..];
-        let now = i64::try_from(now).unwrap_or(i64::MAX);
+        let secs = i64::from(seconds);
+        let cap = i64::try_from(cap).unwrap_or(i64::MAX);
         let client = timed("connect", self.timeout, self.pool.get()).await?;
+        let row = timed(
+            "renew",
+            self.timeout,
+            client.query_opt(
+                &format!(
+                    "UPDATE {TABLE}
+                        SET lease_until = LEAST(extract(epoch FROM statement_timestamp())::bigint + $3, $4)
+                      WHERE id = $1 AND state = 1 AND rid = $2
+                  RETURNING lease_until, extract(epoch FROM statement_timestamp())::bigint"
+                ),
+                &[&id, &rid, &secs, &cap],
+            ),
+        )
+        .await?;
+        Ok(match row {
+            Some(r) => Held::Yes(Some(lease_end(r.get(0), r.get(1)))),
+            None => Held::Lost,
+        })
+    }
+
+    async fn commit(&self, key: &LedgerKey, rid: [u8; 16]) -> Result<Held, LedgerError> {
+        let id = &key.id[..];
+        let rid = &rid[..];
+        let client = timed("connect", self.timeout, self.pool.get()).await?;
+        // Whether or not the lease ended: nobody took the token over. The
+        // attempt is over: its hash is not kept.
         let n = timed(
             "commit",
             self.timeout,
             client.execute(
                 &format!(
-                    "UPDATE {TABLE} SET state = 2, lease_until = NULL
-                      WHERE id = $1 AND state = 1 AND rid = $2 AND lease_until >= $3"
+                    "UPDATE {TABLE} SET state = 2, lease_until = NULL, attempt = NULL
+                      WHERE id = $1 AND state = 1 AND rid = $2"
                 ),
-                &[&id, &rid, &now],
+                &[&id, &rid],
             ),
         )
         .await?;
         if n == 1 {
-            return Ok(Committed::Done);
+            return Ok(Held::Yes(None));
         }
         // Committed before by this same reservation: idempotent.
         let again = timed(
@@ -665,9 +721,9 @@ impl Ledger for PgLedger {
         )
         .await?;
         Ok(if again.is_some() {
-            Committed::Done
+            Held::Yes(None)
         } else {
-            Committed::LeaseLost
+            Held::Lost
         })
     }
 
@@ -723,8 +779,23 @@ impl Ledger for PgLedger {
                  WHERE expires_at < LEAST($1, extract(epoch FROM statement_timestamp())::bigint - $3)
                  ORDER BY expires_at LIMIT $2)"
         );
-        let removed = timed(
+        let mut removed = timed(
             "gc delete",
+            self.timeout,
+            tx.execute(&sql, &[&before, &n, &self.skew]),
+        )
+        .await?;
+        // Reservations whose lease ended the skew ago (by both clocks) and
+        // that nobody took over: the token is as if never opened.
+        let sql = format!(
+            "DELETE FROM {TABLE} WHERE id IN
+               (SELECT id FROM {TABLE}
+                 WHERE state = 1
+                   AND lease_until < LEAST($1, extract(epoch FROM statement_timestamp())::bigint - $3)
+                 LIMIT $2)"
+        );
+        removed += timed(
+            "gc delete leases",
             self.timeout,
             tx.execute(&sql, &[&before, &n, &self.skew]),
         )

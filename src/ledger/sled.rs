@@ -55,7 +55,7 @@
 //! round like a failed fsync (fail-stop, nothing acknowledged). With the
 //! probe, 60 runs of the same loop lost nothing that was acknowledged.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -63,7 +63,9 @@ use std::sync::{mpsc, Arc};
 
 use tokio::sync::oneshot;
 
-use super::{Committed, Consumed, Lease, Ledger, LedgerError, LedgerKey};
+use super::{
+    Consumed, Held, Lease, LeaseAsk, LeaseEnd, Ledger, LedgerError, LedgerKey, Reserved, TenantTag,
+};
 use crate::clock::{Clock, WallClock};
 
 /// Meta records: the horizon and the clock's high-water mark.
@@ -72,42 +74,60 @@ const META_HORIZON: &[u8] = b"gc_horizon";
 const META_HIGH_WATER: &[u8] = b"high_water";
 
 /// Record values: consumed; reserved (`until`, `rid`); consumed by the
-/// commit of reservation `rid`.
+/// commit of reservation `rid`. With [`V_TAGGED`] set, the kind byte is
+/// followed by the owner's 8-byte [`TenantTag`] (every record written
+/// today; records of earlier versions have none and count against the
+/// total bound only).
 const V_CONSUMED: u8 = 1;
 const V_RESERVED: u8 = 2;
 const V_COMMITTED: u8 = 3;
+const V_TAGGED: u8 = 0x80;
 
 /// Work for the writer thread. Every decision is made by this one thread,
-/// so check-then-write needs no compare-and-swap.
+/// so check-then-write needs no compare-and-swap. `now` is the guarded
+/// local clock, which judges every lease of this ledger.
 enum Job {
-    /// Decide a consumption at `now` (an expired reservation is taken over),
-    /// by an attempt (keyed hash) if named.
-    Consume(
-        LedgerKey,
-        u64,
-        Option<[u8; 16]>,
-        oneshot::Sender<Result<Consumed, String>>,
-    ),
+    /// Decide a consumption (an ended lease is taken over), by an attempt
+    /// (keyed hash) if named.
+    Consume {
+        key: LedgerKey,
+        now: u64,
+        attempt: Option<[u8; 16]>,
+        reply: oneshot::Sender<Result<Consumed, String>>,
+    },
     /// Decide a reservation.
-    Reserve(
-        LedgerKey,
-        Lease,
-        u64,
-        oneshot::Sender<Result<Consumed, String>>,
-    ),
+    Reserve {
+        key: LedgerKey,
+        ask: LeaseAsk,
+        now: u64,
+        reply: oneshot::Sender<Result<Reserved, String>>,
+    },
+    /// Extend a reservation's lease.
+    Renew {
+        key: LedgerKey,
+        rid: [u8; 16],
+        seconds: u32,
+        cap: u64,
+        now: u64,
+        reply: oneshot::Sender<Result<Held, String>>,
+    },
     /// Commit a reservation.
-    Commit(
-        LedgerKey,
-        [u8; 16],
-        u64,
-        oneshot::Sender<Result<Committed, String>>,
-    ),
+    Commit {
+        key: LedgerKey,
+        rid: [u8; 16],
+        reply: oneshot::Sender<Result<Held, String>>,
+    },
     /// Release a reservation.
-    Release(LedgerKey, [u8; 16], oneshot::Sender<Result<(), String>>),
+    Release {
+        key: LedgerKey,
+        rid: [u8; 16],
+        reply: oneshot::Sender<Result<(), String>>,
+    },
     /// Answer after a flush that starts after this job was queued.
     Barrier(oneshot::Sender<Result<(), String>>),
     /// Raise the horizon to `before`, durably, then remove up to `limit`
-    /// records below it.
+    /// records below it and up to `limit` reservations whose lease ended
+    /// before it.
     Collect {
         before: u64,
         limit: usize,
@@ -131,6 +151,16 @@ pub struct FlushStats {
     pub max_records: AtomicU64,
     /// Consumptions and reservations refused because the ledger was full.
     pub refused_full: AtomicU64,
+    /// The bound on one tenant's records (`u64::MAX`: none).
+    pub max_tenant_records: AtomicU64,
+    /// The most records any one tenant holds (as of the last round).
+    pub top_tenant_records: AtomicU64,
+    /// Consumptions and reservations refused because their tenant held its
+    /// share (counted in `refused_full` too).
+    pub refused_tenant_full: AtomicU64,
+    /// Reservations whose lease ended and that nobody took over, removed
+    /// early by garbage collection.
+    pub collected_leases: AtomicU64,
 }
 
 pub struct SledLedger {
@@ -195,6 +225,26 @@ impl SledLedger {
         // (about 200 bytes each, measured), so the count is what bounds it.
         stats.records.store(tree.len() as u64, Ordering::Relaxed);
         stats.max_records.store(u64::MAX, Ordering::Relaxed);
+        stats.max_tenant_records.store(u64::MAX, Ordering::Relaxed);
+        // Each tenant's records and every held lease, from the records.
+        let mut tenants: HashMap<TenantTag, u64> = HashMap::new();
+        let mut leases = BTreeSet::new();
+        for item in tree.iter() {
+            let (k, v) = item.map_err(|e| LedgerError(format!("cannot scan the ledger: {e}")))?;
+            let (record, tag) = Record::decode(Some(&v));
+            if let Some(t) = tag {
+                *tenants.entry(t).or_default() += 1;
+            }
+            if let (Record::Reserved { until, .. }, Ok(k)) =
+                (record, <[u8; LedgerKey::LEN]>::try_from(&k[..]))
+            {
+                leases.insert((until, k));
+            }
+        }
+        stats.top_tenant_records.store(
+            tenants.values().copied().max().unwrap_or(0),
+            Ordering::Relaxed,
+        );
         let (tx, rx) = mpsc::channel::<Job>();
         let writer_thread = {
             let mut w = Writer {
@@ -207,6 +257,8 @@ impl SledLedger {
                 horizon,
                 dead: dead.clone(),
                 stats: stats.clone(),
+                tenants,
+                leases,
             };
             std::thread::Builder::new()
                 .name("stateseal-ledger".into())
@@ -241,6 +293,15 @@ impl SledLedger {
     /// (nothing recorded) until garbage collection makes room.
     pub fn with_max_records(self, max: u64) -> Self {
         self.stats.max_records.store(max, Ordering::Relaxed);
+        self
+    }
+
+    /// Bounds the records of any one tenant (its share of
+    /// `--max-ledger-records`): a tenant at its bound gets
+    /// [`Consumed::Full`] for a key it does not hold yet, and no other
+    /// tenant is affected.
+    pub fn with_max_tenant_records(self, max: u64) -> Self {
+        self.stats.max_tenant_records.store(max, Ordering::Relaxed);
         self
     }
 
@@ -297,6 +358,11 @@ struct Writer {
     horizon: u64,
     dead: Arc<AtomicBool>,
     stats: Arc<FlushStats>,
+    /// Records per tenant (tagged records only).
+    tenants: HashMap<TenantTag, u64>,
+    /// Every reservation the tree holds, by the end of its lease: what
+    /// garbage collection frees early.
+    leases: BTreeSet<(u64, [u8; LedgerKey::LEN])>,
 }
 
 /// In the ledger directory, beside sled's files.
@@ -376,113 +442,142 @@ impl Writer {
     /// Decides the jobs in order (each sees the writes of the ones before it
     /// in this round), writes every change (and the high-water mark) key by
     /// key, flushes once and fdatasyncs.
-    fn round(&self, jobs: &[Job], high_water: Option<u64>) -> Result<Vec<Answer>, String> {
+    fn round(&mut self, jobs: &[Job], high_water: Option<u64>) -> Result<Vec<Answer>, String> {
         let mut overlay: HashMap<[u8; LedgerKey::LEN], Slot> = HashMap::new();
+        let tree = &self.tree;
         let get = |overlay: &HashMap<_, Slot>, k: &[u8; LedgerKey::LEN]| match overlay.get(k) {
             Some(slot) => Ok(slot.now.clone()),
-            None => self
-                .tree
+            None => tree
                 .get(k)
                 .map(|v| v.map(|v| v.to_vec()))
                 .map_err(|e| format!("read failed: {e}")),
         };
-        let records = self.stats.records.load(Ordering::Relaxed);
-        let max_records = self.stats.max_records.load(Ordering::Relaxed);
-        let mut added = 0u64;
-        // Room for one more record?
-        let mut room = || {
-            if records.saturating_add(added) >= max_records {
-                self.stats.refused_full.fetch_add(1, Ordering::Relaxed);
-                return false;
-            }
-            added += 1;
-            true
+        let mut room = Room {
+            stats: &self.stats,
+            tenants: &self.tenants,
+            records: self.stats.records.load(Ordering::Relaxed),
+            max_records: self.stats.max_records.load(Ordering::Relaxed),
+            max_tenant: self.stats.max_tenant_records.load(Ordering::Relaxed),
+            added: 0,
+            added_by: HashMap::new(),
         };
         let mut answers = Vec::with_capacity(jobs.len());
         for job in jobs {
             let answer = match job {
-                Job::Consume(key, ..) | Job::Reserve(key, ..) if key.expires_at < self.horizon => {
-                    Answer::Consumed(Consumed::PastHorizon)
+                Job::Consume { key, .. } | Job::Reserve { key, .. }
+                    if key.expires_at < self.horizon =>
+                {
+                    match job {
+                        Job::Reserve { .. } => Answer::Reserved(Reserved::PastHorizon),
+                        _ => Answer::Consumed(Consumed::PastHorizon),
+                    }
                 }
-                Job::Consume(key, now, attempt, _) => {
+                Job::Consume {
+                    key, now, attempt, ..
+                } => {
                     let k = key.to_bytes();
-                    let same = |a: Option<[u8; 16]>| attempt.is_some() && a == *attempt;
-                    let record = Record::decode(get(&overlay, &k)?.as_deref());
+                    let raw = get(&overlay, &k)?;
+                    let (record, _) = Record::decode(raw.as_deref());
                     let c = match record {
-                        Record::Absent if !room() => Consumed::Full,
+                        Record::Absent if !room.take(key.tenant) => Consumed::Full,
                         Record::Absent => Consumed::Now,
                         Record::Reserved { until, .. } if until < *now => Consumed::Now,
                         Record::Reserved { .. } => Consumed::InUse,
-                        Record::Consumed { attempt: a } | Record::Committed { attempt: a, .. }
-                            if same(a) =>
-                        {
-                            Consumed::Again(None)
+                        Record::Consumed { attempt: a } if attempt.is_some() && a == *attempt => {
+                            Consumed::Again
                         }
+                        // An attempt ends with its Commit: Before for all.
                         Record::Consumed { .. } | Record::Committed { .. } => Consumed::Before,
                     };
                     if c == Consumed::Now {
-                        let mut v = vec![V_CONSUMED];
+                        let mut v = tagged(V_CONSUMED, key.tenant);
                         v.extend(attempt.iter().flatten());
-                        Slot::write(&mut overlay, k, &record, Some(v));
+                        Slot::write(&mut overlay, k, &raw, Some(v));
                     }
                     Answer::Consumed(c)
                 }
-                Job::Reserve(key, lease, now, _) => {
+                Job::Reserve { key, ask, now, .. } => {
                     let k = key.to_bytes();
-                    let record = Record::decode(get(&overlay, &k)?.as_deref());
+                    let raw = get(&overlay, &k)?;
+                    let (record, _) = Record::decode(raw.as_deref());
+                    let lease = Lease {
+                        rid: ask.rid,
+                        end: LeaseEnd::from(*now, ask.seconds, ask.cap),
+                        attempt: ask.attempt,
+                    };
                     let c = match record {
-                        Record::Absent if !room() => Consumed::Full,
-                        Record::Absent => Consumed::Now,
-                        Record::Reserved { until, .. } if until < *now => Consumed::Now,
+                        Record::Absent if !room.take(key.tenant) => Reserved::Full,
+                        Record::Absent => Reserved::Now(lease),
+                        Record::Reserved { until, .. } if until < *now => Reserved::Now(lease),
                         Record::Reserved {
                             until,
                             rid,
                             attempt: a,
-                        } if lease.attempt.is_some() && a == lease.attempt => {
-                            Consumed::Again(Some(Lease {
-                                rid,
-                                until,
-                                attempt: a,
-                            }))
-                        }
-                        Record::Reserved { .. } => Consumed::InUse,
-                        Record::Consumed { .. } | Record::Committed { .. } => Consumed::Before,
+                        } if ask.attempt.is_some() && a == ask.attempt => Reserved::Again(Lease {
+                            rid,
+                            end: LeaseEnd::from(*now, u32::MAX, until),
+                            attempt: a,
+                        }),
+                        Record::Reserved { .. } => Reserved::InUse,
+                        Record::Consumed { .. } | Record::Committed { .. } => Reserved::Before,
                     };
-                    if c == Consumed::Now {
-                        let mut v = vec![V_RESERVED];
-                        v.extend_from_slice(&lease.until.to_be_bytes());
-                        v.extend_from_slice(&lease.rid);
-                        v.extend(lease.attempt.iter().flatten());
-                        Slot::write(&mut overlay, k, &record, Some(v));
+                    if let Reserved::Now(l) = c {
+                        Slot::write(&mut overlay, k, &raw, Some(reserved_value(key, &l)));
                     }
-                    Answer::Consumed(c)
+                    Answer::Reserved(c)
                 }
-                Job::Commit(key, rid, now, _) => {
+                Job::Renew {
+                    key,
+                    rid,
+                    seconds,
+                    cap,
+                    now,
+                    ..
+                } => {
                     let k = key.to_bytes();
-                    let record = Record::decode(get(&overlay, &k)?.as_deref());
+                    let raw = get(&overlay, &k)?;
+                    let (record, _) = Record::decode(raw.as_deref());
                     let c = match record {
                         Record::Reserved {
-                            until,
-                            rid: r,
-                            attempt,
-                        } if r == *rid && until >= *now => {
-                            let mut v = vec![V_COMMITTED];
-                            v.extend_from_slice(rid);
-                            v.extend(attempt.iter().flatten());
-                            Slot::write(&mut overlay, k, &record, Some(v));
-                            Committed::Done
+                            rid: r, attempt, ..
+                        } if r == *rid => {
+                            let lease = Lease {
+                                rid: r,
+                                end: LeaseEnd::from(*now, *seconds, *cap),
+                                attempt,
+                            };
+                            Slot::write(&mut overlay, k, &raw, Some(reserved_value(key, &lease)));
+                            Held::Yes(Some(lease.end))
                         }
-                        Record::Committed { rid: r, .. } if r == *rid => Committed::Done,
-                        _ => Committed::LeaseLost,
+                        _ => Held::Lost,
                     };
-                    Answer::Committed(c)
+                    Answer::Held(c)
                 }
-                Job::Release(key, rid, _) => {
+                Job::Commit { key, rid, .. } => {
                     let k = key.to_bytes();
-                    let record = Record::decode(get(&overlay, &k)?.as_deref());
+                    let raw = get(&overlay, &k)?;
+                    let (record, _) = Record::decode(raw.as_deref());
+                    let c = match record {
+                        // Whether or not its lease ended: nobody took it over.
+                        Record::Reserved { rid: r, .. } if r == *rid => {
+                            // The attempt is over: not kept.
+                            let mut v = tagged(V_COMMITTED, key.tenant);
+                            v.extend_from_slice(rid);
+                            Slot::write(&mut overlay, k, &raw, Some(v));
+                            Held::Yes(None)
+                        }
+                        Record::Committed { rid: r, .. } if r == *rid => Held::Yes(None),
+                        _ => Held::Lost,
+                    };
+                    Answer::Held(c)
+                }
+                Job::Release { key, rid, .. } => {
+                    let k = key.to_bytes();
+                    let raw = get(&overlay, &k)?;
+                    let (record, _) = Record::decode(raw.as_deref());
                     if let Record::Reserved { rid: r, .. } = record {
                         if r == *rid {
-                            Slot::write(&mut overlay, k, &record, None);
+                            Slot::write(&mut overlay, k, &raw, None);
                         }
                     }
                     Answer::Released
@@ -492,19 +587,14 @@ impl Writer {
             };
             answers.push(answer);
         }
-        let (mut plus, mut minus) = (0u64, 0u64);
+        let mut changes = Vec::with_capacity(overlay.len());
         for (k, slot) in overlay {
-            match slot.now {
-                Some(v) => {
-                    plus += u64::from(!slot.was);
-                    self.tree.insert(&k[..], v).map(|_| ())
-                }
-                None => {
-                    minus += u64::from(slot.was);
-                    self.tree.remove(&k[..]).map(|_| ())
-                }
+            match &slot.now {
+                Some(v) => self.tree.insert(&k[..], v.as_slice()).map(|_| ()),
+                None => self.tree.remove(&k[..]).map(|_| ()),
             }
             .map_err(|e| format!("write failed: {e}"))?;
+            changes.push((k, slot));
         }
         if let Some(t) = high_water {
             self.meta
@@ -512,11 +602,39 @@ impl Writer {
                 .map_err(|e| format!("meta write failed: {e}"))?;
         }
         self.sync()?;
-        self.stats.records.store(
-            records.saturating_add(plus).saturating_sub(minus),
-            Ordering::Relaxed,
-        );
+        for (k, slot) in changes {
+            self.account(k, slot.was, slot.now.as_deref());
+        }
         Ok(answers)
+    }
+
+    /// Keeps the counts and the lease index in step with a record of `k`
+    /// that was `was` and is now `now` (written durably).
+    fn account(&mut self, k: [u8; LedgerKey::LEN], was: Option<Vec<u8>>, now: Option<&[u8]>) {
+        let (before, before_tag) = Record::decode(was.as_deref());
+        let (after, after_tag) = Record::decode(now);
+        if let Record::Reserved { until, .. } = before {
+            self.leases.remove(&(until, k));
+        }
+        if let Record::Reserved { until, .. } = after {
+            self.leases.insert((until, k));
+        }
+        let present = |r: &Record| !matches!(r, Record::Absent);
+        if present(&before) && !present(&after) {
+            self.stats.records.fetch_sub(1, Ordering::Relaxed);
+            if let Some(n) = before_tag.and_then(|t| self.tenants.get_mut(&t)) {
+                *n = n.saturating_sub(1);
+            }
+        } else if !present(&before) && present(&after) {
+            self.stats.records.fetch_add(1, Ordering::Relaxed);
+            if let Some(t) = after_tag {
+                let n = self.tenants.entry(t).or_default();
+                *n += 1;
+                self.stats
+                    .top_tenant_records
+                    .fetch_max(*n, Ordering::Relaxed);
+            }
+        }
     }
 
     fn sync(&self) -> Result<(), String> {
@@ -532,7 +650,8 @@ impl Writer {
             .map_err(|e| format!("filesystem check after fdatasync failed: {e}"))
     }
 
-    /// Raises the horizon durably, then removes records below it.
+    /// Raises the horizon durably, then removes records below it, then
+    /// reservations whose lease ended before `before`.
     fn collect(&mut self, before: u64, limit: usize) -> Result<usize, String> {
         if before > self.horizon {
             self.meta
@@ -542,29 +661,115 @@ impl Writer {
             self.horizon = before;
         }
         let end = self.horizon.to_be_bytes();
-        let mut n = 0;
-        for item in self.tree.range(..&end[..]).keys().take(limit) {
-            let k = item.map_err(|e| format!("scan failed: {e}"))?;
-            let was = self
+        let mut gone = Vec::new();
+        for item in self.tree.range(..&end[..]).take(limit) {
+            let (k, v) = item.map_err(|e| format!("scan failed: {e}"))?;
+            gone.push((k, v));
+        }
+        // Reservations nobody took over, whose lease ended before `before`
+        // (the clock skew ago): removing one leaves the token as if never
+        // opened, which is what a takeover would have found. Their holder's
+        // late Commit then answers LEASE_EXPIRED.
+        let ended: Vec<_> = self
+            .leases
+            .range(..(before, [0u8; LedgerKey::LEN]))
+            .take(limit)
+            .copied()
+            .collect();
+        let mut early = 0u64;
+        for (until, k) in ended {
+            let v = self
                 .tree
-                .remove(k)
-                .map_err(|e| format!("remove failed: {e}"))?;
-            n += 1;
-            if was.is_some() {
-                self.stats.records.fetch_sub(1, Ordering::Relaxed);
+                .get(&k[..])
+                .map_err(|e| format!("read failed: {e}"))?;
+            match Record::decode(v.as_deref()).0 {
+                Record::Reserved { until: u, .. } if u == until => {
+                    gone.push((k[..].into(), v.expect("read above")));
+                    early += 1;
+                }
+                // Stale index entry (cannot happen: kept in step).
+                _ => {
+                    self.leases.remove(&(until, k));
+                }
             }
         }
+        let n = gone.len();
+        for (k, v) in gone {
+            self.tree
+                .remove(&k)
+                .map_err(|e| format!("remove failed: {e}"))?;
+            if let Ok(k) = <[u8; LedgerKey::LEN]>::try_from(&k[..]) {
+                self.account(k, Some(v.to_vec()), None);
+            }
+        }
+        self.stats
+            .collected_leases
+            .fetch_add(early, Ordering::Relaxed);
+        self.stats.top_tenant_records.store(
+            self.tenants.values().copied().max().unwrap_or(0),
+            Ordering::Relaxed,
+        );
         // Removals need no flush of their own: one lost in a crash is
-        // removed again later, and the horizon already refuses its key.
+        // removed again later; the horizon already refuses an expired key,
+        // and a lease that ended may be taken over anyway.
         Ok(n)
     }
 }
 
-/// A key a round writes: whether the tree held it before the round (so the
-/// round knows how many records it adds and removes), and its new value
+/// Whether a round may add one more record, overall and for its tenant.
+struct Room<'a> {
+    stats: &'a FlushStats,
+    tenants: &'a HashMap<TenantTag, u64>,
+    records: u64,
+    max_records: u64,
+    max_tenant: u64,
+    added: u64,
+    added_by: HashMap<TenantTag, u64>,
+}
+
+impl Room<'_> {
+    fn take(&mut self, tenant: TenantTag) -> bool {
+        if self.records.saturating_add(self.added) >= self.max_records {
+            self.stats.refused_full.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        let held = self.tenants.get(&tenant).copied().unwrap_or(0);
+        let adding = self.added_by.entry(tenant).or_default();
+        if held.saturating_add(*adding) >= self.max_tenant {
+            self.stats.refused_full.fetch_add(1, Ordering::Relaxed);
+            self.stats
+                .refused_tenant_full
+                .fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        *adding += 1;
+        self.added += 1;
+        true
+    }
+}
+
+/// A record value's first bytes: its kind, tagged with its tenant.
+fn tagged(kind: u8, tenant: TenantTag) -> Vec<u8> {
+    let mut v = Vec::with_capacity(1 + 8 + 40);
+    v.push(kind | V_TAGGED);
+    v.extend_from_slice(&tenant.0);
+    v
+}
+
+/// The value of a reservation under `lease`.
+fn reserved_value(key: &LedgerKey, lease: &Lease) -> Vec<u8> {
+    let mut v = tagged(V_RESERVED, key.tenant);
+    v.extend_from_slice(&lease.end.until.to_be_bytes());
+    v.extend_from_slice(&lease.rid);
+    v.extend(lease.attempt.iter().flatten());
+    v
+}
+
+/// A key a round writes: its value before the round (so the round knows
+/// how many records it adds and removes, and whose), and its new value
 /// (`None`: removed).
 struct Slot {
-    was: bool,
+    was: Option<Vec<u8>>,
     now: Option<Vec<u8>>,
 }
 
@@ -574,13 +779,13 @@ impl Slot {
     fn write(
         overlay: &mut HashMap<[u8; LedgerKey::LEN], Slot>,
         k: [u8; LedgerKey::LEN],
-        read: &Record,
+        read: &Option<Vec<u8>>,
         now: Option<Vec<u8>>,
     ) {
         overlay
             .entry(k)
-            .or_insert(Slot {
-                was: !matches!(read, Record::Absent),
+            .or_insert_with(|| Slot {
+                was: read.clone(),
                 now: None,
             })
             .now = now;
@@ -590,26 +795,34 @@ impl Slot {
 /// A decision's answer, to go back to its job's caller.
 enum Answer {
     Consumed(Consumed),
-    Committed(Committed),
+    Reserved(Reserved),
+    Held(Held),
     Released,
 }
 
 fn answer_job(job: Job, answer: Result<Answer, String>) {
+    const MISMATCH: &str = "internal: mismatched answer";
     match (job, answer) {
-        (Job::Consume(_, _, _, r) | Job::Reserve(_, _, _, r), a) => {
-            let _ = r.send(a.and_then(|a| match a {
+        (Job::Consume { reply, .. }, a) => {
+            let _ = reply.send(a.and_then(|a| match a {
                 Answer::Consumed(c) => Ok(c),
-                _ => Err("internal: mismatched answer".into()),
+                _ => Err(MISMATCH.into()),
             }));
         }
-        (Job::Commit(_, _, _, r), a) => {
-            let _ = r.send(a.and_then(|a| match a {
-                Answer::Committed(c) => Ok(c),
-                _ => Err("internal: mismatched answer".into()),
+        (Job::Reserve { reply, .. }, a) => {
+            let _ = reply.send(a.and_then(|a| match a {
+                Answer::Reserved(c) => Ok(c),
+                _ => Err(MISMATCH.into()),
             }));
         }
-        (Job::Release(_, _, r), a) => {
-            let _ = r.send(a.map(|_| ()));
+        (Job::Renew { reply, .. } | Job::Commit { reply, .. }, a) => {
+            let _ = reply.send(a.and_then(|a| match a {
+                Answer::Held(c) => Ok(c),
+                _ => Err(MISMATCH.into()),
+            }));
+        }
+        (Job::Release { reply, .. }, a) => {
+            let _ = reply.send(a.map(|_| ()));
         }
         (Job::Barrier(r), a) => {
             let _ = r.send(a.map(|_| ()));
@@ -635,7 +848,6 @@ enum Record {
     },
     Committed {
         rid: [u8; 16],
-        attempt: Option<[u8; 16]>,
     },
 }
 
@@ -646,7 +858,22 @@ fn arr16(b: &[u8]) -> [u8; 16] {
 }
 
 impl Record {
-    fn decode(v: Option<&[u8]>) -> Record {
+    /// The record and, for a tagged one, its tenant.
+    fn decode(v: Option<&[u8]>) -> (Record, Option<TenantTag>) {
+        match v {
+            Some([kind, rest @ ..]) if kind & V_TAGGED != 0 && rest.len() >= 8 => {
+                let mut t = [0u8; 8];
+                t.copy_from_slice(&rest[..8]);
+                let mut untagged = Vec::with_capacity(rest.len() - 7);
+                untagged.push(kind & !V_TAGGED);
+                untagged.extend_from_slice(&rest[8..]);
+                (Record::decode_untagged(Some(&untagged)), Some(TenantTag(t)))
+            }
+            v => (Record::decode_untagged(v), None),
+        }
+    }
+
+    fn decode_untagged(v: Option<&[u8]>) -> Record {
         let attempt = |rest: &[u8], at: usize| (rest.len() == at + 16).then(|| arr16(&rest[at..]));
         match v {
             None => Record::Absent,
@@ -662,7 +889,6 @@ impl Record {
             Some([V_COMMITTED, rest @ ..]) if rest.len() == 16 || rest.len() == 32 => {
                 Record::Committed {
                     rid: arr16(&rest[..16]),
-                    attempt: attempt(rest, 16),
                 }
             }
             Some([V_CONSUMED, rest @ ..]) if rest.len() == 16 => Record::Consumed {
@@ -676,24 +902,7 @@ impl Record {
 
 fn refuse(jobs: Vec<Job>) {
     for j in jobs {
-        match j {
-            Job::Consume(_, _, _, r) | Job::Reserve(_, _, _, r) => {
-                let _ = r.send(Err(DEAD.to_owned()));
-            }
-            Job::Commit(_, _, _, r) => {
-                let _ = r.send(Err(DEAD.to_owned()));
-            }
-            Job::Release(_, _, r) => {
-                let _ = r.send(Err(DEAD.to_owned()));
-            }
-            Job::Barrier(r) => {
-                let _ = r.send(Err(DEAD.to_owned()));
-            }
-            Job::Collect { reply, .. } => {
-                let _ = reply.send(Err(DEAD.to_owned()));
-            }
-            Job::HighWater(_) => {}
-        }
+        answer_job(j, Err(DEAD.to_owned()));
     }
 }
 
@@ -705,32 +914,59 @@ impl Ledger for SledLedger {
         attempt: Option<[u8; 16]>,
     ) -> Result<Consumed, LedgerError> {
         let (key, now) = (*key, self.clock.now_unix());
-        self.ask(|r| Job::Consume(key, now, attempt, r)).await
+        self.ask(|reply| Job::Consume {
+            key,
+            now,
+            attempt,
+            reply,
+        })
+        .await
     }
 
     async fn reserve(
         &self,
         key: &LedgerKey,
-        lease: Lease,
+        ask: LeaseAsk,
         now: u64,
-    ) -> Result<Consumed, LedgerError> {
+    ) -> Result<Reserved, LedgerError> {
         let key = *key;
-        self.ask(|r| Job::Reserve(key, lease, now, r)).await
+        self.ask(|reply| Job::Reserve {
+            key,
+            ask,
+            now,
+            reply,
+        })
+        .await
     }
 
-    async fn commit(
+    async fn renew(
         &self,
         key: &LedgerKey,
         rid: [u8; 16],
+        seconds: u32,
+        cap: u64,
         now: u64,
-    ) -> Result<Committed, LedgerError> {
+    ) -> Result<Held, LedgerError> {
         let key = *key;
-        self.ask(|r| Job::Commit(key, rid, now, r)).await
+        self.ask(|reply| Job::Renew {
+            key,
+            rid,
+            seconds,
+            cap,
+            now,
+            reply,
+        })
+        .await
+    }
+
+    async fn commit(&self, key: &LedgerKey, rid: [u8; 16]) -> Result<Held, LedgerError> {
+        let key = *key;
+        self.ask(|reply| Job::Commit { key, rid, reply }).await
     }
 
     async fn release(&self, key: &LedgerKey, rid: [u8; 16]) -> Result<(), LedgerError> {
         let key = *key;
-        self.ask(|r| Job::Release(key, rid, r)).await
+        self.ask(|reply| Job::Release { key, rid, reply }).await
     }
 
     async fn ready(&self) -> bool {
