@@ -6,103 +6,14 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::process::{spawn, ServerProcess};
+use common::process::spawn;
+use common::skew::Skewed;
 use common::*;
 use stateseal::proto::SealRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
-
-const SHIM: &str = r#"
-#define _GNU_SOURCE
-#include <dlfcn.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <time.h>
-static int (*real_clock_gettime)(clockid_t, struct timespec *);
-static long long offset_s, next_read_ms;
-int clock_gettime(clockid_t id, struct timespec *ts) {
-  if (!real_clock_gettime)
-    real_clock_gettime = (int (*)(clockid_t, struct timespec *))dlsym(RTLD_NEXT, "clock_gettime");
-  int r = real_clock_gettime(id, ts);
-  if (r == 0 && (id == CLOCK_REALTIME || id == CLOCK_REALTIME_COARSE)) {
-    struct timespec m;
-    real_clock_gettime(CLOCK_MONOTONIC, &m);
-    long long ms = m.tv_sec * 1000LL + m.tv_nsec / 1000000;
-    if (ms >= next_read_ms) {
-      next_read_ms = ms + 50;
-      const char *p = getenv("STATESEAL_TEST_CLOCK_OFFSET_FILE");
-      FILE *f = p ? fopen(p, "r") : NULL;
-      if (f) {
-        long long v;
-        if (fscanf(f, "%lld", &v) == 1) offset_s = v;
-        fclose(f);
-      }
-    }
-    ts->tv_sec += offset_s;
-  }
-  return r;
-}
-"#;
-
-/// The shim library, or `None` (with a loud SKIPPED) without a C compiler.
-fn shim(dir: &Path) -> Option<PathBuf> {
-    let src = dir.join("clockshim.c");
-    let lib = dir.join("libclockshim.so");
-    std::fs::write(&src, SHIM).unwrap();
-    let out = std::process::Command::new("cc")
-        .args(["-shared", "-fPIC", "-O2", "-o"])
-        .arg(&lib)
-        .arg(&src)
-        .arg("-ldl")
-        .output();
-    match out {
-        Ok(o) if o.status.success() => Some(lib),
-        Ok(o) => panic!(
-            "cannot build the clock shim: {}",
-            String::from_utf8_lossy(&o.stderr)
-        ),
-        Err(e) => {
-            eprintln!("\n*** SKIPPED: clock-step tests need a C compiler (cc): {e} ***\n");
-            None
-        }
-    }
-}
-
-struct Skewed {
-    lib: PathBuf,
-    offset_file: PathBuf,
-}
-
-impl Skewed {
-    fn new(dir: &Path) -> Option<Self> {
-        let lib = shim(dir)?;
-        let s = Skewed {
-            lib,
-            offset_file: dir.join("offset"),
-        };
-        s.set(0);
-        Some(s)
-    }
-    fn set(&self, secs: i64) {
-        let tmp = self.offset_file.with_extension("tmp");
-        std::fs::write(&tmp, secs.to_string()).unwrap();
-        std::fs::rename(&tmp, &self.offset_file).unwrap();
-    }
-    fn spawn(&self, data: &Path, args: &[&str], envs: &[(&str, &str)]) -> ServerProcess {
-        let mut all = vec![
-            ("LD_PRELOAD", self.lib.to_str().unwrap()),
-            (
-                "STATESEAL_TEST_CLOCK_OFFSET_FILE",
-                self.offset_file.to_str().unwrap(),
-            ),
-        ];
-        all.extend_from_slice(envs);
-        spawn(data, args, &all)
-    }
-}
 
 async fn readiness(addr: std::net::SocketAddr) -> i32 {
     health_status(addr, "stateseal.v1.RequestState").await

@@ -16,6 +16,7 @@ use tonic::transport::Channel;
 
 pub mod pki;
 pub mod process;
+pub mod skew;
 
 pub const T0: u64 = 1_900_000_000;
 

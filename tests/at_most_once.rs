@@ -1,0 +1,387 @@
+//! At most once means the handler, not the token (DESIGN.md §2, guarantee
+//! 13), checked against real `stateseal` processes:
+//!
+//! - on PostgreSQL every lease decision is the database's: two replicas
+//!   whose clocks are 45 s apart (inside `--clock-skew`, so both are ready)
+//!   agree that a lease lives, and its holder's Commit counts;
+//! - a randomized run interleaves reserve, renew, commit, release, consume
+//!   and replays from several callers on two replicas, with handlers that
+//!   take about as long as their lease, and checks that no token ever has
+//!   two completed executions.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::process::{command, spawn, ServerProcess};
+use common::skew::Skewed;
+use common::*;
+use rand::{Rng, SeedableRng};
+use stateseal::proto::request_state_client::RequestStateClient;
+use stateseal::proto::{CommitRequest, OpenMode, OpenRequest, ReleaseRequest, RenewRequest};
+use tonic::transport::Channel;
+use tonic_health::pb::health_check_response::ServingStatus;
+
+fn database_url() -> Option<String> {
+    std::env::var("STATESEAL_TEST_DATABASE_URL")
+        .ok()
+        .filter(|s| !s.is_empty())
+}
+
+/// A keyset shared by the replicas, made with `keys init`.
+fn keyset(dir: &Path) -> String {
+    let ks = dir.join("keyset.json");
+    assert!(command()
+        .args(["keys", "init"])
+        .arg(&ks)
+        .output()
+        .unwrap()
+        .status
+        .success());
+    ks.to_str().unwrap().to_owned()
+}
+
+async fn wait_ready(addr: std::net::SocketAddr) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while health_status(addr, "stateseal.v1.RequestState").await != ServingStatus::Serving as i32 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "replica at {addr} never became ready"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn reserve(t: &str, lease: u32, attempt: &str) -> OpenRequest {
+    OpenRequest {
+        mode: OpenMode::Reserve as i32,
+        lease_seconds: lease,
+        attempt_id: attempt.into(),
+        ..open_req(t)
+    }
+}
+
+/// Two replicas on one database, one clock 45 s ahead and one 45 s behind
+/// (both within the 60 s skew, so both report ready): a lease granted by
+/// either is IN_USE through the other, for reserve and for a plain
+/// consume, and the holder's Commit succeeds. With leases judged by each
+/// replica's own clock, the replica ahead took a 30 s lease over after one
+/// second, and a lease granted by the replica behind had ended by the
+/// database's clock before it was granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_leases_follow_the_database_clock_across_skewed_replicas() {
+    let Some(url) = database_url() else {
+        eprintln!(
+            "\n*** SKIPPED: PostgreSQL lease clock test (set STATESEAL_TEST_DATABASE_URL) ***\n"
+        );
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let ks = keyset(tmp.path());
+    let (ahead_dir, behind_dir) = (tmp.path().join("ahead"), tmp.path().join("behind"));
+    std::fs::create_dir_all(&ahead_dir).unwrap();
+    std::fs::create_dir_all(&behind_dir).unwrap();
+    let (Some(ahead_clock), Some(behind_clock)) =
+        (Skewed::new(&ahead_dir), Skewed::new(&behind_dir))
+    else {
+        return; // SKIPPED printed by the shim builder (no C compiler)
+    };
+    ahead_clock.set(45);
+    behind_clock.set(-45);
+    let args = [
+        "--ledger",
+        "postgres",
+        "--database-url",
+        &url,
+        "--keyset",
+        &ks,
+        "--expected-replicas",
+        "2",
+    ];
+    let ahead: ServerProcess = ahead_clock.spawn(&ahead_dir.join("data"), &args, &[]);
+    let behind: ServerProcess = behind_clock.spawn(&behind_dir.join("data"), &args, &[]);
+    wait_ready(ahead.addr).await;
+    wait_ready(behind.addr).await;
+    let a = connect(ahead.addr).await;
+    let b = connect(behind.addr).await;
+
+    for (name, mut holder, mut other) in [
+        ("granted behind, tried ahead", b.clone(), a.clone()),
+        ("granted ahead, tried behind", a.clone(), b.clone()),
+    ] {
+        let t = holder
+            .seal(seal_req(b"once", true))
+            .await
+            .unwrap()
+            .into_inner()
+            .request_state;
+        let held = holder
+            .open(reserve(&t, 30, "holder"))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(
+            (29..=30).contains(&held.lease_seconds),
+            "{name}: lease {}",
+            held.lease_seconds
+        );
+        // Past a whole second, so that a lease judged by a clock 45 s
+        // ahead would have ended.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        for c in [&mut other, &mut holder] {
+            let err = c.open(reserve(&t, 30, "intruder")).await.unwrap_err();
+            assert_eq!(reason(&err), "IN_USE", "{name}: reserve");
+            let err = c.open(open_req(&t)).await.unwrap_err();
+            assert_eq!(reason(&err), "IN_USE", "{name}: consume");
+        }
+        // Renewed through the other replica: the database's clock again.
+        let renewed = other
+            .renew(RenewRequest {
+                reservation: held.reservation.clone(),
+                lease_seconds: 30,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!((29..=30).contains(&renewed.lease_seconds), "{name}");
+        holder
+            .commit(CommitRequest {
+                reservation: held.reservation,
+            })
+            .await
+            .unwrap();
+        let err = other.open(open_req(&t)).await.unwrap_err();
+        assert_eq!(reason(&err), "REPLAYED", "{name}");
+    }
+    drop((ahead, behind));
+}
+
+/// What one caller's execution of a token came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Outcome {
+    /// Reserved, ran, and its Commit was accepted: a completed execution.
+    Committed,
+    /// Consumed outright (OPEN_MODE_CONSUME): a completed execution.
+    Consumed,
+    /// Reserved and ran, but the Commit was refused (taken over).
+    CommitLost,
+    /// Reserved, ran, released (a failed handler).
+    Released,
+    /// Refused at Open (IN_USE, REPLAYED, ...).
+    Refused,
+}
+
+/// The randomized interleaving: `tokens` single-use tokens; for each,
+/// `callers` callers start at random moments over two replicas (sled: one)
+/// and each runs one of: reserve → a handler of 0–3.5 s (around a 1–2 s
+/// lease) → commit or release, renewing every third of the lease or (half
+/// of them) never; a plain consume; the same attempt twice; a
+/// replay after the rest. Every completed execution is recorded; no token
+/// may have two.
+async fn interleavings(replicas: Vec<RequestStateClient<Channel>>, seed: u64, tokens: usize) {
+    let callers = 5;
+    eprintln!("interleavings: seed {seed} ({tokens} tokens x {callers} callers)");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut sealed = Vec::new();
+    for i in 0..tokens {
+        let mut c = replicas[i % replicas.len()].clone();
+        sealed.push(
+            c.seal(seal_req(b"run", true))
+                .await
+                .unwrap()
+                .into_inner()
+                .request_state,
+        );
+    }
+    let log: Arc<Mutex<BTreeMap<usize, Vec<(usize, Outcome)>>>> = Arc::default();
+    let mut tasks = Vec::new();
+    for (ti, t) in sealed.iter().enumerate() {
+        for caller in 0..callers {
+            let start = Duration::from_millis(rng.gen_range(0..3000));
+            let lease = if rng.gen_bool(0.7) { 1 } else { 2 };
+            let handler = Duration::from_millis(rng.gen_range(0..3500));
+            let renews = rng.gen_bool(0.5);
+            let kind = rng.gen_range(0..10u8);
+            let mut open_via = replicas[rng.gen_range(0..replicas.len())].clone();
+            let mut finish_via = replicas[rng.gen_range(0..replicas.len())].clone();
+            let (t, log) = (t.clone(), log.clone());
+            tasks.push(tokio::spawn(async move {
+                tokio::time::sleep(start).await;
+                let attempt = format!("t{ti}-c{caller}");
+                let outcome = if kind == 0 {
+                    // A plain consume.
+                    match open_via.open(open_req(&t)).await {
+                        Ok(o) if o.get_ref().consumed => Outcome::Consumed,
+                        Ok(_) => panic!("a single-use open that did not consume"),
+                        Err(_) => Outcome::Refused,
+                    }
+                } else {
+                    let mut held = match open_via.open(reserve(&t, lease, &attempt)).await {
+                        Ok(o) => o.into_inner(),
+                        Err(_) => {
+                            log.lock()
+                                .unwrap()
+                                .entry(ti)
+                                .or_default()
+                                .push((caller, Outcome::Refused));
+                            return;
+                        }
+                    };
+                    if kind == 1 {
+                        // The same attempt again (a retry after a lost
+                        // answer): the same reservation.
+                        let again = open_via
+                            .open(reserve(&t, lease, &attempt))
+                            .await
+                            .unwrap()
+                            .into_inner();
+                        // (Compared by its end: each reservation string is sealed afresh,
+                        // and never printed.)
+                        assert!(
+                            again.lease_expires_at_unix == held.lease_expires_at_unix,
+                            "the same attempt, the same lease"
+                        );
+                        held = again;
+                    }
+                    // The handler, renewing its lease every third of it.
+                    let every =
+                        Duration::from_millis(u64::from(held.lease_seconds.max(1)) * 1000 / 3);
+                    let ran = tokio::time::sleep(handler);
+                    tokio::pin!(ran);
+                    loop {
+                        tokio::select! {
+                            _ = &mut ran => break,
+                            _ = tokio::time::sleep(every), if renews => {
+                                let _ = finish_via
+                                    .renew(RenewRequest {
+                                        reservation: held.reservation.clone(),
+                                        lease_seconds: lease,
+                                    })
+                                    .await;
+                            }
+                        }
+                    }
+                    if kind == 2 {
+                        let _ = finish_via
+                            .release(ReleaseRequest {
+                                reservation: held.reservation,
+                            })
+                            .await;
+                        Outcome::Released
+                    } else {
+                        match finish_via
+                            .commit(CommitRequest {
+                                reservation: held.reservation,
+                            })
+                            .await
+                        {
+                            Ok(_) => Outcome::Committed,
+                            Err(e) => {
+                                assert_eq!(reason(&e), "LEASE_EXPIRED");
+                                Outcome::CommitLost
+                            }
+                        }
+                    }
+                };
+                log.lock()
+                    .unwrap()
+                    .entry(ti)
+                    .or_default()
+                    .push((caller, outcome));
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    // Replays of every token after the rest: never a fresh acceptance of a
+    // token that completed.
+    let log = log.lock().unwrap().clone();
+    let mut completed_tokens = BTreeSet::new();
+    let mut histogram: BTreeMap<Outcome, usize> = BTreeMap::new();
+    for (ti, runs) in &log {
+        let completed: Vec<_> = runs
+            .iter()
+            .filter(|(_, o)| matches!(o, Outcome::Committed | Outcome::Consumed))
+            .collect();
+        assert!(
+            completed.len() <= 1,
+            "seed {seed}: token {ti} completed {} times: {runs:?}",
+            completed.len()
+        );
+        if !completed.is_empty() {
+            completed_tokens.insert(*ti);
+        }
+        for (_, o) in runs {
+            *histogram.entry(*o).or_default() += 1;
+        }
+    }
+    for ti in &completed_tokens {
+        let mut c = replicas[ti % replicas.len()].clone();
+        let err = c.open(open_req(&sealed[*ti])).await.unwrap_err();
+        assert_eq!(reason(&err), "REPLAYED", "seed {seed}: token {ti}");
+    }
+    eprintln!(
+        "interleavings: outcomes {histogram:?}, {} tokens completed",
+        completed_tokens.len()
+    );
+    // The run exercised what it claims to: completions, refusals, and
+    // (handlers outliving unrenewed leases) takeovers.
+    assert!(
+        histogram.get(&Outcome::Refused).copied().unwrap_or(0) > 0,
+        "{histogram:?}"
+    );
+    assert!(!completed_tokens.is_empty(), "{histogram:?}");
+}
+
+fn seed() -> u64 {
+    std::env::var("STATESEAL_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| rand::random::<u64>() % 1_000_000)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn randomized_interleavings_on_two_postgres_replicas_complete_each_token_at_most_once() {
+    let Some(url) = database_url() else {
+        eprintln!(
+            "\n*** SKIPPED: PostgreSQL interleavings (set STATESEAL_TEST_DATABASE_URL) ***\n"
+        );
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let ks = keyset(tmp.path());
+    let args = [
+        "--ledger",
+        "postgres",
+        "--database-url",
+        &url,
+        "--keyset",
+        &ks,
+        "--expected-replicas",
+        "2",
+    ];
+    let procs: Vec<_> = (0..2)
+        .map(|i| spawn(&tmp.path().join(format!("d{i}")), &args, &[]))
+        .collect();
+    let mut clients = Vec::new();
+    for p in &procs {
+        wait_ready(p.addr).await;
+        clients.push(connect(p.addr).await);
+    }
+    interleavings(clients, seed(), 40).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn randomized_interleavings_on_sled_complete_each_token_at_most_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ks = keyset(tmp.path());
+    let p = spawn(&tmp.path().join("d"), &["--keyset", &ks], &[]);
+    wait_ready(p.addr).await;
+    let c = connect(p.addr).await;
+    interleavings(vec![c.clone(), c], seed(), 40).await;
+}
