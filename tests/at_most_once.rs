@@ -175,6 +175,9 @@ enum Outcome {
     Refused,
 }
 
+/// Each token's runs: (caller, outcome).
+type History = BTreeMap<usize, Vec<(usize, Outcome)>>;
+
 /// The randomized interleaving: `tokens` single-use tokens; for each,
 /// `callers` callers start at random moments over two replicas (sled: one)
 /// and each runs one of: reserve → a handler of 0–3.5 s (around a 1–2 s
@@ -197,7 +200,7 @@ async fn interleavings(replicas: Vec<RequestStateClient<Channel>>, seed: u64, to
                 .request_state,
         );
     }
-    let log: Arc<Mutex<BTreeMap<usize, Vec<(usize, Outcome)>>>> = Arc::default();
+    let log: Arc<Mutex<History>> = Arc::default();
     let mut tasks = Vec::new();
     for (ti, t) in sealed.iter().enumerate() {
         for caller in 0..callers {
