@@ -766,9 +766,140 @@ impl Decimal {
     }
 }
 
+/// A JSON number's exact value: what the answer filter compares schema
+/// bounds and integer-ness on (never a double, which would let
+/// `9007199254740993` pass `maximum: 9007199254740992`).
+#[derive(Debug, PartialEq, Eq)]
+pub struct ExactNumber(Decimal);
+
+impl ExactNumber {
+    /// Parses a JSON number's text (RFC 8259 grammar); `None` otherwise.
+    pub fn parse(text: &str) -> Option<Self> {
+        let t = text.as_bytes();
+        let (neg, t) = match t.split_first() {
+            Some((b'-', rest)) => (true, rest),
+            _ => (false, t),
+        };
+        let (mantissa, exp_neg, exp) = match t.iter().position(|c| matches!(c, b'e' | b'E')) {
+            Some(e) => {
+                let (m, rest) = (&t[..e], &t[e + 1..]);
+                match rest.split_first() {
+                    Some((b'-', x)) => (m, true, x),
+                    Some((b'+', x)) => (m, false, x),
+                    _ => (m, false, rest),
+                }
+            }
+            None => (t, false, &b""[..]),
+        };
+        let (int, frac) = match mantissa.iter().position(|c| *c == b'.') {
+            Some(p) => (&mantissa[..p], &mantissa[p + 1..]),
+            None => (mantissa, &b""[..]),
+        };
+        let digits = |d: &[u8]| d.iter().all(u8::is_ascii_digit);
+        let int_ok = !int.is_empty() && digits(int) && (int.len() == 1 || int[0] != b'0');
+        let frac_ok = digits(frac) && (mantissa.len() == int.len() || !frac.is_empty());
+        let exp_ok = digits(exp) && (t.len() == mantissa.len() || !exp.is_empty());
+        if !(int_ok && frac_ok && exp_ok) {
+            return None;
+        }
+        Some(ExactNumber(Decimal::from_parts(
+            neg, int, frac, exp_neg, exp,
+        )))
+    }
+
+    /// Whether the value is a whole number (`1.0` and `1e2` are).
+    pub fn is_integer(&self) -> bool {
+        self.0.digits.is_empty() || !self.0.exponent.negative
+    }
+
+    /// The power of ten of the leading digit plus one: the magnitude order.
+    fn order(&self) -> BigExp {
+        self.0.exponent.add(self.0.digits.len() as i64)
+    }
+}
+
+impl BigExp {
+    fn cmp_value(&self, other: &BigExp) -> std::cmp::Ordering {
+        use std::cmp::Ordering;
+        match (self.negative, other.negative) {
+            (false, true) => Ordering::Greater,
+            (true, false) => Ordering::Less,
+            (neg, _) => {
+                let mag = self
+                    .digits
+                    .len()
+                    .cmp(&other.digits.len())
+                    .then_with(|| self.digits.cmp(&other.digits));
+                if neg {
+                    mag.reverse()
+                } else {
+                    mag
+                }
+            }
+        }
+    }
+}
+
+impl Ord for ExactNumber {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        use std::cmp::Ordering;
+        let sign = |n: &ExactNumber| match (n.0.digits.is_empty(), n.0.negative) {
+            (true, _) => 0,
+            (false, true) => -1,
+            (false, false) => 1,
+        };
+        let (sa, sb) = (sign(self), sign(other));
+        if sa != sb || sa == 0 {
+            return sa.cmp(&sb);
+        }
+        // Same sign, both non-zero: by magnitude order, then digit by digit
+        // from the leading one (a missing digit is a zero).
+        let mag = self.order().cmp_value(&other.order()).then_with(|| {
+            let n = self.0.digits.len().max(other.0.digits.len());
+            (0..n)
+                .map(|i| {
+                    let a = self.0.digits.get(i).copied().unwrap_or(0);
+                    let b = other.0.digits.get(i).copied().unwrap_or(0);
+                    a.cmp(&b)
+                })
+                .find(|o| *o != Ordering::Equal)
+                .unwrap_or(Ordering::Equal)
+        });
+        if sa < 0 {
+            mag.reverse()
+        } else {
+            mag
+        }
+    }
+}
+
+impl PartialOrd for ExactNumber {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exact_numbers_compare_by_value() {
+        let n = |s: &str| ExactNumber::parse(s).unwrap();
+        assert!(n("9007199254740993") > n("9007199254740992"));
+        assert!(n("100.0000000000000001") > n("100"));
+        assert!(!n("100.0000000000000001").is_integer());
+        assert!(n("1e2").is_integer() && n("1.0").is_integer() && n("-0").is_integer());
+        assert_eq!(n("1e2"), n("100.00"));
+        assert_eq!(n("-0.0"), n("0"));
+        assert!(n("-1") < n("0") && n("-2") < n("-1") && n("-1e-999") > n("-1e-998"));
+        assert!(n("1e99999999999999999999999") > n("9e99999999999999999999998"));
+        assert!(n("0.1") < n("0.10000000000000000001"));
+        assert!(n("12") > n("9.99") && n("0.012") < n("0.1"));
+        for bad in ["", "-", "01", "1.", ".5", "1e", "+1", "0x1", "1e+", "NaN"] {
+            assert!(ExactNumber::parse(bad).is_none(), "{bad}");
+        }
+    }
 
     fn c(s: &str) -> String {
         String::from_utf8(canonicalize(s, NumberMode::Rfc8785).unwrap()).unwrap()

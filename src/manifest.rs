@@ -35,7 +35,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use crate::canon::{canonicalize, NumberMode};
+use crate::canon::{canonicalize, ExactNumber, NumberMode};
 use crate::error::Reject;
 
 /// Largest compact manifest, in bytes (sealed inside the token).
@@ -152,6 +152,14 @@ struct Field {
     hi: Option<f64>,
     #[serde(rename = "fmt", default, skip_serializing_if = "Option::is_none")]
     format: Option<StrFormat>,
+    /// A number's bounds as written (an integer exactly; a fraction as the
+    /// shortest text of its double), compared exactly with the answer's
+    /// text. Tokens sealed before these were kept compare with `lo`/`hi`'s
+    /// shortest text.
+    #[serde(rename = "lx", default, skip_serializing_if = "Option::is_none")]
+    lo_text: Option<String>,
+    #[serde(rename = "hx", default, skip_serializing_if = "Option::is_none")]
+    hi_text: Option<String>,
 }
 
 /// One JSON text, checked: well formed, no duplicate keys at any depth
@@ -285,7 +293,14 @@ fn judge(q: &Question, raw: &RawValue) -> Verdict {
                 (Question::Url, _) if has_content => Verdict::StripContent(DropReason::UrlContent),
                 (Question::Form { fields, required }, "accept") => {
                     let ok = match answer.get("content") {
-                        Some(Value::Object(c)) => form_content_ok(fields, required, c),
+                        Some(Value::Object(c)) => {
+                            // Each value's text too: numbers are judged on it.
+                            let texts = serde_json::from_str::<RawContent>(raw.get())
+                                .ok()
+                                .and_then(|r| r.content)
+                                .unwrap_or_default();
+                            form_content_ok(fields, required, c, &texts)
+                        }
                         None => required.is_empty(),
                         Some(_) => false,
                     };
@@ -328,26 +343,61 @@ fn without_content(raw: &RawValue) -> Box<RawValue> {
         .expect("serialized JSON is JSON")
 }
 
+/// An answer's `content` as the texts of its values.
+#[derive(Deserialize)]
+struct RawContent {
+    #[serde(default)]
+    content: Option<BTreeMap<String, Box<RawValue>>>,
+}
+
 fn form_content_ok(
     fields: &BTreeMap<String, Field>,
     required: &[String],
     content: &Map<String, Value>,
+    texts: &BTreeMap<String, Box<RawValue>>,
 ) -> bool {
     required.iter().all(|r| content.contains_key(r))
-        && content
-            .iter()
-            .all(|(name, v)| fields.get(name).is_some_and(|f| field_ok(f, v)))
+        && content.iter().all(|(name, v)| {
+            fields
+                .get(name)
+                .is_some_and(|f| field_ok(f, v, texts.get(name).map(|t| t.get())))
+        })
 }
 
 fn within(f: &Field, x: f64) -> bool {
     f.lo.is_none_or(|lo| x >= lo) && f.hi.is_none_or(|hi| x <= hi)
 }
 
-fn field_ok(f: &Field, v: &Value) -> bool {
+/// A number answer against its field, on exact decimal values: its text
+/// against the bounds' texts, and integer-ness of the written value.
+fn number_ok(f: &Field, v: &Value, text: Option<&str>) -> bool {
+    if !v.is_number() {
+        return false;
+    }
+    let Some(x) = text.and_then(|t| ExactNumber::parse(t.trim())) else {
+        return false;
+    };
+    let bound = |text: &Option<String>, double: Option<f64>| -> Option<Option<ExactNumber>> {
+        match (text, double) {
+            (Some(t), _) => Some(Some(ExactNumber::parse(t)?)),
+            (None, Some(d)) => Some(Some(ExactNumber::parse(
+                &serde_json::Number::from_f64(d)?.to_string(),
+            )?)),
+            (None, None) => Some(None),
+        }
+    };
+    let (Some(lo), Some(hi)) = (bound(&f.lo_text, f.lo), bound(&f.hi_text, f.hi)) else {
+        return false;
+    };
+    (f.kind != FieldKind::Integer || x.is_integer())
+        && lo.is_none_or(|lo| x >= lo)
+        && hi.is_none_or(|hi| x <= hi)
+}
+
+fn field_ok(f: &Field, v: &Value, text: Option<&str>) -> bool {
     match f.kind {
         FieldKind::Boolean => v.is_boolean(),
-        FieldKind::Number => v.as_f64().is_some_and(|x| within(f, x)),
-        FieldKind::Integer => v.as_f64().is_some_and(|x| x.fract() == 0.0 && within(f, x)),
+        FieldKind::Number | FieldKind::Integer => number_ok(f, v, text),
         FieldKind::String => {
             let Some(s) = v.as_str() else { return false };
             if let Some(choices) = &f.choices {
@@ -525,24 +575,26 @@ fn question(
 }
 
 /// A URL-mode elicitation opens a page outside the client: `https`, or
-/// `http` only to a loopback host (local development).
+/// `http` only to a loopback host (local development). Read with a WHATWG
+/// URL parser (the `url` crate), as the user's browser and Node read it:
+/// `http://evil.example\@localhost/` is a page on `evil.example`, and is
+/// refused. Whitespace and control characters, which WHATWG parsers strip
+/// or remove silently, are refused outright.
 fn url_ok(url: &str) -> bool {
-    // Character-safe throughout: hostile text is never sliced by bytes.
     if url.chars().any(|c| c.is_whitespace() || c.is_control()) {
         return false;
     }
-    let Some((scheme, rest)) = url.split_once("://") else {
+    let Ok(parsed) = url::Url::parse(url) else {
         return false;
     };
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
-    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-    let host = match host_port.strip_prefix('[') {
-        Some(v6) => v6.split(']').next().unwrap_or(""),
-        None => host_port.split(':').next().unwrap_or(""),
-    };
-    match scheme.to_ascii_lowercase().as_str() {
-        "https" => !host.is_empty(),
-        "http" => matches!(host, "localhost" | "127.0.0.1" | "::1"),
+    match parsed.scheme() {
+        "https" => parsed.host().is_some(),
+        "http" => match parsed.host() {
+            Some(url::Host::Domain(d)) => d == "localhost",
+            Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+            Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+            None => false,
+        },
         _ => false,
     }
 }
@@ -700,6 +752,8 @@ fn field(def: &Map<String, Value>) -> Result<Field, Reject> {
         lo: None,
         hi: None,
         format: None,
+        lo_text: None,
+        hi_text: None,
     };
     match def.get("type").and_then(Value::as_str) {
         Some("string") => {
@@ -726,6 +780,12 @@ fn field(def: &Map<String, Value>) -> Result<Field, Reject> {
             };
             f.lo = bound(def, "minimum", false)?;
             f.hi = bound(def, "maximum", false)?;
+            let text = |name: &str| match def.get(name) {
+                Some(Value::Number(n)) => Some(n.to_string()),
+                _ => None,
+            };
+            f.lo_text = text("minimum");
+            f.hi_text = text("maximum");
         }
         Some("boolean") => f.kind = FieldKind::Boolean,
         Some("array") => {
@@ -796,8 +856,33 @@ mod tests {
         assert!(!url_ok("http://example.com/") && !url_ok("javascript:alert(1)"));
         assert!(!url_ok("http://localhost.evil.com/") && !url_ok("https://"));
         assert!(!url_ok("http://localhost@evil.com/") && url_ok("HTTPS://Example.com"));
-        // Found by the manifest fuzz target: slicing inside a character.
-        assert!(!url_ok("https:/\u{587}.example/"));
+        // Found by the manifest fuzz target: slicing inside a character
+        // (a WHATWG parser reads it as https://xn--...example/).
+        let _ = url_ok("https:/\u{587}.example/");
+        // Read as a browser reads them: the host is evil.example.
+        for hostile in [
+            "http://evil.example\\@localhost/",
+            "http://evil.example\\@127.0.0.1/",
+            "http://evil.example\\@[::1]/",
+            "http://127.0.0.1.evil.example/",
+            "http://localhost./",
+            "http://[::ffff:8.8.8.8]/",
+            "http:\\\\evil.example\\",
+            "https://\u{3000}example.com/",
+        ] {
+            assert!(!url_ok(hostile), "{hostile}");
+        }
+        // Spellings of loopback a browser also resolves to loopback.
+        // (A backslash ends the host, as in a browser: this is localhost.)
+        for local in [
+            "http://localhost\\.evil.example/",
+            "http://127.1/",
+            "http://0x7f.0.0.1/",
+            "http://LOCALHOST:80/x",
+            "http://127.0.0.2/",
+        ] {
+            assert!(url_ok(local), "{local}");
+        }
         assert!(!date_time_ok("2026-07-28T1\u{587}:00:00Z") && !date_ok("2024-\u{587}-1"));
     }
 }

@@ -281,6 +281,57 @@ async fn kept_answers_keep_their_exact_numbers() {
     assert_eq!(o.dropped[0].reason, "INVALID_CONTENT");
 }
 
+/// Bounds and integer-ness are judged on the exact decimal value written,
+/// never on its double (where 9007199254740993 is 9007199254740992 and
+/// 100.0000000000000001 is 100).
+#[tokio::test]
+async fn number_bounds_are_exact() {
+    let mut s = start().await;
+    let q = json!({
+        "big": {"method": "elicitation/create", "params": {"message": "n?",
+            "requestedSchema": {"type": "object", "properties": {
+                "n": {"type": "number", "maximum": 9007199254740992u64}}}}},
+        "int": {"method": "elicitation/create", "params": {"message": "n?",
+            "requestedSchema": {"type": "object", "properties": {
+                "n": {"type": "integer", "maximum": 100, "minimum": -5}}}}}});
+    let t = sealed(&mut s, &q, false).await;
+    let cases = [
+        ("big", "9007199254740993", false),
+        ("big", "9007199254740992", true),
+        ("big", "9007199254740991.5", true),
+        ("int", "100.0000000000000001", false),
+        ("int", "100", true),
+        ("int", "1e2", true),
+        ("int", "100.0", true),
+        ("int", "99.5", false),
+        ("int", "-5", true),
+        ("int", "-5.0000000000000001", false),
+        ("int", "-6", false),
+    ];
+    for (key, n, kept) in cases {
+        let raw = format!(r#"{{"{key}":{{"action":"accept","content":{{"n":{n}}}}}}}"#);
+        let o = s
+            .client
+            .open(open_with(&t, &raw))
+            .await
+            .unwrap()
+            .into_inner();
+        if kept {
+            assert!(o.dropped.is_empty(), "{key} {n}: {:?}", o.dropped);
+            assert_eq!(o.input_responses_json, raw, "{key} {n}: kept byte for byte");
+        } else {
+            assert_eq!(
+                o.dropped
+                    .iter()
+                    .map(|d| (d.key.as_str(), d.reason.as_str()))
+                    .collect::<Vec<_>>(),
+                vec![(key, "INVALID_CONTENT")],
+                "{key} {n}"
+            );
+        }
+    }
+}
+
 #[tokio::test]
 async fn malformed_answers_are_refused_before_the_token_is_consumed() {
     let mut s = start().await;
@@ -341,6 +392,9 @@ async fn bad_input_requests_are_refused() {
         ("url mode with a non-string id", r#"{"a":{"method":"elicitation/create","params":{"mode":"url","message":"m","elicitationId":7,"url":"https://x.example"}}}"#.into()),
         ("url mode over http", r#"{"a":{"method":"elicitation/create","params":{"mode":"url","message":"m","elicitationId":"e","url":"http://x.example/"}}}"#.into()),
         ("url mode javascript", r#"{"a":{"method":"elicitation/create","params":{"mode":"url","message":"m","elicitationId":"e","url":"javascript:alert(1)"}}}"#.into()),
+        // A WHATWG parser (a browser, Node) reads the host as evil.example.
+        ("url mode backslash before @", r#"{"a":{"method":"elicitation/create","params":{"mode":"url","message":"m","elicitationId":"e","url":"http://evil.example\\@localhost/"}}}"#.into()),
+        ("url mode backslash before @ v4", r#"{"a":{"method":"elicitation/create","params":{"mode":"url","message":"m","elicitationId":"e","url":"http://evil.example\\@127.0.0.1/"}}}"#.into()),
         ("sampling without maxTokens", r#"{"a":{"method":"sampling/createMessage","params":{"messages":[]}}}"#.into()),
         ("password field", form(json!({"password": {"type": "string"}}))),
         ("api key by title", form(json!({"k": {"type": "string", "title": "Your API key"}}))),
