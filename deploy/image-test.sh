@@ -56,15 +56,21 @@ fi
 echo "--- stand-in builder base $BASE (debootstrap + rustup)"
 t0=$(date +%s)
 root="$work/root"
+# The Debian archive this machine itself installs from (its apt sources).
+archive=$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/*.sources 2>/dev/null || true)
+[ -n "$archive" ] || archive=$(awk '$1=="deb"{print $2; exit}' /etc/apt/sources.list 2>/dev/null || true)
+[ -n "$archive" ] || { echo "FATAL: no Debian archive in this machine's apt sources"; exit 1; }
 debootstrap --variant=minbase --include=ca-certificates,curl,gcc,libc6-dev \
-  bookworm "$root" http://deb.debian.org/debian >"$work/debootstrap.log" 2>&1 \
+  bookworm "$root" "$archive" >"$work/debootstrap.log" 2>&1 \
   || { tail -20 "$work/debootstrap.log"; exit 1; }
 cp /usr/local/share/ca-certificates/*.crt "$root/usr/local/share/ca-certificates/" 2>/dev/null || true
 chroot "$root" update-ca-certificates >/dev/null 2>&1
 cp /etc/resolv.conf "$root/etc/resolv.conf"
 mount -t proc proc "$root/proc"
+# This machine's own rustup, run as rustup-init; it fetches the toolchain
+# from its default distribution server.
+cp "$(readlink -f "$(command -v rustup)")" "$root/tmp/rustup-init"
 chroot "$root" /bin/sh -ec '
-  curl -sSf https://static.rust-lang.org/rustup/dist/x86_64-unknown-linux-gnu/rustup-init -o /tmp/rustup-init
   chmod +x /tmp/rustup-init
   RUSTUP_HOME=/usr/local/rustup CARGO_HOME=/usr/local/cargo \
     /tmp/rustup-init -y -q --no-modify-path --profile minimal --default-toolchain 1.95.0 >/dev/null 2>&1
@@ -109,7 +115,9 @@ openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 30 \
 secret=$(openssl rand -hex 32)
 printf '{ "tenants": [ { "name": "demo", "bearer_sha256": "%s" } ] }\n' \
   "$(printf %s "$secret" | sha256sum | cut -d' ' -f1)" >"$conf/tenants.json"
-chmod 0644 "$conf"/*
+# Readable by the image's uid 65532 and by no one else (as the README says).
+chmod 0600 "$conf"/*
+chown 65532:65532 "$conf"/*
 chmod 0755 "$conf"
 docker run -d --name "$NAME" "${hardened[@]}" \
   -p 127.0.0.1::50051 -p 127.0.0.1::8081 -v "$conf:/etc/stateseal:ro" "$IMAGE" \

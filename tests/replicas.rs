@@ -362,3 +362,32 @@ async fn three_processes_race_reserves_and_commits() {
         p.terminate();
     }
 }
+
+/// `sslmode=disable` starts (a private network may want it) but says at
+/// start, as `prefer` does, what it gives up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sslmode_disable_warns_at_start() {
+    let url = require_postgres!();
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let tmp = tempfile::tempdir().unwrap();
+    for (mode, want) in [
+        ("disable", "is not encrypted"),
+        ("prefer", "certificate is not verified"),
+    ] {
+        let url = format!("{url}{sep}sslmode={mode}");
+        let p = spawn(
+            &tmp.path().join(mode),
+            &["--ledger", "postgres", "--database-url", &url],
+            &[],
+        );
+        let (_, log) = p.terminate();
+        assert!(
+            log.iter().any(|l| l.contains("WARN") && l.contains(want)),
+            "sslmode={mode}: no warning in {log:?}"
+        );
+        assert!(
+            !log.iter().any(|l| l.contains(&url)),
+            "the URL is never logged"
+        );
+    }
+}

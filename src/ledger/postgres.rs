@@ -169,7 +169,13 @@ impl PgLedger {
                 )))
             }
         }
-        if tls.mode == pgtls::SslMode::Prefer
+        if tls.mode == pgtls::SslMode::Disable {
+            tracing::warn!(
+                sslmode = tls.mode.as_str(),
+                "the connection to PostgreSQL is not encrypted: ledger ids and the database \
+                 password cross the network in the clear; use sslmode=verify-full with sslrootcert"
+            );
+        } else if tls.mode == pgtls::SslMode::Prefer
             || tls.mode == pgtls::SslMode::Require && tls.root_cert.is_none()
         {
             tracing::warn!(
