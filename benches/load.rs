@@ -723,11 +723,13 @@ async fn start_echo(journal: Option<Journal>) -> String {
         lim.max_connections,
         lim.max_tls_handshakes,
         lim.tls_handshake_timeout,
+        stateseal::conns::Conns::new(lim.conn_policy(lim.max_connections, false)),
     );
     // A health service too, so that `--serve-echo` has its own no-op.
     let (_, health) = tonic_health::server::health_reporter();
     tokio::spawn(
         lim.apply(tonic::transport::Server::builder())
+            .layer(stateseal::conns::ConnActivityLayer)
             .add_service(health)
             .add_service(
                 stateseal::proto::request_state_server::RequestStateServer::new(Echo { journal }),
@@ -1103,8 +1105,19 @@ impl tower_service::Service<http::Uri> for Coalescing {
             let permit = Arc::new(tokio::sync::Semaphore::new(1))
                 .try_acquire_owned()
                 .map_err(std::io::Error::other)?;
+            // Likewise a place of its own among connections, never closed
+            // as idle.
+            let own = stateseal::conns::Conns::new(stateseal::conns::ConnPolicy {
+                idle_timeout: std::time::Duration::from_secs(86_400),
+                per_ip: usize::MAX,
+                auth_deadline: None,
+                max_auth_failures: u32::MAX,
+            });
+            let conn = own
+                .register(tcp.local_addr()?.ip())
+                .ok_or_else(|| std::io::Error::other("connection registry"))?;
             Ok(hyper_util::rt::TokioIo::new(
-                stateseal::limits::Counted::new(tcp, permit),
+                stateseal::limits::Counted::new(tcp, permit, conn),
             ))
         })
     }

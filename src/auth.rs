@@ -23,6 +23,7 @@ use subtle::ConstantTimeEq;
 use tonic::{Request, Status};
 
 use crate::binding::Tenant;
+use crate::conns::ConnInfo;
 
 /// One tenant and the identities that map to it.
 #[derive(Clone, Deserialize)]
@@ -215,9 +216,21 @@ impl fmt::Debug for Authenticator {
 impl Authenticator {
     /// Attaches the caller's tenant to the request, or refuses it.
     pub fn authenticate<T>(&self, req: Request<T>) -> Result<Request<T>, Status> {
+        let e = req.extensions();
+        let conn = e
+            .get::<ConnInfo<PeerIdentity>>()
+            .map(|i| i.conn.clone())
+            .or_else(|| e.get::<ConnInfo<()>>().map(|i| i.conn.clone()));
         let result = self.identify(req);
         if result.is_err() {
             crate::metrics::METRICS.auth_failure();
+        }
+        // What the connection's bounds go by (see `conns`): a connection
+        // whose requests all fail authentication is closed.
+        match (&result, conn) {
+            (Ok(_), Some(c)) => c.authenticated(),
+            (Err(_), Some(c)) => c.auth_failed(),
+            _ => {}
         }
         result
     }
@@ -239,7 +252,11 @@ impl Authenticator {
                     .by_bearer(secret)
                     .ok_or_else(|| Status::unauthenticated("invalid credentials"))?
             }
-            Authenticator::MutualTls(tenants) => match req.extensions().get::<PeerIdentity>() {
+            Authenticator::MutualTls(tenants) => match req
+                .extensions()
+                .get::<ConnInfo<PeerIdentity>>()
+                .map(|i| &i.peer)
+            {
                 Some(PeerIdentity::Certificate(cert)) => {
                     if unix_now() > cert.not_after {
                         return Err(Status::unauthenticated("client certificate expired"));

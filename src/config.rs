@@ -279,6 +279,20 @@ pub struct ServeArgs {
     /// Open connections on the health port and on the metrics port, each.
     #[arg(long, env = "STATESEAL_MAX_AUX_CONNECTIONS", default_value_t = 64)]
     pub max_aux_connections: usize,
+    /// Connections from one source address on the gRPC and health ports,
+    /// each; over it a new one evicts that address's idlest connection, or
+    /// is refused. 0: a quarter of the port's connection cap.
+    #[arg(long, env = "STATESEAL_MAX_CONNECTIONS_PER_IP", default_value_t = 0)]
+    pub max_connections_per_ip: usize,
+    /// A connection with no open stream for this long is closed, in
+    /// milliseconds (gRPC clients reconnect on their next call).
+    #[arg(long, env = "STATESEAL_IDLE_TIMEOUT_MS", default_value_t = 120_000)]
+    pub idle_timeout_ms: u64,
+    /// With --auth bearer: a connection that has not sent a request with a
+    /// valid credential within this many milliseconds is closed (so is one
+    /// with 16 failed requests and none that passed).
+    #[arg(long, env = "STATESEAL_AUTH_DEADLINE_MS", default_value_t = 10_000)]
+    pub auth_deadline_ms: u64,
     /// Bound on handling one request, in milliseconds.
     #[arg(long, env = "STATESEAL_REQUEST_TIMEOUT_MS", default_value_t = 10_000)]
     pub request_timeout_ms: u64,
@@ -375,6 +389,9 @@ impl ServeArgs {
             max_tls_handshakes: self.max_tls_handshakes.max(1),
             tls_handshake_timeout: Duration::from_millis(self.handshake_timeout_ms.max(10)),
             shutdown_grace: Duration::from_millis(self.shutdown_grace_ms),
+            max_connections_per_ip: self.max_connections_per_ip,
+            idle_timeout: Duration::from_millis(self.idle_timeout_ms.max(10)),
+            auth_deadline: Duration::from_millis(self.auth_deadline_ms.max(10)),
             ..TransportLimits::default()
         }
     }

@@ -42,6 +42,7 @@ pub mod binding;
 pub mod canon;
 pub mod clock;
 pub mod config;
+pub mod conns;
 pub mod error;
 pub mod hardening;
 pub mod keyring;

@@ -28,7 +28,9 @@ use http_body::{Body as HttpBody, Frame};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tonic::transport::server::{Connected, TcpConnectInfo};
+use tonic::transport::server::Connected;
+
+use crate::conns::{Conn, ConnInfo, Conns};
 
 /// Every limit of the transport, with the defaults docs/configuration.md documents.
 #[derive(Clone, Debug)]
@@ -67,6 +69,14 @@ pub struct TransportLimits {
     /// After SIGTERM: how long in-flight requests may take before they are
     /// cut and the process exits (ledger flushed).
     pub shutdown_grace: Duration,
+    /// Connections per source address on each gRPC listener (0: a quarter
+    /// of the listener's cap); see [`crate::conns`].
+    pub max_connections_per_ip: usize,
+    /// A connection with no open stream for this long is closed.
+    pub idle_timeout: Duration,
+    /// Bearer authentication: the time a connection has to send a request
+    /// with a valid credential.
+    pub auth_deadline: Duration,
 }
 
 impl Default for TransportLimits {
@@ -92,11 +102,28 @@ impl Default for TransportLimits {
                 .clamp(1, 8),
             max_canon_queue: 64,
             shutdown_grace: Duration::from_secs(20),
+            max_connections_per_ip: 0,
+            idle_timeout: Duration::from_secs(120),
+            auth_deadline: Duration::from_secs(10),
         }
     }
 }
 
 impl TransportLimits {
+    /// The connection policy of a listener capped at `cap` connections;
+    /// `bearer`: callers authenticate per request with a bearer secret.
+    pub fn conn_policy(&self, cap: usize, bearer: bool) -> crate::conns::ConnPolicy {
+        crate::conns::ConnPolicy {
+            idle_timeout: self.idle_timeout,
+            per_ip: match self.max_connections_per_ip {
+                0 => (cap / 4).max(1),
+                n => n,
+            },
+            auth_deadline: bearer.then_some(self.auth_deadline),
+            max_auth_failures: 16,
+        }
+    }
+
     /// A tonic server builder with these limits.
     pub fn apply(&self, b: tonic::transport::Server) -> tonic::transport::Server {
         b.max_concurrent_streams(self.max_concurrent_streams)
@@ -136,18 +163,23 @@ pub static LIMIT_STATS: LimitStats = LimitStats {
 // === connections ===
 
 /// A connection that holds one of its listener's permits while it is open,
-/// and what its handshake established about the peer (`P`).
+/// its place among the listener's connections (see [`crate::conns`]), and
+/// what its handshake established about the peer (`P`).
 pub struct Counted<IO, P = ()> {
     inner: IO,
     peer: P,
+    conn: Arc<Conn>,
     _permit: OwnedSemaphorePermit,
 }
 
 impl<IO> Counted<IO> {
-    pub fn new(inner: IO, permit: OwnedSemaphorePermit) -> Self {
+    /// An established connection (its handshake is over).
+    pub fn new(inner: IO, permit: OwnedSemaphorePermit, conn: Arc<Conn>) -> Self {
+        conn.established();
         Counted {
             inner,
             peer: (),
+            conn,
             _permit: permit,
         }
     }
@@ -158,27 +190,39 @@ impl<IO, P> Counted<IO, P> {
         Counted {
             inner: self.inner,
             peer,
+            conn: self.conn,
             _permit: self._permit,
         }
     }
     pub fn peer(&self) -> &P {
         &self.peer
     }
+    pub fn conn(&self) -> &Arc<Conn> {
+        &self.conn
+    }
 }
 
 impl Connected for Counted<TcpStream> {
-    type ConnectInfo = TcpConnectInfo;
-    fn connect_info(&self) -> TcpConnectInfo {
-        self.inner.connect_info()
+    type ConnectInfo = ConnInfo<()>;
+    fn connect_info(&self) -> ConnInfo<()> {
+        ConnInfo {
+            peer: (),
+            conn: self.conn.clone(),
+        }
     }
 }
 
 impl<IO: AsyncRead + Unpin, P: Unpin> AsyncRead for Counted<IO, P> {
+    /// End of stream once the connection is marked to be closed (idle too
+    /// long, evicted, or unauthenticated): the HTTP/2 server then drops it.
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
+        if self.conn.poll_closing(cx) {
+            return Poll::Ready(Ok(()));
+        }
         Pin::new(&mut self.inner).poll_read(cx, buf)
     }
 }
@@ -224,31 +268,51 @@ impl<IO: AsyncWrite + Unpin, P: Unpin> AsyncWrite for Counted<IO, P> {
 ///
 /// With `handshakes`: when every permit is taken, the oldest connection
 /// still in its handshake is evicted to make room, so connections that say
-/// nothing cannot keep the listener from accepting.
+/// nothing cannot keep the listener from accepting; then the established
+/// connection idle longest. Only when every connection has a stream open
+/// does the listener wait. A connection from an address at its cap
+/// evicts that address's idlest connection, or is refused.
 pub async fn accept_limited(
     listener: &TcpListener,
     permits: &Arc<Semaphore>,
     handshakes: Option<&Arc<HandshakeSlots>>,
-) -> Option<(TcpStream, std::net::SocketAddr, OwnedSemaphorePermit)> {
+    conns: &Arc<Conns>,
+) -> Option<(
+    TcpStream,
+    std::net::SocketAddr,
+    OwnedSemaphorePermit,
+    Arc<Conn>,
+)> {
     let permit = loop {
         match permits.clone().try_acquire_owned() {
             Ok(p) => break p,
             Err(tokio::sync::TryAcquireError::Closed) => return None,
             Err(tokio::sync::TryAcquireError::NoPermits) => {}
         }
-        if handshakes.is_some_and(|h| h.evict_oldest()) {
+        if handshakes.is_some_and(|h| h.evict_oldest()) || conns.evict_idlest(None) {
             // The evicted connection's task drops it (and its permit) soon.
-            tokio::task::yield_now().await;
-            continue;
+            let waited =
+                tokio::time::timeout(Duration::from_millis(200), permits.clone().acquire_owned())
+                    .await;
+            match waited {
+                Ok(Ok(p)) => break p,
+                Ok(Err(_)) => return None,
+                Err(_) => continue,
+            }
         }
-        // Every permit belongs to an established connection: wait.
+        // Every permit belongs to a connection with a stream open: wait.
         break permits.clone().acquire_owned().await.ok()?;
     };
     loop {
         match listener.accept().await {
             Ok((tcp, addr)) => {
+                let Some(conn) = conns.register(addr.ip()) else {
+                    // Its address is at its cap with every connection busy.
+                    drop(tcp);
+                    continue;
+                };
                 let _ = tcp.set_nodelay(true);
-                return Some((tcp, addr, permit));
+                return Some((tcp, addr, permit, conn));
             }
             Err(e) => {
                 // EMFILE and friends: back off instead of spinning.
@@ -361,12 +425,15 @@ pub fn limited_incoming(
     max: usize,
     max_handshakes: usize,
     handshake_timeout: Duration,
+    conns: Arc<Conns>,
 ) -> tokio_stream::wrappers::ReceiverStream<std::io::Result<Counted<TcpStream>>> {
     let (tx, rx) = tokio::sync::mpsc::channel(16);
     let permits = Arc::new(Semaphore::new(max.max(1)));
     let slots = HandshakeSlots::new(max_handshakes);
     tokio::spawn(async move {
-        while let Some((tcp, _, permit)) = accept_limited(&listener, &permits, Some(&slots)).await {
+        while let Some((tcp, _, permit, conn)) =
+            accept_limited(&listener, &permits, Some(&slots), &conns).await
+        {
             let conn_tx = tx.clone();
             let mut ticket = slots.admit();
             tokio::spawn(async move {
@@ -376,7 +443,7 @@ pub fn limited_incoming(
                 };
                 drop(ticket);
                 if ok {
-                    let _ = conn_tx.send(Ok(Counted::new(tcp, permit))).await;
+                    let _ = conn_tx.send(Ok(Counted::new(tcp, permit, conn))).await;
                 } else {
                     LIMIT_STATS
                         .handshakes_failed
@@ -649,10 +716,11 @@ mod tests {
             s.read_to_end(&mut got).await.unwrap();
             got
         });
-        let (tcp, _) = listener.accept().await.unwrap();
+        let (tcp, peer) = listener.accept().await.unwrap();
         assert!(tcp.is_write_vectored(), "the socket itself writes vectored");
         let permit = Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap();
-        let mut conn = Counted::new(tcp, permit);
+        let registry = Conns::new(TransportLimits::default().conn_policy(4, false));
+        let mut conn = Counted::new(tcp, permit, registry.register(peer.ip()).unwrap());
         assert!(!conn.is_write_vectored());
         let (a, b) = (vec![1u8; 300], vec![2u8; 700]);
         let mut slices = [std::io::IoSlice::new(&a), std::io::IoSlice::new(&b)];

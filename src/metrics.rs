@@ -320,6 +320,21 @@ impl Collector for Owned {
             "Connections closed mid-handshake to make room for a newer one (handshake slots full).",
             load(&l.handshakes_evicted),
         )?;
+        let c = &crate::conns::CONN_STATS;
+        counter(
+            &mut enc,
+            "stateseal_connections_closed_idle",
+            "Connections closed after --idle-timeout-ms without an open stream.",
+            load(&c.closed_idle),
+        )?;
+        counter(
+            &mut enc,
+            "stateseal_connections_evicted",
+            "Idle connections closed to make room for a new one (listener or address at its cap).",
+            load(&c.evicted),
+        )?;
+        counter(&mut enc, "stateseal_connections_refused_per_ip", "Connections refused because their address held --max-connections-per-ip busy connections.", load(&c.refused_per_ip))?;
+        counter(&mut enc, "stateseal_connections_closed_unauthenticated", "Bearer mode: connections closed without a request with a valid credential within --auth-deadline-ms, or after 16 failed ones.", load(&c.closed_unauthenticated))?;
         counter(
             &mut enc,
             "stateseal_reloads",
@@ -447,12 +462,20 @@ pub fn respond<B>(registry: &Registry, req: &Request<B>) -> Response<Full<Bytes>
 pub async fn serve(listener: TcpListener, max_connections: usize, src: Sources) {
     let registry = Arc::new(registry(src));
     let permits = Arc::new(tokio::sync::Semaphore::new(max_connections.max(1)));
-    while let Some((sock, _, permit)) =
-        crate::limits::accept_limited(&listener, &permits, None).await
+    // One request per connection, the whole exchange bounded in time: no
+    // connection is idle for long, so none is evicted or closed as idle.
+    let conns = crate::conns::Conns::new(crate::conns::ConnPolicy {
+        idle_timeout: Duration::from_secs(3600),
+        per_ip: usize::MAX,
+        auth_deadline: None,
+        max_auth_failures: u32::MAX,
+    });
+    while let Some((sock, _, permit, conn)) =
+        crate::limits::accept_limited(&listener, &permits, None, &conns).await
     {
         let registry = registry.clone();
         tokio::spawn(async move {
-            let _permit = permit;
+            let _permit = (permit, conn);
             let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
                 let answer = respond(&registry, &req);
                 async move { Ok::<_, Infallible>(answer) }

@@ -14,6 +14,7 @@ use tonic::transport::Server;
 
 use crate::auth::Authenticator;
 use crate::auth::Tenants;
+use crate::conns::{ConnActivityLayer, Conns};
 use crate::ledger::run_gc;
 use crate::limits::{limited_incoming, CanonPool, InflightBytesLayer, TransportLimits};
 use crate::proto::request_state_server::RequestStateServer;
@@ -274,10 +275,12 @@ pub async fn run(
             lim.max_aux_connections,
             lim.max_tls_handshakes,
             lim.tls_handshake_timeout,
+            Conns::new(lim.conn_policy(lim.max_aux_connections, false)),
         );
         tokio::spawn(
             lim.apply(Server::builder())
                 .max_concurrent_streams(AUX_MAX_STREAMS)
+                .layer(ConnActivityLayer)
                 .layer(inflight.clone())
                 .add_service(reporter_service)
                 .serve_with_incoming_shutdown(incoming, stop),
@@ -289,18 +292,23 @@ pub async fn run(
     }
     let router = lim
         .apply(Server::builder())
+        .layer(ConnActivityLayer)
         .layer(inflight)
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(service);
     let stop = stopped(stop_rx);
+    let conns = Conns::new(lim.conn_policy(
+        lim.max_connections,
+        matches!(opts.auth, Authenticator::Bearer(_)),
+    ));
     let serve = async {
         match &opts.tls {
             Some((_, config, _)) => {
                 router
                     .serve_with_incoming_shutdown(
-                        tls::incoming(listener, config.clone(), &lim),
+                        tls::incoming(listener, config.clone(), &lim, conns),
                         stop,
                     )
                     .await
@@ -313,6 +321,7 @@ pub async fn run(
                             lim.max_connections,
                             lim.max_tls_handshakes,
                             lim.tls_handshake_timeout,
+                            conns,
                         ),
                         stop,
                     )

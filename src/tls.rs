@@ -24,6 +24,7 @@ use std::sync::atomic::Ordering;
 use tokio::sync::Semaphore;
 
 use crate::auth::{CertIdentity, PeerIdentity};
+use crate::conns::{ConnInfo, Conns};
 use crate::limits::{accept_limited, Counted, HandshakeSlots, TransportLimits, LIMIT_STATS};
 
 /// Where the TLS material lives (mounted files; re-read on change).
@@ -98,9 +99,12 @@ impl TlsFiles {
 pub type AuthedStream = Counted<TlsStream<TcpStream>, PeerIdentity>;
 
 impl Connected for AuthedStream {
-    type ConnectInfo = PeerIdentity;
-    fn connect_info(&self) -> PeerIdentity {
-        self.peer().clone()
+    type ConnectInfo = ConnInfo<PeerIdentity>;
+    fn connect_info(&self) -> ConnInfo<PeerIdentity> {
+        ConnInfo {
+            peer: self.peer().clone(),
+            conn: self.conn().clone(),
+        }
     }
 }
 
@@ -151,14 +155,15 @@ pub fn incoming(
     listener: TcpListener,
     config: Arc<ArcSwap<ServerConfig>>,
     limits: &TransportLimits,
+    conns: Arc<Conns>,
 ) -> tokio_stream::wrappers::ReceiverStream<Result<AuthedStream, std::io::Error>> {
     let (tx, rx) = tokio::sync::mpsc::channel(16);
     let connections = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let slots = HandshakeSlots::new(limits.max_tls_handshakes);
     let timeout = limits.tls_handshake_timeout;
     tokio::spawn(async move {
-        while let Some((tcp, peer_addr, permit)) =
-            accept_limited(&listener, &connections, Some(&slots)).await
+        while let Some((tcp, peer_addr, permit, conn)) =
+            accept_limited(&listener, &connections, Some(&slots), &conns).await
         {
             let mut ticket = slots.admit();
             let acceptor = TlsAcceptor::from(config.load_full());
@@ -193,7 +198,7 @@ pub fn incoming(
                     _ => PeerIdentity::Anonymous,
                 };
                 let _ = tx
-                    .send(Ok(Counted::new(stream, permit).with_peer(peer)))
+                    .send(Ok(Counted::new(stream, permit, conn).with_peer(peer)))
                     .await;
             });
         }

@@ -1,0 +1,416 @@
+//! Open connections of one listener, so that none can be hoarded: a peer
+//! that opens connections and keeps them open without using them (the
+//! HTTP/2 preface, SETTINGS, PING answers and nothing else) must not lock
+//! out probes and callers.
+//!
+//! - A connection with no open stream for `idle_timeout` is closed.
+//! - When the listener is at its cap, a new connection evicts the
+//!   established connection that has been idle (no open stream) longest;
+//!   only when every connection has a stream open does it wait.
+//! - At most `per_ip` connections per source address: over it, the new
+//!   connection evicts that address's idlest connection, or is refused when
+//!   all of them are busy.
+//! - With `auth_deadline` (bearer authentication): a connection that has
+//!   not sent a request with a valid credential within the deadline is
+//!   closed, and so is one with `max_auth_failures` failed requests and no
+//!   successful one.
+//!
+//! Closing is done by the connection's own reads: its I/O ([`Counted`])
+//! answers end-of-stream once its [`Conn`] is marked, and the HTTP/2 server
+//! drops it (only idle connections are closed this way, so no request is
+//! cut in the middle). Which streams are open is counted by
+//! [`ConnActivityLayer`], around every request.
+//!
+//! [`Counted`]: crate::limits::Counted
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use atomic_waker::AtomicWaker;
+
+/// How one listener's connections are bounded.
+#[derive(Clone, Debug)]
+pub struct ConnPolicy {
+    /// Closed after this long without an open stream.
+    pub idle_timeout: Duration,
+    /// Connections per source address (`usize::MAX`: no bound).
+    pub per_ip: usize,
+    /// Bearer mode: closed without a request with a valid credential
+    /// within this long of opening.
+    pub auth_deadline: Option<Duration>,
+    /// Bearer mode: closed after this many failed requests and none that
+    /// passed.
+    pub max_auth_failures: u32,
+}
+
+/// Counters for the metrics endpoint (process-wide).
+#[derive(Debug, Default)]
+pub struct ConnStats {
+    pub closed_idle: AtomicU64,
+    pub evicted: AtomicU64,
+    pub refused_per_ip: AtomicU64,
+    pub closed_unauthenticated: AtomicU64,
+}
+
+pub static CONN_STATS: ConnStats = ConnStats {
+    closed_idle: AtomicU64::new(0),
+    evicted: AtomicU64::new(0),
+    refused_per_ip: AtomicU64::new(0),
+    closed_unauthenticated: AtomicU64::new(0),
+};
+
+/// One open connection.
+#[derive(Debug)]
+pub struct Conn {
+    id: u64,
+    ip: IpAddr,
+    /// When it opened, in milliseconds since the registry's epoch.
+    opened_ms: u64,
+    registry: Arc<Conns>,
+    /// Streams open now.
+    active: AtomicUsize,
+    /// When the last stream ended (or the connection opened), in
+    /// milliseconds since the registry's epoch.
+    idle_since_ms: AtomicU64,
+    /// Past its handshake and served (only such a connection is evicted).
+    established: AtomicBool,
+    authenticated: AtomicBool,
+    auth_failures: AtomicU32,
+    closing: AtomicBool,
+    waker: AtomicWaker,
+}
+
+impl Conn {
+    /// Marks the connection to be closed and wakes its reader.
+    fn close(&self) {
+        if !self.closing.swap(true, Ordering::SeqCst) {
+            self.waker.wake();
+        }
+    }
+
+    /// For the connection's reads: registers the reader and tells whether
+    /// the connection is to be closed.
+    pub fn poll_closing(&self, cx: &Context<'_>) -> bool {
+        self.waker.register(cx.waker());
+        self.closing.load(Ordering::SeqCst)
+    }
+
+    /// The handshake is over: the connection is served (and may be
+    /// evicted), and counts against its address's cap.
+    pub fn established(&self) {
+        self.idle_since_ms
+            .store(self.registry.now_ms(), Ordering::Relaxed);
+        if !self.established.swap(true, Ordering::SeqCst) {
+            let mut inner = self
+                .registry
+                .inner
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            *inner.per_ip.entry(self.ip).or_default() += 1;
+        }
+    }
+
+    /// A request passed caller authentication.
+    pub fn authenticated(&self) {
+        self.authenticated.store(true, Ordering::Relaxed);
+    }
+
+    /// A request failed caller authentication.
+    pub fn auth_failed(&self) {
+        let n = self.auth_failures.fetch_add(1, Ordering::Relaxed) + 1;
+        let p = &self.registry.policy;
+        if p.auth_deadline.is_some()
+            && n >= p.max_auth_failures
+            && !self.authenticated.load(Ordering::Relaxed)
+        {
+            CONN_STATS
+                .closed_unauthenticated
+                .fetch_add(1, Ordering::Relaxed);
+            self.close();
+        }
+    }
+
+    fn idle_for_ms(&self, now_ms: u64) -> Option<u64> {
+        (self.active.load(Ordering::SeqCst) == 0 && self.established.load(Ordering::Relaxed))
+            .then(|| now_ms.saturating_sub(self.idle_since_ms.load(Ordering::Relaxed)))
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        let mut inner = self
+            .registry
+            .inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        inner.by_id.remove(&self.id);
+        if !self.established.load(Ordering::SeqCst) {
+            return;
+        }
+        if let Some(n) = inner.per_ip.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                inner.per_ip.remove(&self.ip);
+            }
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    next: u64,
+    /// Weak: a connection leaves when its last handle drops.
+    by_id: HashMap<u64, std::sync::Weak<Conn>>,
+    per_ip: HashMap<IpAddr, usize>,
+}
+
+/// The open connections of one listener.
+#[derive(Debug)]
+pub struct Conns {
+    policy: ConnPolicy,
+    epoch: Instant,
+    inner: Mutex<Inner>,
+}
+
+impl Conns {
+    /// A registry, and its sweeper (closing idle and unauthenticated
+    /// connections) running until the registry is dropped.
+    pub fn new(policy: ConnPolicy) -> Arc<Self> {
+        let conns = Arc::new(Conns {
+            policy,
+            epoch: Instant::now(),
+            inner: Mutex::default(),
+        });
+        let weak = Arc::downgrade(&conns);
+        let every = (conns.policy.idle_timeout / 4)
+            .clamp(Duration::from_millis(50), Duration::from_secs(1));
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                match weak.upgrade() {
+                    Some(c) => c.sweep(),
+                    None => return,
+                }
+            }
+        });
+        conns
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn live(&self) -> Vec<Arc<Conn>> {
+        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        inner
+            .by_id
+            .values()
+            .filter_map(std::sync::Weak::upgrade)
+            .collect()
+    }
+
+    /// Closes idle connections past the idle timeout, and (bearer mode)
+    /// connections that did not authenticate in time.
+    fn sweep(&self) {
+        let now = self.now_ms();
+        let idle = u64::try_from(self.policy.idle_timeout.as_millis()).unwrap_or(u64::MAX);
+        let deadline = self
+            .policy
+            .auth_deadline
+            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        for c in self.live() {
+            if c.closing.load(Ordering::Relaxed) {
+                continue;
+            }
+            if c.idle_for_ms(now).is_some_and(|ms| ms >= idle) {
+                CONN_STATS.closed_idle.fetch_add(1, Ordering::Relaxed);
+                c.close();
+            } else if let Some(d) = deadline {
+                let opened = c.opened_ms;
+                if c.established.load(Ordering::Relaxed)
+                    && !c.authenticated.load(Ordering::Relaxed)
+                    && now.saturating_sub(opened) >= d
+                {
+                    CONN_STATS
+                        .closed_unauthenticated
+                        .fetch_add(1, Ordering::Relaxed);
+                    c.close();
+                }
+            }
+        }
+    }
+
+    /// Marks the established connection idle longest (among those of `ip`,
+    /// if given) to be closed; false if every one has a stream open.
+    pub fn evict_idlest(&self, ip: Option<IpAddr>) -> bool {
+        let now = self.now_ms();
+        let victim = self
+            .live()
+            .into_iter()
+            .filter(|c| !c.closing.load(Ordering::Relaxed) && ip.is_none_or(|ip| c.ip == ip))
+            .filter_map(|c| c.idle_for_ms(now).map(|ms| (ms, c)))
+            .max_by_key(|(ms, _)| *ms);
+        match victim {
+            Some((_, c)) => {
+                CONN_STATS.evicted.fetch_add(1, Ordering::Relaxed);
+                c.close();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Registers a connection just accepted from `ip`; `None` when `ip` is
+    /// at its cap of established connections and none of them is idle (the
+    /// connection is to be refused). Over the cap with an idle one, that
+    /// one is evicted. (Connections still in their handshake are bounded by
+    /// the handshake slots and timeout, not here.)
+    pub fn register(self: &Arc<Self>, ip: IpAddr) -> Option<Arc<Conn>> {
+        let over = {
+            let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            inner.per_ip.get(&ip).copied().unwrap_or(0) >= self.policy.per_ip
+        };
+        if over && !self.evict_idlest(Some(ip)) {
+            CONN_STATS.refused_per_ip.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        inner.next += 1;
+        let id = inner.next;
+        let now = self.now_ms();
+        let conn = Arc::new(Conn {
+            id,
+            ip,
+            opened_ms: now,
+            registry: self.clone(),
+            active: AtomicUsize::new(0),
+            idle_since_ms: AtomicU64::new(now),
+            established: AtomicBool::new(false),
+            authenticated: AtomicBool::new(false),
+            auth_failures: AtomicU32::new(0),
+            closing: AtomicBool::new(false),
+            waker: AtomicWaker::new(),
+        });
+        inner.by_id.insert(id, Arc::downgrade(&conn));
+        Some(conn)
+    }
+}
+
+// === streams per connection ===
+
+/// What a request's extensions carry about its connection (tonic inserts a
+/// connection's `ConnectInfo` into every request on it).
+#[derive(Clone, Debug)]
+pub struct ConnInfo<P> {
+    pub peer: P,
+    pub conn: Arc<Conn>,
+}
+
+/// Counts a connection's open streams: from a request's arrival to the end
+/// of its response body.
+#[derive(Clone, Debug, Default)]
+pub struct ConnActivityLayer;
+
+impl<S> tower_layer::Layer<S> for ConnActivityLayer {
+    type Service = ConnActivity<S>;
+    fn layer(&self, inner: S) -> ConnActivity<S> {
+        ConnActivity { inner }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct ConnActivity<S> {
+    inner: S,
+}
+
+/// A stream's place on its connection; leaves (and starts the idle clock)
+/// on drop.
+#[derive(Debug)]
+pub struct StreamGuard(Option<Arc<Conn>>);
+
+impl StreamGuard {
+    fn enter(conn: Option<Arc<Conn>>) -> Self {
+        if let Some(c) = &conn {
+            c.active.fetch_add(1, Ordering::SeqCst);
+        }
+        StreamGuard(conn)
+    }
+}
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.take() {
+            c.idle_since_ms
+                .store(c.registry.now_ms(), Ordering::Relaxed);
+            c.active.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// The connection of a request, whatever its peer type.
+pub fn conn_of<B>(req: &http::Request<B>) -> Option<Arc<Conn>> {
+    let e = req.extensions();
+    e.get::<ConnInfo<crate::auth::PeerIdentity>>()
+        .map(|i| i.conn.clone())
+        .or_else(|| e.get::<ConnInfo<()>>().map(|i| i.conn.clone()))
+}
+
+impl<S, B, RB> tower_service::Service<http::Request<B>> for ConnActivity<S>
+where
+    S: tower_service::Service<http::Request<B>, Response = http::Response<RB>>,
+    S::Future: Send + 'static,
+{
+    type Response = http::Response<GuardedBody<RB>>;
+    type Error = S::Error;
+    type Future =
+        Pin<Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let guard = StreamGuard::enter(conn_of(&req));
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            let resp = fut.await?;
+            Ok(resp.map(|body| GuardedBody {
+                body,
+                _guard: guard,
+            }))
+        })
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A response body that keeps its stream counted until it is done.
+    pub struct GuardedBody<B> {
+        #[pin]
+        body: B,
+        _guard: StreamGuard,
+    }
+}
+
+impl<B: http_body::Body> http_body::Body for GuardedBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        self.project().body.poll_frame(cx)
+    }
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}

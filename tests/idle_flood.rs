@@ -1,0 +1,269 @@
+//! Idle HTTP/2 connections cannot be hoarded (issue #36): a peer that opens
+//! connections, sends the HTTP/2 preface and SETTINGS, answers PINGs and
+//! sends nothing else, on the health port and on the gRPC port (plaintext,
+//! and with `--auth bearer` without any credential), must not lock out
+//! fresh-connection probes or legitimate callers. Each flood opens more
+//! connections than the listener's cap, checks that they were all
+//! established (the attack landed) and that the server closed some of them
+//! (evicted or timed out), while probes and Seal/Open calls on fresh
+//! connections keep succeeding (at least 99%; in practice every one).
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::process::{spawn, ServerProcess};
+use common::{open_req, seal_req};
+use stateseal::proto::request_state_client::RequestStateClient;
+
+fn health_addr(s: &ServerProcess) -> SocketAddr {
+    let log = s.log.lock().unwrap();
+    log.iter()
+        .find_map(|l| {
+            l.split_whitespace()
+                .find_map(|w| w.strip_prefix("health_addr="))
+                .and_then(|a| a.parse().ok())
+        })
+        .expect("health port logged")
+}
+
+/// What a flood did: connections whose HTTP/2 handshake completed, and how
+/// many of those the server has closed since.
+struct Flood {
+    established: usize,
+    closed: Arc<AtomicUsize>,
+    held: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// `n` connections to `addr` that complete the HTTP/2 handshake (h2 answers
+/// the server's PINGs and SETTINGS for them) and never send a request.
+async fn idle_flood(addr: SocketAddr, n: usize) -> Flood {
+    let closed = Arc::new(AtomicUsize::new(0));
+    let mut held = Vec::new();
+    let mut established = 0;
+    for _ in 0..n {
+        let Ok(Ok(tcp)) =
+            tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(addr))
+                .await
+        else {
+            continue;
+        };
+        let Ok(Ok((client, conn))) =
+            tokio::time::timeout(Duration::from_secs(2), h2::client::handshake(tcp)).await
+        else {
+            continue;
+        };
+        established += 1;
+        let closed = closed.clone();
+        held.push(tokio::spawn(async move {
+            let _keep = client; // never used: no stream is ever opened
+            let _ = conn.await;
+            closed.fetch_add(1, Ordering::Relaxed);
+        }));
+    }
+    Flood {
+        established,
+        closed,
+        held,
+    }
+}
+
+/// A health check on a fresh connection.
+async fn probe(addr: SocketAddr) -> bool {
+    let check = async {
+        let ch = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await?;
+        tonic_health::pb::health_client::HealthClient::new(ch)
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .map_err(|e| -> Box<dyn std::error::Error + Send + Sync> { Box::new(e) })?;
+        Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+    };
+    // The kubelet's default probe timeout is 1 s; this bound is generous
+    // for a busy 2-core machine.
+    matches!(
+        tokio::time::timeout(Duration::from_secs(5), check).await,
+        Ok(Ok(()))
+    )
+}
+
+/// A Seal then Open on a fresh connection.
+async fn legit(addr: SocketAddr, bearer: Option<&'static str>) -> bool {
+    let rt = async {
+        let ch = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .ok()?;
+        let mut c = RequestStateClient::with_interceptor(ch, move |mut r: tonic::Request<()>| {
+            if let Some(b) = bearer {
+                r.metadata_mut()
+                    .insert("authorization", format!("Bearer {b}").parse().unwrap());
+            }
+            Ok(r)
+        });
+        let t = c.seal(seal_req(b"legit", true)).await.ok()?.into_inner();
+        let o = c.open(open_req(&t.request_state)).await.ok()?.into_inner();
+        Some(o.consumed)
+    };
+    matches!(
+        tokio::time::timeout(Duration::from_secs(10), rt).await,
+        Ok(Some(true))
+    )
+}
+
+/// Floods `target` with `n` idle connections, then runs `rounds` probes
+/// and legitimate calls on fresh connections while the flood holds.
+async fn flooded(
+    s: &ServerProcess,
+    target: SocketAddr,
+    (n, cap): (usize, usize),
+    rounds: usize,
+    bearer: Option<&'static str>,
+) {
+    let (addr, haddr) = (s.addr, health_addr(s));
+    let flood = idle_flood(target, n).await;
+    assert!(
+        flood.established >= cap,
+        "the attack did not land: {} of {n} connections established (cap {cap})",
+        flood.established
+    );
+    let (mut probes_ok, mut calls_ok) = (0, 0);
+    for _ in 0..rounds {
+        probes_ok += usize::from(probe(haddr).await);
+        probes_ok += usize::from(probe(addr).await);
+        calls_ok += usize::from(legit(addr, bearer).await);
+        // More idle connections keep arriving during the probes.
+        let more = idle_flood(target, 4).await;
+        drop(more.held); // detached: they stay open until the server closes them
+    }
+    let closed = flood.closed.load(Ordering::Relaxed);
+    eprintln!(
+        "idle flood on {target}: {} established, {closed} closed by the server; probes {probes_ok}/{}, Seal+Open {calls_ok}/{rounds}",
+        flood.established,
+        2 * rounds
+    );
+    assert!(
+        probes_ok * 100 >= 99 * 2 * rounds,
+        "probes failed during the flood: {probes_ok}/{}",
+        2 * rounds
+    );
+    assert!(
+        calls_ok * 100 >= 99 * rounds,
+        "legitimate calls failed during the flood: {calls_ok}/{rounds}"
+    );
+    assert!(closed > 0, "the server closed none of the idle connections");
+    for h in flood.held {
+        h.abort();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn idle_connections_cannot_lock_out_the_health_port() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = spawn(
+        &dir.path().join("data"),
+        &["--health-listen", "127.0.0.1:0"],
+        &[],
+    );
+    let haddr = health_addr(&s);
+    // The health port's cap is 64 (--max-aux-connections).
+    flooded(&s, haddr, (100, 64), 30, None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn idle_connections_cannot_lock_out_the_grpc_port() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = spawn(
+        &dir.path().join("data"),
+        &["--health-listen", "127.0.0.1:0", "--max-connections", "128"],
+        &[],
+    );
+    flooded(&s, s.addr, (200, 128), 30, None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn idle_connections_without_credentials_are_closed_in_bearer_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let tenants = dir.path().join("tenants.json");
+    let digest: String = {
+        use sha2::Digest;
+        sha2::Sha256::digest(b"the-secret")
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    };
+    std::fs::write(
+        &tenants,
+        format!(r#"{{"tenants":[{{"name":"t","bearer_sha256":"{digest}"}}]}}"#),
+    )
+    .unwrap();
+    let s = spawn(
+        &dir.path().join("data"),
+        &[
+            "--health-listen",
+            "127.0.0.1:0",
+            "--auth",
+            "bearer",
+            "--tenants",
+            tenants.to_str().unwrap(),
+            "--max-connections",
+            "128",
+            "--auth-deadline-ms",
+            "1000",
+        ],
+        &[],
+    );
+    flooded(&s, s.addr, (200, 128), 20, Some("the-secret")).await;
+    // Connections that never authenticate are closed after the deadline,
+    // whether or not the listener is full.
+    let few = idle_flood(s.addr, 10).await;
+    assert_eq!(few.established, 10);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while few.closed.load(Ordering::Relaxed) < 10 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "unauthenticated idle connections still open: {} of 10 closed",
+            few.closed.load(Ordering::Relaxed)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// An idle connection is closed after --idle-timeout-ms, and a connection
+/// with a stream open is not (a long call is never cut as idle).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn idle_connections_time_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = spawn(&dir.path().join("data"), &["--idle-timeout-ms", "500"], &[]);
+    let flood = idle_flood(s.addr, 5).await;
+    assert_eq!(flood.established, 5);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while flood.closed.load(Ordering::Relaxed) < 5 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "idle connections not closed: {} of 5",
+            flood.closed.load(Ordering::Relaxed)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A client that keeps using its connection keeps it.
+    let ch = tonic::transport::Channel::from_shared(format!("http://{}", s.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut c = RequestStateClient::new(ch);
+    for _ in 0..10 {
+        c.seal(seal_req(b"x", false)).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
