@@ -599,42 +599,283 @@ fn url_ok(url: &str) -> bool {
     }
 }
 
-/// Words that mark a form field as asking for a secret (compared with the
-/// field's name and title, lowercased, letters and digits only).
+/// Credential words, matched against whole words of a text and against
+/// two or three adjacent words written together (`api_key`, `apiKey`,
+/// `API key` and `apikey` are all `apikey`), after [`normalize`]: so
+/// `secretary_name` and `max_tokens` pass, `client_secret` does not. English,
+/// German, Spanish, French, Portuguese, Italian and Dutch.
 const CREDENTIAL_WORDS: &[&str] = &[
+    // passwords and passphrases
     "password",
+    "passwords",
     "passwd",
     "passphrase",
     "passcode",
+    "pwd",
+    "passwort",
+    "kennwort",
+    "contrasena",
+    "clave",
+    "motdepasse",
+    "senha",
+    "palavrapasse",
+    "parolachiave",
+    "paroladordine",
+    "wachtwoord",
     "secret",
-    "token",
+    "clientsecret",
+    "secretphrase",
+    // keys and tokens
     "apikey",
     "accesskey",
     "privatekey",
     "secretkey",
+    "sshkey",
+    "signingkey",
+    "encryptionkey",
     "credential",
+    "credentials",
+    "bearer",
+    "bearertoken",
+    "accesstoken",
+    "authtoken",
+    "refreshtoken",
+    "sessiontoken",
+    "idtoken",
+    "apitoken",
+    "securitytoken",
+    "githubtoken",
+    "gitlabtoken",
+    "slacktoken",
+    "personalaccesstoken",
+    "sessioncookie",
+    "authcookie",
+    "sessionid",
+    "jwt",
+    // payment cards and accounts
     "cardnumber",
     "creditcard",
     "debitcard",
-    "cvv",
-    "cvc",
-    "securitycode",
+    "cardpan",
+    "primaryaccountnumber",
+    "kartennummer",
+    "kreditkarte",
+    "numerodetarjeta",
+    "tarjetadecredito",
+    "numerodecarte",
+    "cartebancaire",
+    "cartedecredit",
+    "numerodocartao",
+    "cartaodecredito",
+    "numerodicarta",
+    "cartadicredito",
+    "kaartnummer",
     "iban",
+    // card security codes
+    "cvv",
+    "cvv2",
+    "cvc",
+    "cvc2",
+    "cardcvv",
+    "cardcvc",
+    "securitycode",
+    "cardcode",
+    "pruefnummer",
+    "prufnummer",
+    "kartenpruefnummer",
+    "kartenprufnummer",
+    "codigodeseguridad",
+    "cryptogramme",
+    "codigodeseguranca",
+    "codicedisicurezza",
+    "beveiligingscode",
+    // PINs and one-time codes
     "pin",
+    "pincode",
+    "pinnummer",
+    "geheimzahl",
+    "codigopin",
     "otp",
+    "totp",
+    "hotp",
+    "onetimecode",
+    "onetimepassword",
+    "onetimepasscode",
+    "2fa",
+    "2facode",
+    "mfa",
+    "mfacode",
+    "verificationcode",
+    "authcode",
+    "authenticationcode",
+    "smscode",
+    "recoverycode",
+    "backupcode",
+    "codigodeverificacion",
+    "bestaetigungscode",
+    "bestatigungscode",
+    // wallets
+    "seedphrase",
+    "recoveryphrase",
+    "mnemonic",
+    "mnemonicphrase",
+    "walletseed",
+    "seedwords",
 ];
 
-fn looks_like_credential(text: &str) -> bool {
-    let norm: String = text
-        .chars()
-        .filter(|c| c.is_alphanumeric())
+/// Words that name a credential only as a whole text (a field named
+/// `token` or `PAN`), never inside a longer one (`token_count`, `pan_size`).
+const CREDENTIAL_ALONE: &[&str] = &["token", "pan"];
+
+/// Credential words of scripts written without spaces (Japanese, Chinese),
+/// matched anywhere in the normalized text.
+const CREDENTIAL_CJK: &[&str] = &[
+    "パスワード",
+    "暗証番号",
+    "カード番号",
+    "クレジットカード",
+    "セキュリティコード",
+    "認証コード",
+    "秘密鍵",
+    "合言葉",
+    "密码",
+    "密碼",
+    "口令",
+    "卡号",
+    "卡號",
+    "信用卡",
+    "银行卡",
+    "銀行卡",
+    "安全码",
+    "安全碼",
+    "验证码",
+    "驗證碼",
+    "私钥",
+    "私鑰",
+    "助记词",
+    "助記詞",
+];
+
+/// What credential matching compares: NFKC, lowercase, the Unicode TR39
+/// confusable skeleton (so Cyrillic `а`, fullwidth letters and `0`-for-`o`
+/// read as the letters they imitate), accents removed, lowercase again.
+fn normalize(text: &str) -> String {
+    use unicode_normalization::UnicodeNormalization;
+    let folded: String = text.nfkc().flat_map(char::to_lowercase).collect();
+    let skeleton: String = unicode_security::skeleton(&folded).collect();
+    skeleton
+        .nfkd()
+        .filter(|c| !unicode_normalization::char::is_combining_mark(*c))
         .flat_map(char::to_lowercase)
-        .collect();
-    CREDENTIAL_WORDS.iter().any(|w| match *w {
-        // Short words only as the whole name, so "spinner" or "hotpot" pass.
-        "pin" | "otp" | "cvv" | "cvc" | "iban" => norm == *w,
-        w => norm.contains(w),
+        .collect()
+}
+
+/// The words of a text: split at anything but letters and digits and at
+/// lowercase-to-uppercase steps (`apiKey`), each normalized; `@` and `$`
+/// and, inside a word with letters, `3 4 5 7` read as the letters they
+/// stand for in leetspeak.
+fn words(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut prev_lower = false;
+    for c in text.chars() {
+        let c = match c {
+            '@' => 'a',
+            '$' => 's',
+            c => c,
+        };
+        if !c.is_alphanumeric() {
+            out.push(std::mem::take(&mut cur));
+            prev_lower = false;
+            continue;
+        }
+        if c.is_uppercase() && prev_lower {
+            out.push(std::mem::take(&mut cur));
+        }
+        prev_lower = c.is_lowercase();
+        cur.push(c);
+    }
+    out.push(cur);
+    out.into_iter()
+        .filter(|w| !w.is_empty())
+        .map(|w| {
+            let w = normalize(&w);
+            if w.chars().any(char::is_alphabetic) {
+                w.chars()
+                    .map(|c| match c {
+                        '3' => 'e',
+                        '4' => 'a',
+                        '5' => 's',
+                        '7' => 't',
+                        c => c,
+                    })
+                    .collect()
+            } else {
+                w
+            }
+        })
+        .collect()
+}
+
+fn credential_sets() -> &'static (
+    std::collections::HashSet<String>,
+    std::collections::HashSet<String>,
+    Vec<String>,
+) {
+    static SETS: std::sync::OnceLock<(
+        std::collections::HashSet<String>,
+        std::collections::HashSet<String>,
+        Vec<String>,
+    )> = std::sync::OnceLock::new();
+    SETS.get_or_init(|| {
+        (
+            CREDENTIAL_WORDS.iter().map(|w| normalize(w)).collect(),
+            CREDENTIAL_ALONE.iter().map(|w| normalize(w)).collect(),
+            CREDENTIAL_CJK.iter().map(|w| normalize(w)).collect(),
+        )
     })
+}
+
+/// Whether a text (a field's name, title or description, an option's
+/// title, or the question's message) names a credential. Defence in depth,
+/// not a guarantee: docs/security.md says what no word list can catch.
+fn looks_like_credential(text: &str) -> bool {
+    let (words_set, alone, cjk) = credential_sets();
+    let w = words(text);
+    let joined: String = w.concat();
+    if alone.contains(&joined) {
+        return true;
+    }
+    for n in 1..=3 {
+        if w.windows(n).any(|g| words_set.contains(&g.concat())) {
+            return true;
+        }
+    }
+    let whole = normalize(text);
+    cjk.iter().any(|c| whole.contains(c.as_str()))
+}
+
+/// Every text of a field definition a user reads: its title and
+/// description, and the titles of its options (`oneOf`, `anyOf` of
+/// `items`, legacy `enumNames`).
+fn field_texts(def: &Map<String, Value>) -> Vec<&str> {
+    let mut texts: Vec<&str> = ["title", "description"]
+        .iter()
+        .filter_map(|k| def.get(*k).and_then(Value::as_str))
+        .collect();
+    let options = def
+        .get("oneOf")
+        .or_else(|| def.get("items").and_then(|i| i.get("anyOf")));
+    if let Some(Value::Array(opts)) = options {
+        texts.extend(
+            opts.iter()
+                .filter_map(|o| o.get("title").and_then(Value::as_str)),
+        );
+    }
+    if let Some(Value::Array(names)) = def.get("enumNames") {
+        texts.extend(names.iter().filter_map(Value::as_str));
+    }
+    texts
 }
 
 fn form(
@@ -662,16 +903,31 @@ fn form(
         let Value::Object(def) = def else {
             return bad();
         };
-        let title = def.get("title").and_then(Value::as_str).unwrap_or("");
+        let f = field(def)?;
         if policy != CredentialPolicy::Off
-            && (looks_like_credential(name) || looks_like_credential(title))
+            && (looks_like_credential(name)
+                || field_texts(def).into_iter().any(looks_like_credential))
         {
             if policy == CredentialPolicy::Deny {
                 return bad();
             }
             warned.push(name.clone());
         }
-        fields.insert(name.clone(), field(def)?);
+        fields.insert(name.clone(), f);
+    }
+    // The message, where an answer could carry what it asks for: a form
+    // with a free-text or number field ("Enter your banking password" above
+    // a field named `value`).
+    let free = fields.values().any(|f| {
+        matches!(f.kind, FieldKind::Number | FieldKind::Integer)
+            || (f.kind == FieldKind::String && f.choices.is_none())
+    });
+    let message = p.get("message").and_then(Value::as_str).unwrap_or("");
+    if policy != CredentialPolicy::Off && free && looks_like_credential(message) {
+        if policy == CredentialPolicy::Deny {
+            return bad();
+        }
+        warned.push("(message)".to_owned());
     }
     let required = match schema.get("required") {
         None => Vec::new(),
@@ -840,6 +1096,95 @@ mod tests {
         ] {
             assert!(!looks_like_credential(no), "{no}");
         }
+    }
+
+    /// A form asking `name` (with `def`) under `message`: refused under
+    /// the default policy?
+    fn refused(message: &str, name: &str, def: Value) -> bool {
+        let q = serde_json::json!({"q": {"method": "elicitation/create", "params": {
+            "mode": "form", "message": message,
+            "requestedSchema": {"type": "object", "properties": {name: def}}}}});
+        Manifest::build(&q.to_string(), CredentialPolicy::Deny).is_err()
+    }
+
+    #[test]
+    fn credential_fields_are_refused_and_harmless_ones_pass() {
+        let s = serde_json::json!({"type": "string"});
+        let desc = |d: &str| serde_json::json!({"type": "string", "description": d});
+        let title = |t: &str| serde_json::json!({"type": "string", "title": t});
+        // Issue #36's list, each sealed before.
+        assert!(refused("Sign in", "pw", desc("Your bank password")));
+        assert!(refused(
+            "Please enter the banking password",
+            "value",
+            s.clone()
+        ));
+        for name in [
+            "passwort",
+            "Contraseña",
+            "mot_de_passe",
+            "p\u{430}ssword",
+            "ｐａｓｓｗｏｒｄ",
+            "passw0rd",
+            "pin_code",
+            "cvv2",
+            "card_cvv",
+            "PAN",
+            "one_time_code",
+            "bearer",
+            "session_cookie",
+            "senha",
+            "wachtwoord",
+            "Kennwort",
+            "numero_di_carta",
+            "código_de_seguridad",
+            "clientSecret",
+            "apiKey",
+            "x-api-key",
+            "p@ssword",
+            "pa55word",
+            "パスワード",
+            "暗証番号",
+            "密码",
+            "信用卡号",
+            "token",
+            "access_token",
+            "Recovery phrase",
+        ] {
+            assert!(refused("Fill in", name, s.clone()), "{name}");
+        }
+        for t in [
+            "2FA code",
+            "SSH key",
+            "Wallet recovery phrase",
+            "Card number",
+            "Security code",
+        ] {
+            assert!(refused("Fill in", "f", title(t)), "{t}");
+        }
+        // An option's title counts too.
+        let opts = serde_json::json!({"type": "string", "oneOf": [
+            {"const": "a", "title": "Use my password"}, {"const": "b", "title": "Other"}]});
+        assert!(refused("Choose", "how", opts));
+        // Harmless names, refused before.
+        for name in [
+            "secretary_name",
+            "max_tokens",
+            "token_count",
+            "tokenizer",
+            "spinner",
+            "open_by",
+            "keyboard_layout",
+            "pan_size",
+            "hotpot",
+            "topic",
+            "company",
+        ] {
+            assert!(!refused("Fill in", name, s.clone()), "{name}");
+        }
+        // A message about a password above a yes/no question carries none.
+        let yes_no = serde_json::json!({"type": "boolean"});
+        assert!(!refused("Did you change your password?", "done", yes_no));
     }
 
     #[test]
