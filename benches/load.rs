@@ -776,6 +776,13 @@ fn start_redis() -> Option<RedisServer> {
         Ok(c) => c,
         Err(e) => {
             eprintln!("\n*** SKIPPED: the redis scenario (cannot start redis-server: {e}) ***\n");
+            // Under CI a skip fails, as in the tests (tests/common/skip.rs).
+            let allowed = std::env::var("STATESEAL_ALLOW_SKIPS").unwrap_or_default();
+            assert!(
+                std::env::var("STATESEAL_FAIL_ON_SKIP").as_deref() != Ok("1")
+                    || allowed.split(',').any(|a| a.trim() == "redis-scenario"),
+                "SKIPPED under STATESEAL_FAIL_ON_SKIP=1: the redis scenario"
+            );
             return None;
         }
     };

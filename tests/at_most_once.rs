@@ -75,8 +75,9 @@ fn reserve(t: &str, lease: u32, attempt: &str) -> OpenRequest {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_leases_follow_the_database_clock_across_skewed_replicas() {
     let Some(url) = database_url() else {
-        eprintln!(
-            "\n*** SKIPPED: PostgreSQL lease clock test (set STATESEAL_TEST_DATABASE_URL) ***\n"
+        crate::common::skip::skipped(
+            "postgresql-lease-clock-test",
+            "set STATESEAL_TEST_DATABASE_URL",
         );
         return;
     };
@@ -351,8 +352,9 @@ fn seed() -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn randomized_interleavings_on_two_postgres_replicas_complete_each_token_at_most_once() {
     let Some(url) = database_url() else {
-        eprintln!(
-            "\n*** SKIPPED: PostgreSQL interleavings (set STATESEAL_TEST_DATABASE_URL) ***\n"
+        crate::common::skip::skipped(
+            "postgresql-interleavings",
+            "set STATESEAL_TEST_DATABASE_URL",
         );
         return;
     };

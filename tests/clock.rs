@@ -48,8 +48,9 @@ async fn forward_step_on_one_postgres_replica_reopens_nothing() {
         .ok()
         .filter(|s| !s.is_empty())
     else {
-        eprintln!(
-            "\n*** SKIPPED: PostgreSQL clock-step test (set STATESEAL_TEST_DATABASE_URL) ***\n"
+        crate::common::skip::skipped(
+            "postgresql-clock-step-test",
+            "set STATESEAL_TEST_DATABASE_URL",
         );
         return;
     };

@@ -290,7 +290,10 @@ async fn a_full_disk_fails_stop_and_loses_nothing() {
     let fs = match mount_tmpfs(base.path(), "16m") {
         Ok(fs) => fs,
         Err(e) => {
-            eprintln!("\n*** SKIPPED: real disk-fault test: cannot mount a tmpfs here ({e}) ***\n");
+            crate::common::skip::skipped(
+                "real-disk-fault-test",
+                &format!("cannot mount a tmpfs here ({e})"),
+            );
             return;
         }
     };
@@ -318,7 +321,10 @@ async fn a_filesystem_gone_read_only_fails_stop_and_loses_nothing() {
         let mut fs = match Ext4::create(&base.path().join("ext4.img"), &dir) {
             Ok(fs) => fs,
             Err(e) => {
-                eprintln!("\n*** SKIPPED: read-only filesystem test: cannot mount ext4 on a loop device here ({e}) ***\n");
+                crate::common::skip::skipped(
+                    "read-only-filesystem-test",
+                    &format!("cannot mount ext4 on a loop device here ({e})"),
+                );
                 return;
             }
         };
@@ -355,7 +361,10 @@ async fn a_sled_writer_dead_on_a_read_only_filesystem_is_not_ready() {
     let fs = match Ext4::create(&base.path().join("ext4.img"), &dir) {
         Ok(fs) => fs,
         Err(e) => {
-            eprintln!("\n*** SKIPPED: read-only filesystem test: cannot mount ext4 on a loop device here ({e}) ***\n");
+            crate::common::skip::skipped(
+                "read-only-filesystem-test",
+                &format!("cannot mount ext4 on a loop device here ({e})"),
+            );
             return;
         }
     };

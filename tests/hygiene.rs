@@ -158,7 +158,7 @@ async fn postgres_trace_logs_hold_no_ledger_ids() {
         .ok()
         .filter(|s| !s.is_empty())
     else {
-        eprintln!("\n*** SKIPPED: PostgreSQL log hygiene (set STATESEAL_TEST_DATABASE_URL) ***\n");
+        crate::common::skip::skipped("postgresql-log-hygiene", "set STATESEAL_TEST_DATABASE_URL");
         return;
     };
     let dir = tempfile::tempdir().unwrap();

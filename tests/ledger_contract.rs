@@ -3,6 +3,8 @@
 //! cases say loudly that they were skipped.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::sync::Arc;
 
 use rand::RngCore;
@@ -138,8 +140,9 @@ async fn sled() -> (Arc<dyn Ledger>, tempfile::TempDir) {
 
 async fn postgres() -> Option<Arc<dyn Ledger>> {
     let Some(url) = database_url() else {
-        eprintln!(
-            "\n*** SKIPPED: PostgreSQL ledger contract (set STATESEAL_TEST_DATABASE_URL) ***\n"
+        crate::common::skip::skipped(
+            "postgresql-ledger-contract",
+            "set STATESEAL_TEST_DATABASE_URL",
         );
         return None;
     };
@@ -459,7 +462,10 @@ contract!(
 #[tokio::test]
 async fn postgres_schema_creation_is_idempotent_under_concurrent_starts() {
     let Some(url) = database_url() else {
-        eprintln!("\n*** SKIPPED: PostgreSQL concurrent migration (set STATESEAL_TEST_DATABASE_URL) ***\n");
+        crate::common::skip::skipped(
+            "postgresql-concurrent-migration",
+            "set STATESEAL_TEST_DATABASE_URL",
+        );
         return;
     };
     let tasks: Vec<_> = (0..6)
@@ -507,7 +513,7 @@ async fn a_bad_database_url_never_shows_its_password() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_collector_vacuums_when_autovacuum_is_off() {
     let Some(url) = database_url() else {
-        eprintln!("\n*** SKIPPED: PostgreSQL vacuum (set STATESEAL_TEST_DATABASE_URL) ***\n");
+        crate::common::skip::skipped("postgresql-vacuum", "set STATESEAL_TEST_DATABASE_URL");
         return;
     };
     let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
@@ -520,7 +526,10 @@ async fn postgres_collector_vacuums_when_autovacuum_is_off() {
         .unwrap()
         .get(0);
     if autovacuum == "on" {
-        eprintln!("\n*** SKIPPED: autovacuum is on; the self-vacuum path is not taken ***\n");
+        crate::common::skip::skipped(
+            "postgresql-autovacuum-on",
+            "autovacuum is on; the self-vacuum path is not taken",
+        );
         return;
     }
     let l = PgLedger::connect(

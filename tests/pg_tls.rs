@@ -29,7 +29,7 @@ fn pg_bin() -> Option<PathBuf> {
 }
 
 fn skip(why: &str) {
-    eprintln!("\n*** SKIPPED: TLS to PostgreSQL ({why}) ***\n");
+    crate::common::skip::skipped("tls-to-postgresql", why);
 }
 
 fn run(cmd: &mut Command) {

@@ -45,8 +45,9 @@ fn is_root() -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_as_non_root_with_a_swapped_secret_directory() {
     if !is_root() || Command::new("setpriv").arg("--version").output().is_err() {
-        eprintln!(
-            "\n*** SKIPPED: pod-like test (needs root and setpriv to drop to uid {UID}) ***\n"
+        crate::common::skip::skipped(
+            "pod-like-test",
+            &format!("needs root and setpriv to drop to uid {UID}"),
         );
         return;
     }

@@ -23,7 +23,10 @@ macro_rules! require_postgres {
         match database_url() {
             Some(u) => u,
             None => {
-                eprintln!("\n*** SKIPPED: PostgreSQL replica tests (set STATESEAL_TEST_DATABASE_URL) ***\n");
+                crate::common::skip::skipped(
+                    "postgresql-replica-tests",
+                    "set STATESEAL_TEST_DATABASE_URL",
+                );
                 return;
             }
         }

@@ -17,6 +17,7 @@ use tonic::transport::Channel;
 pub mod pki;
 pub mod process;
 pub mod skew;
+pub mod skip;
 
 pub const T0: u64 = 1_900_000_000;
 

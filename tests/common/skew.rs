@@ -57,7 +57,10 @@ pub fn shim(dir: &Path) -> Option<PathBuf> {
             String::from_utf8_lossy(&o.stderr)
         ),
         Err(e) => {
-            eprintln!("\n*** SKIPPED: clock-step tests need a C compiler (cc): {e} ***\n");
+            super::skip::skipped(
+                "clock-shim",
+                &format!("the clock-step tests need a C compiler (cc): {e}"),
+            );
             None
         }
     }
