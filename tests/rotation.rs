@@ -249,6 +249,11 @@ async fn full_rotation_under_load_fails_no_open() {
         }
         c.output().unwrap()
     };
+    let demoted_at = {
+        let file = stateseal::keyring::KeysetFile::parse(&std::fs::read(&master).unwrap()).unwrap();
+        let k1 = file.keys.iter().find(|k| k.id == 1).unwrap();
+        k1.demoted_at.expect("key 1 was demoted by the promotion")
+    };
     let early = retire(false);
     assert!(!early.status.success());
     assert!(String::from_utf8_lossy(&early.stderr).contains("may still carry unexpired tokens"));
@@ -261,10 +266,19 @@ async fn full_rotation_under_load_fails_no_open() {
         assert!(Instant::now() < deadline, "retire never allowed");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // The rule, on the clock it is written in (whole Unix seconds; an
+    // Instant measured from a rounded start is not): demotion + rollout (1)
+    // + max TTL + clock skew.
+    let retired_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let (ttl, skew): (u64, u64) = (TTL.parse().unwrap(), SKEW.parse().unwrap());
     assert!(
-        rollout_done.elapsed() >= Duration::from_secs(3),
-        "retired before the token lifetime passed"
+        retired_at >= demoted_at + 1 + ttl + skew,
+        "retired before the token lifetime passed: {retired_at} < {demoted_at} + 1 + {ttl} + {skew}"
     );
+    let _ = rollout_done;
     let key1_tokens: Vec<String> = load
         .tokens
         .lock()
