@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import logging
+import os
 from contextlib import asynccontextmanager
 from typing import Annotated
 
@@ -54,6 +56,7 @@ def replica(
     bearer: str | None = None,
     reask: bool = True,
     credentials=None,
+    **boundary_options,
 ) -> MCPServer:
     server = MCPServer("transfer-service")
 
@@ -112,8 +115,48 @@ def replica(
             raise RuntimeError("payment backend hiccup")
         return f"paid {amount}" if confirm.confirm else "cancelled"
 
+    @server.tool()
+    async def slow(amount: int, confirm: Annotated[Confirm, Resolve(ask)]) -> str:
+        # The body of a side-effecting tool: counted each time it runs. The
+        # first run waits for SLOW["gate"] when the test set one.
+        SLOW["runs"] += 1
+        if SLOW["runs"] == 1 and SLOW["gate"] is not None:
+            await SLOW["gate"].wait()
+        for hook in SLOW["on_return"]:
+            hook()
+        return f"slow {amount}" if confirm.confirm else "cancelled"
+
+    @server.tool()
+    async def wipe(ctx: Context) -> types.InputRequiredResult | str:
+        # Hand-rolled MRTR that asks without a requestState of its own (the
+        # specification allows it) and trusts the answers it is handed, as a
+        # handler behind a boundary that guarantees them may.
+        a = (ctx.input_responses or {}).get("confirm")
+        a = a.model_dump(mode="json", by_alias=True, exclude_none=True) if hasattr(a, "model_dump") else a
+        if isinstance(a, dict) and a.get("action") == "accept" and (a.get("content") or {}).get("confirm") is True:
+            WIPED.append((tag, ctx.request_state))
+            return "wiped"
+        return types.InputRequiredResult.model_validate(
+            {
+                "resultType": "input_required",
+                "inputRequests": {
+                    "confirm": {
+                        "method": "elicitation/create",
+                        "params": {
+                            "message": "Wipe everything?",
+                            "requestedSchema": {
+                                "type": "object",
+                                "properties": {"confirm": {"type": "boolean"}},
+                                "required": ["confirm"],
+                            },
+                        },
+                    }
+                },
+            }
+        )
+
     client = RequestStateClient(stateseal_addr, bearer=bearer, credentials=credentials)
-    install(server, StatesealBoundary(client, audience="transfer-service", reask=reask))
+    install(server, StatesealBoundary(client, audience="transfer-service", reask=reask, **boundary_options))
 
     async def record(ctx, call_next):
         if ctx.method == "tools/call":
@@ -136,6 +179,11 @@ def replica(
 SEEN_ANSWERS: list = []
 #: Called when the `steps` tool is about to answer its second round.
 ON_SECOND_ROUND: list = []
+#: How often the `slow` tool's body ran, the event its first run waits for,
+#: and what each run calls just before it returns.
+SLOW: dict = {"runs": 0, "gate": None, "on_return": []}
+#: (replica tag, the requestState the handler saw) each time `wipe`'s body ran.
+WIPED: list = []
 
 
 def front(backends: list[str]) -> Starlette:
@@ -161,14 +209,25 @@ def front(backends: list[str]) -> Starlette:
 
 
 @asynccontextmanager
-async def deployment(stateseal_addr: str, bearer: str | None = None, reask: bool = True, credentials=None):
+async def deployment(
+    stateseal_addr: str,
+    bearer: str | None = None,
+    reask: bool = True,
+    credentials=None,
+    *,
+    addrs: tuple[str, str] | None = None,
+    **boundary_options,
+):
+    """Replicas A and B behind the round-robin front. `addrs`: a stateseal
+    address for each replica (default: `stateseal_addr` for both);
+    `boundary_options`: more StatesealBoundary options."""
     served: list = []
     ports = [free_port(), free_port(), free_port()]
     apps = [
-        replica(tag, stateseal_addr, served, bearer, reask, credentials).streamable_http_app(
+        replica(tag, addr, served, bearer, reask, credentials, **boundary_options).streamable_http_app(
             stateless_http=True, json_response=True
         )
-        for tag in ("A", "B")
+        for tag, addr in zip(("A", "B"), addrs or (stateseal_addr, stateseal_addr))
     ]
     apps.append(front([f"http://127.0.0.1:{ports[0]}", f"http://127.0.0.1:{ports[1]}"]))
     servers = [
@@ -215,8 +274,26 @@ def answers(r: types.InputRequiredResult) -> dict:
     return {key: {"action": "accept", "content": {"confirm": True}} for key in r.input_requests}
 
 
-async def test_a_replay_is_asked_again_never_executed(stateseal):
-    async with deployment(stateseal) as (url, served):
+def assert_already_used(e: MCPError) -> None:
+    """REPLAYED under on_replay="error": the earlier retry went through."""
+    assert (e.error.code, e.error.message, e.error.data) == (
+        types.INVALID_PARAMS,
+        "requestState already used",
+        {"reason": "request_state_used"},
+    ), e.error
+
+
+def assert_in_progress(e: MCPError) -> None:
+    """IN_USE under on_replay="error": retry later."""
+    assert (e.error.code, e.error.message, e.error.data) == (
+        types.INTERNAL_ERROR,
+        "Request in progress; retry later",
+        {"reason": "in_progress"},
+    ), e.error
+
+
+async def test_a_replay_is_asked_again_never_executed_with_on_replay_reask(stateseal):
+    async with deployment(stateseal, on_replay="reask") as (url, served):
         async with Client(url, elicitation_callback=accept) as client:
             r = await first_round(client)
             done = await client.session.call_tool(
@@ -237,7 +314,7 @@ async def test_a_replay_is_asked_again_never_executed(stateseal):
 
 
 async def test_a_replay_is_refused_when_reask_is_off(stateseal):
-    async with deployment(stateseal, reask=False) as (url, _):
+    async with deployment(stateseal, reask=False, on_replay="reask") as (url, _):
         async with Client(url, elicitation_callback=accept) as client:
             r = await first_round(client)
             await client.session.call_tool(
@@ -269,11 +346,11 @@ async def test_a_failed_handler_does_not_burn_the_retry(stateseal):
             )
             assert "paid 5" in json.dumps(done.model_dump(mode="json")), done
             # And it was consumed by that success.
-            again = await client.session.call_tool(
-                "pay", {"amount": 5}, input_responses=answers(r), request_state=r.request_state,
-                allow_input_required=True,
-            )
-            assert isinstance(again, types.InputRequiredResult), again
+            with pytest.raises(MCPError) as e:
+                await client.session.call_tool(
+                    "pay", {"amount": 5}, input_responses=answers(r), request_state=r.request_state
+                )
+            assert_already_used(e.value)
 
 
 async def test_changed_arguments_or_modified_state_are_rejected(stateseal):
@@ -501,9 +578,12 @@ async def start_relay(addr: str):
     """A TCP relay to stateseal. `state["lose_next"]`: the next bytes sent go
     through, their answers are lost and the connection drops 0.3 s later.
     `state["drop_next"] = n`: the next n sends (each on its own connection)
-    are not forwarded and their connection drops at once."""
+    are not forwarded and their connection drops at once.
+    `state["flowing"].clear()`: nothing goes through either way (a network
+    partition; the bytes wait in order) until `state["flowing"].set()`."""
     host, port = addr.rsplit(":", 1)
-    state = {"lose_next": False, "lost": 0, "drop_next": 0, "dropped": 0}
+    state = {"lose_next": False, "lost": 0, "drop_next": 0, "dropped": 0, "flowing": asyncio.Event()}
+    state["flowing"].set()
     open_writers: list = []
 
     async def handle(down_r, down_w):
@@ -514,6 +594,7 @@ async def start_relay(addr: str):
         async def pump_down():
             try:
                 while data := await up_r.read(65536):
+                    await state["flowing"].wait()
                     if not losing:
                         down_w.write(data)
                         await down_w.drain()
@@ -534,6 +615,7 @@ async def start_relay(addr: str):
                     state["lost"] += 1
                     losing = True
                     asyncio.get_running_loop().call_later(0.3, lambda: (down_w.close(), up_w.close()))
+                await state["flowing"].wait()
                 up_w.write(data)
                 await up_w.drain()
         except (ConnectionError, OSError):
@@ -578,12 +660,12 @@ async def test_an_open_whose_answer_is_lost_is_retried_safely(tmp_path, caplog):
                 assert state["lost"] == 1
                 assert "transferred 42" in json.dumps(done.model_dump(mode="json")), done
                 assert any("retrying" in rec.getMessage() for rec in caplog.records), caplog.text
-                # Consumed exactly once: the replay is asked again.
-                again = await client.session.call_tool(
-                    "transfer", {"amount": 42}, input_responses=answers(r), request_state=r.request_state,
-                    allow_input_required=True,
-                )
-                assert isinstance(again, types.InputRequiredResult), again
+                # Consumed exactly once: the replay is refused.
+                with pytest.raises(MCPError) as e:
+                    await client.session.call_tool(
+                        "transfer", {"amount": 42}, input_responses=answers(r), request_state=r.request_state
+                    )
+                assert_already_used(e.value)
     finally:
         await stop_relay(relay, open_writers, proc)
 
@@ -644,4 +726,300 @@ async def test_a_failed_seal_of_the_next_round_gives_the_token_back(tmp_path):
                 )
                 assert "Ann likes blue" in json.dumps(done.model_dump(mode="json")), done
     finally:
+        await stop_relay(relay, open_writers, proc)
+
+
+def ledger_args(ledger: str, capsys) -> tuple[str, ...]:
+    """stateseal flags for the ledger under test. PostgreSQL needs
+    STATESEAL_TEST_DATABASE_URL (CI sets it); without it the test is skipped,
+    saying so on the terminal even under output capture."""
+    if ledger == "sled":
+        return ()
+    url = os.environ.get("STATESEAL_TEST_DATABASE_URL")
+    if not url:
+        with capsys.disabled():
+            print("\nSKIPPED: STATESEAL_TEST_DATABASE_URL is unset, so the PostgreSQL ledger is not tested")
+        pytest.skip("STATESEAL_TEST_DATABASE_URL is unset")
+    return ("--ledger", "postgres", "--database-url", url)
+
+
+def text_of(result) -> str:
+    return json.dumps(result.model_dump(mode="json"))
+
+
+async def error_of(call) -> MCPError:
+    """The JSON-RPC error `call` answers; fails, naming the result and how
+    often `slow` ran, when it answers a result."""
+    try:
+        got = await call
+    except MCPError as e:
+        return e
+    # Named without its requestState: a test never prints a whole token.
+    what = "a fresh input_required" if isinstance(got, types.InputRequiredResult) else f"the result {text_of(got)}"
+    pytest.fail(f"expected a JSON-RPC error, got {what} (slow ran {SLOW['runs']} times)")
+
+
+@pytest.mark.parametrize("ledger", ["sled", "postgres"])
+async def test_a_handler_slower_than_its_lease_runs_once(tmp_path, caplog, capsys, ledger):
+    """stateseal grants 2 s leases; the handler runs for over 5 s. The
+    boundary renews the lease while the handler runs, so the same retry
+    (same requestState, same answers) replayed meanwhile gets the retryable
+    "in progress" error instead of taking the token over, and replayed after
+    the handler returned gets "requestState already used". The handler's
+    body ran exactly once."""
+    proc, addr = start_stateseal(tmp_path, "--default-lease-s", "2", *ledger_args(ledger, capsys))
+    caplog.set_level(logging.INFO, logger="stateseal_mcp")
+    SLOW.update(runs=0, gate=anyio.Event())
+    outcome: dict = {}
+    try:
+        async with deployment(addr) as (url, served):
+            try:
+                async with Client(url, elicitation_callback=accept) as client:
+                    r = await client.session.call_tool("slow", {"amount": 7}, allow_input_required=True)
+                    assert isinstance(r, types.InputRequiredResult), r
+                    retry = {"input_responses": answers(r), "request_state": r.request_state}
+
+                    async def run_retry():
+                        outcome["result"] = await client.session.call_tool("slow", {"amount": 7}, **retry)
+
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(run_retry)
+                        with anyio.fail_after(60):  # liveness only
+                            while SLOW["runs"] == 0:
+                                await anyio.sleep(0.05)
+                        # Over two leases: without renewals the lease would
+                        # have run out by now, and the replay would take the
+                        # token over and run the handler again.
+                        await anyio.sleep(5)
+                        replay = client.session.call_tool("slow", {"amount": 7}, **retry, allow_input_required=True)
+                        assert_in_progress(await error_of(replay))
+                        SLOW["gate"].set()
+                    assert "slow 7" in text_of(outcome["result"]), outcome
+                    replay = client.session.call_tool("slow", {"amount": 7}, **retry, allow_input_required=True)
+                    assert_already_used(await error_of(replay))
+            finally:
+                SLOW["gate"].set()  # never leave a handler waiting at shutdown
+        assert SLOW["runs"] == 1, SLOW
+        # The retry and both replays were served across the two replicas.
+        assert [tag for tag, with_state in served if with_state] == ["B", "A", "B"], served
+        # No reservation lost, no token taken over.
+        messages = [rec.getMessage() for rec in caplog.records]
+        lost = [m for m in messages if "reservation lost" in m or "taken over" in m]
+        assert not lost, caplog.text
+        assert any("IN_USE" in rec.getMessage() for rec in caplog.records), caplog.text
+    finally:
+        SLOW["gate"] = None
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+async def test_a_holder_cut_off_from_stateseal_loses_its_lease(tmp_path, caplog):
+    """Replica B holds the reservation, then cannot reach stateseal (a relay
+    holds its traffic) for longer than the lease: its renewals fail
+    (WARNING), and the replay on replica A takes the token over after the
+    lease and runs the handler again. When B's handler returns, its result
+    stands and its Commit answers LEASE_EXPIRED: an ERROR log says the token
+    was taken over. (The README's "what at most once means": reserve mode
+    holds only while the holder reaches stateseal.)"""
+    proc, addr = start_stateseal(tmp_path, "--default-lease-s", "2")
+    relay, relay_addr, state, open_writers = await start_relay(addr)
+    caplog.set_level(logging.WARNING, logger="stateseal_mcp")
+    SLOW.update(runs=0, gate=anyio.Event())
+    outcome: dict = {}
+    try:
+        async with deployment(addr, addrs=(addr, relay_addr)) as (url, served):
+            try:
+                async with Client(url, elicitation_callback=accept) as client:
+                    r = await client.session.call_tool("slow", {"amount": 8}, allow_input_required=True)
+                    assert isinstance(r, types.InputRequiredResult), r
+                    retry = {"input_responses": answers(r), "request_state": r.request_state}
+
+                    async def run_retry():
+                        outcome["result"] = await client.session.call_tool("slow", {"amount": 8}, **retry)
+
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(run_retry)  # on B, through the relay
+                        with anyio.fail_after(60):
+                            while SLOW["runs"] == 0:
+                                await anyio.sleep(0.05)
+                        state["flowing"].clear()
+                        # Longer than the lease, and than the 5 s timeout of
+                        # the renewal stuck in the relay.
+                        await anyio.sleep(7)
+                        taken_over = await client.session.call_tool("slow", {"amount": 8}, **retry)  # on A
+                        assert "slow 8" in text_of(taken_over), taken_over
+                        state["flowing"].set()
+                        SLOW["gate"].set()
+                    # B's handler ran too: its result stands.
+                    assert "slow 8" in text_of(outcome["result"]), outcome
+            finally:
+                state["flowing"].set()
+                SLOW["gate"].set()
+        assert [tag for tag, with_state in served if with_state] == ["B", "A"], served
+        assert SLOW["runs"] == 2, SLOW
+        messages = [(rec.levelno, rec.getMessage()) for rec in caplog.records]
+        assert any(lvl == logging.WARNING and "renew failed" in m for lvl, m in messages), caplog.text
+        assert any(lvl == logging.ERROR and "taken over" in m for lvl, m in messages), caplog.text
+    finally:
+        SLOW["gate"] = None
+        await stop_relay(relay, open_writers, proc)
+
+
+async def raw_call(url: str, method: str, params: dict) -> dict:
+    """One JSON-RPC request as a 2026-07-28 client sends it, written by
+    hand so that params the SDK client never sends (`requestState: null`)
+    go on the wire."""
+    from mcp_types import CLIENT_CAPABILITIES_META_KEY, CLIENT_INFO_META_KEY, PROTOCOL_VERSION_META_KEY
+    from mcp_types.version import LATEST_MODERN_VERSION
+
+    meta = {
+        PROTOCOL_VERSION_META_KEY: LATEST_MODERN_VERSION,
+        CLIENT_INFO_META_KEY: {"name": "raw", "version": "1"},
+        CLIENT_CAPABILITIES_META_KEY: {"elicitation": {"form": {}}},
+    }
+    name = params.get("uri") if method == "resources/read" else params.get("name")
+    async with httpx2.AsyncClient(timeout=30) as http:
+        r = await http.post(
+            url,
+            json={"jsonrpc": "2.0", "id": 1, "method": method, "params": {**params, "_meta": meta}},
+            headers={
+                "accept": "application/json, text/event-stream",
+                "mcp-protocol-version": LATEST_MODERN_VERSION,
+                "mcp-method": method,
+                "mcp-name": name,
+            },
+        )
+    assert r.status_code == 200, (r.status_code, r.text[:500])
+    return r.json()
+
+
+async def test_answers_without_a_token_never_reach_the_handler(stateseal, caplog):
+    """inputResponses without a sealed requestState (absent, or null) answer
+    no question this server asked: the boundary removes them, so a handler
+    that trusts its answers asks instead of acting. The handler asks without
+    a requestState of its own, so the boundary mints one: the genuine retry
+    carries it, runs once, and the handler sees no requestState."""
+    SEEN_ANSWERS.clear()
+    WIPED.clear()
+    caplog.set_level(logging.DEBUG, logger="stateseal_mcp")
+    forged = {"confirm": {"action": "accept", "content": {"confirm": True}}}
+    async with deployment(stateseal) as (url, _):
+        async with Client(url, elicitation_callback=accept) as client:
+            # requestState absent.
+            r = await client.session.call_tool("wipe", {}, input_responses=forged, allow_input_required=True)
+            assert isinstance(r, types.InputRequiredResult), r
+            # requestState null (the SDK client never sends a null, so raw).
+            for tool in ("wipe", "transfer"):
+                args = {"amount": 3} if tool == "transfer" else {}
+                body = await raw_call(
+                    url, "tools/call", {"name": tool, "arguments": args, "inputResponses": forged, "requestState": None}
+                )
+                assert body.get("result", {}).get("resultType") == "input_required", body
+            assert WIPED == [] and SEEN_ANSWERS == [], (WIPED, SEEN_ANSWERS)
+            assert any("inputResponses without requestState" in rec.getMessage() for rec in caplog.records)
+            # The question went out with a token minted by the boundary, and
+            # answers that come with it go through, once.
+            assert r.request_state, r
+            done = await client.session.call_tool("wipe", {}, input_responses=answers(r), request_state=r.request_state)
+            assert "wiped" in text_of(done), done
+            assert len(SEEN_ANSWERS) == 1, SEEN_ANSWERS
+            assert [state for _, state in WIPED] == [None], WIPED
+            with pytest.raises(MCPError) as e:
+                await client.session.call_tool("wipe", {}, input_responses=answers(r), request_state=r.request_state)
+            assert_already_used(e.value)
+            assert len(WIPED) == 1, WIPED
+
+
+@pytest.mark.parametrize("on_replay", ["error", "reask"])
+async def test_the_replay_reaction(stateseal, on_replay):
+    """The same retry sent again while the first runs (IN_USE) and after it
+    completed (REPLAYED). "error" (the default): the retryable "in
+    progress" error, then "requestState already used". "reask": a fresh
+    question each time. Either way the body runs once."""
+    options = {} if on_replay == "error" else {"on_replay": on_replay}
+    SLOW.update(runs=0, gate=anyio.Event())
+    outcome: dict = {}
+    try:
+        async with deployment(stateseal, **options) as (url, _):
+            try:
+                async with Client(url, elicitation_callback=accept) as client:
+                    r = await client.session.call_tool("slow", {"amount": 9}, allow_input_required=True)
+                    assert isinstance(r, types.InputRequiredResult), r
+                    retry = {"input_responses": answers(r), "request_state": r.request_state}
+
+                    async def replay():
+                        if on_replay == "error":
+                            return await error_of(
+                                client.session.call_tool("slow", {"amount": 9}, **retry, allow_input_required=True)
+                            )
+                        again = await client.session.call_tool(
+                            "slow", {"amount": 9}, **retry, allow_input_required=True
+                        )
+                        assert isinstance(again, types.InputRequiredResult), again
+                        assert again.request_state and again.request_state != r.request_state
+                        return again
+
+                    async def run_retry():
+                        outcome["result"] = await client.session.call_tool("slow", {"amount": 9}, **retry)
+
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(run_retry)
+                        with anyio.fail_after(60):
+                            while SLOW["runs"] == 0:
+                                await anyio.sleep(0.05)
+                        during = await replay()
+                        SLOW["gate"].set()
+                    assert "slow 9" in text_of(outcome["result"]), outcome
+                    after = await replay()
+                    if on_replay == "error":
+                        assert_in_progress(during)
+                        assert_already_used(after)
+            finally:
+                SLOW["gate"].set()
+        assert SLOW["runs"] == 1, SLOW
+    finally:
+        SLOW["gate"] = None
+
+
+async def test_a_commit_whose_connection_drops_is_retried(tmp_path, caplog):
+    """The connection to stateseal drops under the Commit (when the handler
+    returns, a relay holds what its replica sends, then drops the
+    connections 2 s later, so the Commit never reaches stateseal): the
+    boundary retries it (Commit is idempotent), so the token is consumed and
+    the replay gets "already used", not "in progress" until the lease runs
+    out."""
+    proc, addr = start_stateseal(tmp_path)
+    relay, relay_addr, state, open_writers = await start_relay(addr)
+    caplog.set_level(logging.WARNING, logger="stateseal_mcp")
+
+    def drop_connections():
+        for w in list(open_writers):
+            w.close()
+        state["dropped"] += 1
+        state["flowing"].set()
+
+    def hold_then_drop():
+        state["flowing"].clear()
+        asyncio.get_running_loop().call_later(2, drop_connections)
+
+    SLOW.update(runs=0, gate=None, on_return=[hold_then_drop])
+    try:
+        async with deployment(addr, addrs=(addr, relay_addr)) as (url, served):
+            async with Client(url, elicitation_callback=accept) as client:
+                r = await client.session.call_tool("slow", {"amount": 4}, allow_input_required=True)
+                assert isinstance(r, types.InputRequiredResult), r
+                retry = {"input_responses": answers(r), "request_state": r.request_state}
+                done = await client.session.call_tool("slow", {"amount": 4}, **retry)  # on B, through the relay
+                assert "slow 4" in text_of(done), done
+                assert state["dropped"] == 1
+                SLOW["on_return"] = []
+                replay = client.session.call_tool("slow", {"amount": 4}, **retry, allow_input_required=True)
+                assert_already_used(await error_of(replay))
+        assert [tag for tag, with_state in served if with_state] == ["B", "A"], served
+        assert SLOW["runs"] == 1, SLOW
+        messages = [rec.getMessage() for rec in caplog.records]
+        assert any("commit" in m and "retrying" in m for m in messages), caplog.text
+        assert not [rec for rec in caplog.records if rec.levelno >= logging.ERROR], caplog.text
+    finally:
+        SLOW.update(gate=None, on_return=[])
         await stop_relay(relay, open_writers, proc)

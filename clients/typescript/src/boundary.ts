@@ -32,7 +32,13 @@ interface Ctx {
   http?: { authInfo?: { clientId?: string; extra?: Record<string, unknown> } };
 }
 
-type Logger = Pick<Console, 'info' | 'warn' | 'error'>;
+/** Where the boundary logs (default `console`). It never logs a token,
+ * state or answer. `debug` is optional: without it, debug messages go
+ * nowhere. */
+export type Logger = Pick<Console, 'info' | 'warn' | 'error'> & { debug?: (message: string) => void };
+
+/** The shortest renewal period, in milliseconds. */
+const MIN_RENEW_MS = 500;
 
 export interface BoundaryOptions {
   /** This MCP service's identity, the same on every replica (and in every
@@ -50,8 +56,18 @@ export interface BoundaryOptions {
    * handler crashes; a failure costs the user's retry). The others are
    * reserved, then committed on success or released on failure. */
   atMostOnce?: Iterable<string>;
-  /** On REPLAYED, EXPIRED or IN_USE: run the handler again without state
-   * and answers, so it asks afresh (default true). False: -32602. */
+  /** What a request gets when its token was already used (`REPLAYED`) or
+   * is held by an attempt still running (`IN_USE`). `'error'` (the
+   * default): `REPLAYED` is `-32602 requestState already used` (data
+   * `{reason: 'request_state_used'}`), `IN_USE` is the retryable `-32603
+   * Request in progress; retry later` (data `{reason: 'in_progress'}`).
+   * `'reask'`: the handler runs again without state and answers, so it asks
+   * afresh (with `reask: false`, `-32602 Invalid or expired requestState`
+   * instead). */
+  onReplay?: 'error' | 'reask';
+  /** On EXPIRED (and, with `onReplay: 'reask'`, on REPLAYED and IN_USE):
+   * run the handler again without state and answers, so it asks afresh
+   * (default true). False: `-32602 Invalid or expired requestState`. */
   reask?: boolean;
   /** When stateseal drops an answer to a question this server asked
    * (KIND_MISMATCH, INVALID_CONTENT): run the handler again without state
@@ -62,6 +78,11 @@ export interface BoundaryOptions {
   reaskOnInvalidAnswers?: boolean;
   /** Token lifetime in seconds (0 = the service default). */
   ttlSeconds?: number;
+  /** Lease asked for when a token is reserved and at each renewal, in
+   * seconds (0 = the service default, `--default-lease-s`; the service caps
+   * it). While the handler runs, the boundary renews the lease every third
+   * of what the service granted. */
+  leaseSeconds?: number;
   logger?: Logger;
 }
 
@@ -82,11 +103,15 @@ function isInputRequired(r: unknown): r is { resultType: 'input_required'; reque
   return typeof r === 'object' && r !== null && (r as { resultType?: unknown }).resultType === 'input_required';
 }
 
+function hasQuestions(q: unknown): boolean {
+  return typeof q === 'object' && q !== null && Object.keys(q).length > 0;
+}
+
 function isErrorResult(r: unknown): boolean {
   return typeof r === 'object' && r !== null && (r as { isError?: unknown }).isError === true;
 }
 
-const REASK = new Set(['REPLAYED', 'EXPIRED', 'IN_USE']);
+const REPLAY = new Set(['REPLAYED', 'IN_USE']);
 
 export class StatesealBoundary {
   readonly #client: RequestStateClient;
@@ -95,6 +120,8 @@ export class StatesealBoundary {
   readonly #reusable: Set<string>;
   readonly #atMostOnce: Set<string>;
   readonly #reask: boolean;
+  readonly #onReplay: 'error' | 'reask';
+  readonly #lease: number;
   readonly #reaskInvalid: boolean;
   readonly #ttl: number;
   readonly #log: Logger;
@@ -106,6 +133,11 @@ export class StatesealBoundary {
     this.#reusable = new Set(options.reusable ?? []);
     this.#atMostOnce = new Set(options.atMostOnce ?? []);
     this.#reask = options.reask ?? true;
+    this.#onReplay = options.onReplay ?? 'error';
+    if (this.#onReplay !== 'error' && this.#onReplay !== 'reask') {
+      throw new TypeError(`onReplay must be 'error' or 'reask'`);
+    }
+    this.#lease = options.leaseSeconds ?? 0;
     this.#reaskInvalid = options.reaskOnInvalidAnswers ?? true;
     this.#ttl = options.ttlSeconds ?? 0;
     this.#log = options.logger ?? console;
@@ -133,8 +165,17 @@ export class StatesealBoundary {
     run: (c: Ctx) => unknown,
   ): Promise<unknown> {
     const wire = ctx.mcpReq.requestState();
-    if (wire === undefined) {
-      return this.#sealIfAsked(method, target, params, ctx, await run(ctx));
+    if (wire === undefined || wire === null) {
+      // No token: answers never count without one. They would be unbound
+      // (any principal, any request, any question) and unfiltered.
+      let c = ctx;
+      if (wire === null || ctx.mcpReq.inputResponses !== undefined) {
+        if (ctx.mcpReq.inputResponses !== undefined) {
+          this.#log.debug?.(`stateseal: inputResponses without requestState on ${method}: ignored, the handler runs without them`);
+        }
+        c = withState(ctx, undefined, undefined);
+      }
+      return this.#sealIfAsked(method, target, params, c, await run(c));
     }
     if (typeof wire !== 'string') this.#reject(method, 'NON_STRING');
     const binding = this.#binding(method, params, ctx);
@@ -143,10 +184,23 @@ export class StatesealBoundary {
     try {
       opened = await this.#open(wire as string, binding, !this.#atMostOnce.has(target), answers);
     } catch (e) {
-      if (e instanceof StatesealError && e.clientFault && this.#reask && REASK.has(e.reason)) {
-        this.#log.info(`stateseal: requestState ${e.reason} on ${method}: asking again`);
-        const fresh = withState(ctx, undefined, undefined);
-        return this.#sealIfAsked(method, target, params, fresh, await run(fresh));
+      if (e instanceof StatesealError && e.clientFault) {
+        if (this.#onReplay === 'error' && e.reason === 'REPLAYED') {
+          // Scanners send the completed retry twice and count any non-error
+          // answer as an accepted replay; a client learns that its earlier
+          // retry went through.
+          this.#log.warn(`stateseal: requestState rejected on ${method}: REPLAYED`);
+          throw new ProtocolError(INVALID_PARAMS, 'requestState already used', { reason: 'request_state_used' });
+        }
+        if (this.#onReplay === 'error' && e.reason === 'IN_USE') {
+          this.#log.info(`stateseal: requestState IN_USE on ${method}: another attempt is running it`);
+          throw new ProtocolError(INTERNAL_ERROR, 'Request in progress; retry later', { reason: 'in_progress' });
+        }
+        if (this.#reask && (e.reason === 'EXPIRED' || (this.#onReplay === 'reask' && REPLAY.has(e.reason)))) {
+          this.#log.info(`stateseal: requestState ${e.reason} on ${method}: asking again`);
+          const fresh = withState(ctx, undefined, undefined);
+          return this.#sealIfAsked(method, target, params, fresh, await run(fresh));
+        }
       }
       this.#fail(method, e);
     }
@@ -162,11 +216,20 @@ export class StatesealBoundary {
       fresh = this.#reaskInvalid && opened.dropped.some((d) => d.reason === 'KIND_MISMATCH' || d.reason === 'INVALID_CONTENT');
       if (fresh) this.#log.info(`stateseal: invalid answers on ${method}: asking again`);
     }
-    const inner = fresh ? withState(ctx, undefined, undefined) : withState(ctx, opened.state.toString('utf8'), filtered);
+    // An empty state was minted by a boundary for a handler that asked
+    // without one: the handler sees none.
+    const state = opened.state.length > 0 ? opened.state.toString('utf8') : undefined;
+    const inner = fresh ? withState(ctx, undefined, undefined) : withState(ctx, state, filtered);
     const reservation = opened.reservation;
+    // The lease lives as long as the handler: renewed until it ends.
+    const stopRenewing = reservation ? this.#renewWhileRunning(method, reservation, opened.leaseSeconds) : undefined;
     let result: unknown;
     try {
-      result = await this.#sealIfAsked(method, target, params, inner, await run(inner));
+      try {
+        result = await this.#sealIfAsked(method, target, params, inner, await run(inner));
+      } finally {
+        await stopRenewing?.();
+      }
     } catch (e) {
       if (reservation) await this.#release(method, reservation);
       throw e;
@@ -178,15 +241,43 @@ export class StatesealBoundary {
     }
     if (reservation) {
       try {
-        await this.#client.commit(reservation);
+        await this.#commit(method, reservation);
       } catch (e) {
-        // The handler ran; its answer stands. Without the commit the token
-        // may open again after the lease (reserve mode: handlers there must
-        // be idempotent).
-        this.#log.error(`stateseal: commit failed on ${method}: ${reasonText(e)}`);
+        // The handler ran; its answer stands.
+        if (e instanceof StatesealError && e.fromStateseal && e.reason === 'LEASE_EXPIRED') {
+          // Renewals failed for longer than the lease (stateseal
+          // unreachable, or this process stalled) and another attempt took
+          // the token over: it may run the handler again.
+          this.#log.error(
+            `stateseal: commit failed on ${method}: LEASE_EXPIRED: the token was taken over by another attempt while the handler ran; this result stands, and that attempt may run the handler again`,
+          );
+        } else {
+          // Without the commit the token may open again after the lease
+          // (reserve mode: handlers there must be idempotent).
+          this.#log.error(`stateseal: commit failed on ${method}: ${reasonText(e)}`);
+        }
       }
     }
     return result;
+  }
+
+  /** Commit is idempotent (a committed reservation commits again), so a
+   * transient failure — which may have been recorded all the same — is
+   * retried twice after a short wait, as in the Python package. */
+  async #commit(method: string, reservation: string): Promise<void> {
+    for (let n = 0; ; n++) {
+      try {
+        await this.#client.commit(reservation);
+        return;
+      } catch (e) {
+        if (n < 2 && e instanceof StatesealError && e.retryable) {
+          this.#log.warn(`stateseal: commit on ${method}: ${e.reason}; retrying`);
+          await new Promise((resolve) => setTimeout(resolve, 100 * (n + 1)));
+          continue;
+        }
+        throw e;
+      }
+    }
   }
 
   #binding(method: BindableMethod, params: Record<string, unknown>, ctx: Ctx): Binding {
@@ -222,7 +313,14 @@ export class StatesealBoundary {
     const inputResponsesJson = answers === undefined ? '' : JSON.stringify(answers);
     for (let n = 0; ; n++) {
       try {
-        return await this.#client.open({ requestState: wire, binding, reserve, attemptId, inputResponsesJson });
+        return await this.#client.open({
+          requestState: wire,
+          binding,
+          reserve,
+          leaseSeconds: reserve ? this.#lease : 0,
+          attemptId,
+          inputResponsesJson,
+        });
       } catch (e) {
         // Safe: the same attempt id gets the same success if the first try
         // was recorded.
@@ -233,6 +331,48 @@ export class StatesealBoundary {
         throw e;
       }
     }
+  }
+
+  /** Renews `reservation` every third of the lease stateseal granted (the
+   * granted seconds, never local time against the lease's end) until the
+   * returned function is called; that resolves once no renewal is in
+   * flight, so that no Renew reaches stateseal after the Commit or Release
+   * (it would count as a lost lease there). The timer never keeps the
+   * process alive. */
+  #renewWhileRunning(method: string, reservation: string, granted: number): () => Promise<void> {
+    // A service that reports no lease length (older than Renew) gets none.
+    if (!(granted > 0)) return async () => {};
+    let stopped = false;
+    let timer: NodeJS.Timeout | undefined;
+    let inflight: Promise<void> | undefined;
+    const renew = async () => {
+      try {
+        const lease = await this.#client.renew(reservation, this.#lease);
+        if (lease.leaseSeconds > 0) granted = lease.leaseSeconds;
+      } catch (e) {
+        if (stopped) return;
+        if (e instanceof StatesealError && e.fromStateseal && e.reason === 'LEASE_EXPIRED') {
+          this.#log.error(`stateseal: reservation lost while the handler ran; another attempt may run it (${method})`);
+          return;
+        }
+        // The transport (or a transient stateseal condition): the lease
+        // still runs; the next renewal may get through.
+        this.#log.warn(`stateseal: renew on ${method} failed: ${reasonText(e)}; retrying`);
+      }
+      if (!stopped) schedule(granted);
+    };
+    const schedule = (seconds: number) => {
+      timer = setTimeout(() => {
+        inflight = renew().catch(() => undefined);
+      }, Math.max(MIN_RENEW_MS, (seconds * 1000) / 3));
+      timer.unref();
+    };
+    schedule(granted);
+    return async () => {
+      stopped = true;
+      clearTimeout(timer);
+      await inflight;
+    };
   }
 
   async #release(method: string, reservation: string): Promise<void> {
@@ -263,13 +403,24 @@ export class StatesealBoundary {
     ctx: Ctx,
     result: unknown,
   ): Promise<unknown> {
-    if (!isInputRequired(result) || typeof result.requestState !== 'string') return result;
+    if (!isInputRequired(result)) return result;
+    let state = result.requestState;
+    if (state === undefined && hasQuestions(result.inputRequests)) {
+      // The handler asked without a state of its own (the specification
+      // allows it). Answers never count without a token, so the boundary
+      // mints one, empty: the retry's answers come back bound, single use
+      // and filtered against these questions like any other. Opening an
+      // empty state hands the handler no requestState (as the Python
+      // package does).
+      state = '';
+    }
+    if (typeof state !== 'string') return result;
     const binding = this.#binding(method, params, ctx);
     let sealed;
     try {
       sealed = await this.#client.seal({
         binding,
-        state: Buffer.from(result.requestState, 'utf8'),
+        state: Buffer.from(state, 'utf8'),
         ttlSeconds: this.#ttl,
         singleUse: !this.#reusable.has(target),
         // The questions travel sealed in the token: the retry's answers

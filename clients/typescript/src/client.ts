@@ -9,6 +9,7 @@ import { fileURLToPath } from 'node:url';
 import type { ProtoGrpcType } from './_proto/stateseal.js';
 import type { RequestStateClient as RawClient } from './_proto/stateseal/v1/RequestState.js';
 import type { OpenResponse__Output } from './_proto/stateseal/v1/OpenResponse.js';
+import type { RenewResponse__Output } from './_proto/stateseal/v1/RenewResponse.js';
 import type { SealResponse__Output } from './_proto/stateseal/v1/SealResponse.js';
 import { BINDING_VERSION, type BindableMethod } from './binding.js';
 
@@ -154,14 +155,28 @@ export interface Sealed {
   keyId: string;
 }
 
+/** A renewed lease (see `RequestStateClient.renew`). */
+export interface Lease {
+  /** When the renewed lease ends, on stateseal's clock (for display only). */
+  leaseExpiresAtUnix: number;
+  /** The lease granted from now, in seconds. */
+  leaseSeconds: number;
+}
+
 export interface Opened {
   state: Buffer;
   expiresAtUnix: number;
   keyId: string;
   consumed: boolean;
-  /** OPEN_MODE_RESERVE on a single-use token: for commit() or release(). */
+  /** OPEN_MODE_RESERVE on a single-use token: for renew(), commit() or
+   * release(). */
   reservation: string;
+  /** When the lease ends, on stateseal's (ledger's) clock: for display
+   * only — never compare it with local time. */
   leaseExpiresAtUnix: number;
+  /** OPEN_MODE_RESERVE: the lease granted, in seconds (renew every third of
+   * it); 0 when no reservation was made. */
+  leaseSeconds: number;
   /** With `inputResponsesJson`: the answers filtered against the token's
    * manifest (as sent when it has none). */
   inputResponsesJson: string;
@@ -256,6 +271,7 @@ export class RequestStateClient {
       consumed: r.consumed,
       reservation: r.reservation,
       leaseExpiresAtUnix: r.lease_expires_at_unix,
+      leaseSeconds: r.lease_seconds,
       inputResponsesJson: r.input_responses_json,
       dropped: r.dropped.map((d) => ({ key: d.key, reason: d.reason })),
     };
@@ -263,6 +279,18 @@ export class RequestStateClient {
 
   async commit(reservation: string): Promise<void> {
     await this.#call<object, object>(this.#raw.Commit as never, { reservation });
+  }
+
+  /** Extends a reservation's lease by `leaseSeconds` from now (0 = the
+   * server default; capped by the server). Fails with `LEASE_EXPIRED` once
+   * another attempt took the token over, or the reservation was released or
+   * collected. */
+  async renew(reservation: string, leaseSeconds = 0): Promise<Lease> {
+    const r = await this.#call<object, RenewResponse__Output>(this.#raw.Renew as never, {
+      reservation,
+      lease_seconds: leaseSeconds,
+    });
+    return { leaseExpiresAtUnix: r.lease_expires_at_unix, leaseSeconds: r.lease_seconds };
   }
 
   async release(reservation: string): Promise<void> {

@@ -1,7 +1,7 @@
 export { RequestStateClient, StatesealError } from './client.js';
-export type { Binding, ClientOptions, Opened, Sealed } from './client.js';
+export type { Binding, ClientOptions, Lease, Opened, Sealed } from './client.js';
 export { StatesealBoundary, defaultPrincipal, install } from './boundary.js';
-export type { BoundaryOptions } from './boundary.js';
+export type { BoundaryOptions, Logger } from './boundary.js';
 export {
   BINDING_VERSION,
   BindingError,

@@ -1,7 +1,8 @@
 // One boundary across languages: a Python replica (clients/python on the
 // real Python SDK) and a TypeScript replica of the same MCP service behind
-// one front and one stateseal. Round 1 on Python and round 2 on TypeScript,
-// then the reverse; a replay is refused across languages.
+// one front and one stateseal (2 s leases). Round 1 on Python and round 2 on
+// TypeScript, then the reverse; a replay is refused across languages; a slow
+// handler on TypeScript holds its token against a replay on Python.
 import assert from 'node:assert/strict';
 import { type ChildProcess, spawn } from 'node:child_process';
 import { type Server as HttpServer } from 'node:http';
@@ -12,7 +13,22 @@ import { fileURLToPath } from 'node:url';
 
 import { serveHttp, transferServer } from '../examples/transfer-server.js';
 import { RequestStateClient, StatesealBoundary } from '../src/index.js';
-import { call, connect, front, port, startStateseal, text, yes } from './helpers.js';
+import {
+  addSlowTool,
+  call,
+  connect,
+  front,
+  port,
+  recordingLogger,
+  rpcError,
+  settle,
+  SlowTool,
+  sleep,
+  startStateseal,
+  text,
+  until,
+  yes,
+} from './helpers.js';
 
 const here = dirname(fileURLToPath(import.meta.url));
 // A Python with clients/python and its test requirements installed (.ci/run
@@ -26,6 +42,9 @@ let ts: HttpServer;
 let grpc: RequestStateClient;
 const route: number[] = [];
 let lb: HttpServer & { served: number[] };
+const LEASE_S = 2;
+const slow = new SlowTool(5000);
+const tsLog = recordingLogger();
 
 async function freePort(): Promise<number> {
   const s = await serveHttp(() => {
@@ -54,19 +73,22 @@ async function listening(p: number, ms: number): Promise<void> {
 
 before(async () => {
   assert.ok(PYTHON, 'STATESEAL_PYTHON must name a Python with clients/python installed');
-  stateseal = await startStateseal();
+  stateseal = await startStateseal('--default-lease-s', String(LEASE_S));
   pyPort = await freePort();
   py = spawn(PYTHON, [join(here, '..', '..', 'test', 'fixtures', 'py_replica.py'), stateseal.addr, String(pyPort)], {
     stdio: ['ignore', 'ignore', 'inherit'],
   });
   await listening(pyPort, 30_000);
   grpc = new RequestStateClient(stateseal.addr);
-  const quiet = { info() {}, warn() {}, error() {} };
-  ts = await serveHttp(() => transferServer(new StatesealBoundary(grpc, { audience: 'transfer-service', logger: quiet })), 0);
+  ts = await serveHttp(
+    () => addSlowTool(transferServer(new StatesealBoundary(grpc, { audience: 'transfer-service', logger: tsLog })), slow),
+    0,
+  );
   lb = await front([port(ts), pyPort], route);
 });
 
 after(() => {
+  slow.release();
   lb?.close();
   ts?.close();
   grpc?.close();
@@ -83,11 +105,12 @@ test('round 1 on Python, round 2 on TypeScript, and a replay refused on Python',
   assert.equal(r.resultType, 'input_required');
   const done = await call(client, 'transfer', { amount: 42 }, { inputResponses: yes(r), requestState: r.requestState });
   assert.equal(text(done), JSON.stringify([{ type: 'text', text: 'transferred 42' }]), 'served by TypeScript');
-  // The token was consumed on the TypeScript replica: Python asks again.
+  // The token was consumed on the TypeScript replica: Python refuses it.
   route.push(pyPort);
-  const replay = await call(client, 'transfer', { amount: 42 }, { inputResponses: yes(r), requestState: r.requestState });
-  assert.equal(replay.resultType, 'input_required');
-  assert.notEqual(replay.requestState, r.requestState);
+  await assert.rejects(
+    call(client, 'transfer', { amount: 42 }, { inputResponses: yes(r), requestState: r.requestState }),
+    rpcError(-32602, 'requestState already used', 'request_state_used'),
+  );
   assert.deepEqual(lb.served.slice(-3), [pyPort, port(ts), pyPort]);
   await client.close();
 });
@@ -100,9 +123,10 @@ test('round 1 on TypeScript, round 2 on Python, and a replay refused on TypeScri
   const done = await call(client, 'transfer', { amount: 7 }, { inputResponses: yes(r), requestState: r.requestState });
   assert.match(text(done), /transferred 7 \(python\)/, 'served by Python');
   route.push(port(ts));
-  const replay = await call(client, 'transfer', { amount: 7 }, { inputResponses: yes(r), requestState: r.requestState });
-  assert.equal(replay.resultType, 'input_required');
-  assert.notEqual(replay.requestState, r.requestState);
+  await assert.rejects(
+    call(client, 'transfer', { amount: 7 }, { inputResponses: yes(r), requestState: r.requestState }),
+    rpcError(-32602, 'requestState already used', 'request_state_used'),
+  );
   // Changed arguments are refused across languages too.
   route.push(port(ts), pyPort);
   const r2 = await call(client, 'transfer', { amount: 8 });
@@ -115,5 +139,37 @@ test('round 1 on TypeScript, round 2 on Python, and a replay refused on TypeScri
   route.push(pyPort);
   const genuine = await call(client, 'transfer', { amount: 8 }, { inputResponses: yes(r2), requestState: r2.requestState });
   assert.match(text(genuine), /transferred 8 \(python\)/);
+  await client.close();
+});
+
+test('a slow handler on TypeScript holds its token: the replay on Python is in progress, then used; one execution', async () => {
+  const client = await connect(url());
+  const args = { amount: 5 };
+  route.push(port(ts), port(ts));
+  const r = await call(client, 'slow_transfer', args);
+  assert.equal(r.resultType, 'input_required');
+  const retry = { inputResponses: yes(r), requestState: r.requestState };
+  const running = settle(call(client, 'slow_transfer', args, retry));
+  await until(() => slow.started >= 1, 60_000, 'the TypeScript handler to start');
+  // Past the lease granted at the Open: only the TypeScript replica's
+  // renewals keep the Python replica from taking the token over.
+  await sleep((LEASE_S + 1.5) * 1000);
+
+  route.push(pyPort);
+  const during = await settle(call(client, 'slow_transfer', args, retry));
+  assert.equal(during.ok, false, `the replay on Python got a result: ${during.ok && `${during.value.resultType} ${text(during.value)}`}`);
+  if (!during.ok) rpcError(-32603, 'Request in progress; retry later', 'in_progress')(during.error as never);
+  assert.equal(slow.finished, 0, 'answered while the TypeScript handler still ran');
+
+  slow.release();
+  const done = await running;
+  assert.ok(done.ok, `the slow retry failed: ${!done.ok && String(done.error)}`);
+  if (done.ok) assert.equal(text(done.value), JSON.stringify([{ type: 'text', text: 'slow 5 done' }]), 'served by TypeScript');
+
+  route.push(pyPort);
+  await assert.rejects(call(client, 'slow_transfer', args, retry), rpcError(-32602, 'requestState already used', 'request_state_used'));
+  assert.equal(slow.started, 1, 'executed exactly once');
+  assert.deepEqual(lb.served.slice(-4), [port(ts), port(ts), pyPort, pyPort]);
+  assert.deepEqual(tsLog.lines.error, [], 'the reservation held and was committed');
   await client.close();
 });

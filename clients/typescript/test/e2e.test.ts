@@ -7,7 +7,7 @@ import { after, before, test } from 'node:test';
 
 import { FAIL_ONCE, SEEN_ANSWERS, serveHttp, transferServer } from '../examples/transfer-server.js';
 import { RequestStateClient, StatesealBoundary } from '../src/index.js';
-import { call, connect as connectTo, front, port, type Round, startStateseal, text, yes } from './helpers.js';
+import { call, connect as connectTo, front, port, type Round, rpcError, startStateseal, text, yes } from './helpers.js';
 
 
 let stateseal: { proc: ChildProcess; addr: string };
@@ -48,16 +48,18 @@ test('the SDK retry loop completes across replicas', async () => {
   await client.close();
 });
 
-test('a replay is asked again, never executed twice', async () => {
+test('a replay is refused (requestState already used), never executed twice', async () => {
   const client = await connect();
   const r = await call(client, 'transfer', { amount: 7 });
   assert.equal(r.resultType, 'input_required');
   assert.ok(r.requestState && !r.requestState.includes('amount'), 'the token is sealed, not readable');
   const done = await call(client, 'transfer', { amount: 7 }, { inputResponses: yes(r), requestState: r.requestState });
   assert.match(text(done), /transferred 7/);
-  const again = await call(client, 'transfer', { amount: 7 }, { inputResponses: yes(r), requestState: r.requestState });
-  assert.equal(again.resultType, 'input_required');
-  assert.notEqual(again.requestState, r.requestState);
+  // The other replica (round robin) refuses the exact retry.
+  await assert.rejects(
+    call(client, 'transfer', { amount: 7 }, { inputResponses: yes(r), requestState: r.requestState }),
+    rpcError(-32602, 'requestState already used', 'request_state_used'),
+  );
   await client.close();
 });
 
@@ -87,8 +89,11 @@ test('a failed handler does not burn the retry', async () => {
   assert.equal(failed.isError, true);
   const done = await call(client, 'pay', { amount: 5 }, { inputResponses: yes(r), requestState: r.requestState });
   assert.match(text(done), /paid 5/);
-  const again = await call(client, 'pay', { amount: 5 }, { inputResponses: yes(r), requestState: r.requestState });
-  assert.equal(again.resultType, 'input_required', 'consumed by the success');
+  await assert.rejects(
+    call(client, 'pay', { amount: 5 }, { inputResponses: yes(r), requestState: r.requestState }),
+    rpcError(-32602, 'requestState already used', 'request_state_used'),
+    'consumed by the success',
+  );
   await client.close();
 });
 

@@ -1,5 +1,6 @@
 // Shared by the end-to-end tests: the real stateseal binary, a round-robin
 // front, and the real SDK client.
+import assert from 'node:assert/strict';
 import { type ChildProcess, spawn } from 'node:child_process';
 import { mkdtempSync } from 'node:fs';
 import { createServer, request as httpRequest, type Server as HttpServer } from 'node:http';
@@ -9,6 +10,8 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 import { Client, StreamableHTTPClientTransport } from '@modelcontextprotocol/client';
+import { acceptedContent, inputRequired, type McpServer } from '@modelcontextprotocol/server';
+import * as z from 'zod';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const BIN = process.env.STATESEAL_BIN ?? join(here, '..', '..', '..', '..', 'target', 'debug', 'stateseal');
@@ -97,3 +100,82 @@ export async function call(client: Client, name: string, args: Record<string, un
 export const yes = (r: Round) =>
   Object.fromEntries(Object.keys(r.inputRequests ?? {}).map((k) => [k, { action: 'accept', content: { confirm: true } }]));
 export const text = (r: Round) => JSON.stringify(r.content ?? []);
+
+export const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
+
+/** Polls `cond` every 20 ms; rejects after `ms` (a liveness bound only). */
+export async function until(cond: () => boolean, ms: number, what: string): Promise<void> {
+  const end = Date.now() + ms;
+  while (!cond()) {
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
+    await sleep(20);
+  }
+}
+
+/** The JSON-RPC error a call must fail with. */
+export function rpcError(code: number, message: string, reason?: string) {
+  return (e: { code?: number; message?: string; data?: { reason?: string } }) => {
+    assert.equal(e.code, code, `code of ${JSON.stringify(e.message)}`);
+    assert.equal(e.message, message);
+    if (reason !== undefined) assert.equal(e.data?.reason, reason);
+    return true;
+  };
+}
+
+/** What a call settled to, for asserting without hanging on a hung handler. */
+export function settle<T>(p: Promise<T>): Promise<{ ok: true; value: T } | { ok: false; error: unknown }> {
+  return p.then(
+    (value) => ({ ok: true as const, value }),
+    (error: unknown) => ({ ok: false as const, error }),
+  );
+}
+
+/** A slow side-effecting tool, `slow_transfer`: asks for confirmation, then
+ * its first confirmed run holds until `minMs` passed and `release()` was
+ * called; any later confirmed run (a second execution: a bug) returns at
+ * once, so that a test fails instead of hanging. */
+export class SlowTool {
+  /** Confirmed runs begun (the side effect; must stay at most 1). */
+  started = 0;
+  /** Confirmed runs finished. */
+  finished = 0;
+  readonly released: Promise<void>;
+  release!: () => void;
+  constructor(readonly minMs: number) {
+    this.released = new Promise((r) => (this.release = r));
+  }
+}
+
+const slowConfirm = z.object({ confirm: z.boolean() });
+
+/** Registers `slow_transfer` (the same question and state format as
+ * `transfer`, and as py_replica.py's `slow_transfer`) on `server`. */
+export function addSlowTool(server: McpServer, slow: SlowTool): McpServer {
+  server.registerTool('slow_transfer', { inputSchema: z.object({ amount: z.number() }) }, async ({ amount }, ctx) => {
+    const state = ctx.mcpReq.requestState<string>();
+    const confirmed = acceptedContent(ctx.mcpReq.inputResponses, 'confirm', slowConfirm);
+    if (state === undefined || confirmed === undefined) {
+      return inputRequired({
+        inputRequests: { confirm: inputRequired.elicit({ message: `Transfer ${amount}?`, requestedSchema: slowConfirm }) },
+        requestState: JSON.stringify({ step: 'confirm', amount }),
+      });
+    }
+    if (JSON.parse(state).amount !== amount) throw new Error('state does not match');
+    if (++slow.started === 1) await Promise.all([sleep(slow.minMs), slow.released]);
+    slow.finished++;
+    return { content: [{ type: 'text' as const, text: `slow ${amount} done` }] };
+  });
+  return server;
+}
+
+/** A logger that keeps every line, by level. */
+export function recordingLogger() {
+  const lines: Record<'debug' | 'info' | 'warn' | 'error', string[]> = { debug: [], info: [], warn: [], error: [] };
+  return {
+    lines,
+    debug: (m: string) => void lines.debug.push(m),
+    info: (m: string) => void lines.info.push(m),
+    warn: (m: string) => void lines.warn.push(m),
+    error: (m: string) => void lines.error.push(m),
+  };
+}

@@ -11,7 +11,7 @@ import { after, before, test } from 'node:test';
 
 import { serveHttp, transferServer } from '../examples/transfer-server.js';
 import { RequestStateClient, StatesealBoundary } from '../src/index.js';
-import { call, connect, front, port, startStateseal, text, yes } from './helpers.js';
+import { call, connect, front, port, rpcError, startStateseal, text, yes } from './helpers.js';
 
 let stateseal: { proc: ChildProcess; addr: string };
 let relay: TcpServer;
@@ -77,8 +77,10 @@ test('an Open whose answer is lost after the ledger write is retried safely', as
   assert.equal(lost, 1, 'the relay lost one answer');
   assert.ok(warnings.some((w) => /open on tools\/call: (UNAVAILABLE|DEADLINE_EXCEEDED|INTERNAL); retrying/.test(w)), warnings.join('\n'));
   assert.match(text(done), /transferred 11/);
-  // Consumed exactly once: a replay is asked again.
-  const again = await call(client, 'transfer', { amount: 11 }, { inputResponses: yes(r), requestState: r.requestState });
-  assert.equal(again.resultType, 'input_required');
+  // Consumed exactly once: a replay is refused.
+  await assert.rejects(
+    call(client, 'transfer', { amount: 11 }, { inputResponses: yes(r), requestState: r.requestState }),
+    rpcError(-32602, 'requestState already used', 'request_state_used'),
+  );
   await client.close();
 });

@@ -10,7 +10,7 @@
 from importlib.metadata import PackageNotFoundError, version
 
 from .binding import BindingError, params_digest, subject_for
-from .client import Opened, RequestStateClient, Sealed, StatesealError
+from .client import Lease, Opened, RequestStateClient, Sealed, StatesealError
 from .middleware import StatesealBoundary, install
 
 try:
@@ -20,6 +20,7 @@ except PackageNotFoundError:  # running from a source tree
 
 __all__ = [
     "BindingError",
+    "Lease",
     "Opened",
     "RequestStateClient",
     "Sealed",

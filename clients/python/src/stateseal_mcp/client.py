@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import weakref
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import grpc
 from google.rpc import error_details_pb2, status_pb2
 
 from ._proto.stateseal.v1 import stateseal_pb2, stateseal_pb2_grpc
 
-__all__ = ["Opened", "RequestStateClient", "Sealed", "StatesealError"]
+__all__ = ["Lease", "Opened", "RequestStateClient", "Sealed", "StatesealError"]
 
 DOMAIN = "stateseal"
 
@@ -27,7 +28,7 @@ class StatesealError(Exception):
     #: Rejections of the request or token: the MCP client's side.
     CLIENT_REASONS = frozenset(
         {"MALFORMED", "TOO_LARGE", "BAD_METHOD", "EXPIRED", "REPLAYED", "UNKNOWN_KEY",
-         "REJECTED", "IN_USE", "LEASE_EXPIRED"}
+         "REJECTED", "IN_USE", "LEASE_EXPIRED", "BAD_INPUT_REQUESTS"}
     )
     #: Transient server-side conditions: retry.
     TRANSIENT_REASONS = frozenset({"LEDGER_UNAVAILABLE", "CLOCK_UNSYNCED", "OVERLOADED"})
@@ -64,14 +65,27 @@ class Opened:
     expires_at_unix: int
     key_id: str
     consumed: bool
-    #: OPEN_MODE_RESERVE on a single-use token: pass it to commit() or release().
+    #: OPEN_MODE_RESERVE on a single-use token: pass it to renew(), commit()
+    #: or release().
     reservation: str = ""
+    #: When the lease ends, by the ledger's clock (informative: compare it
+    #: with no other clock).
     lease_expires_at_unix: int = 0
     #: With `input_responses_json`: the answers filtered against the token's
     #: sealed manifest (as sent when it has none), and what was dropped as
     #: (key, reason) pairs.
     input_responses_json: str = ""
     dropped: tuple[tuple[str, str], ...] = ()
+    #: OPEN_MODE_RESERVE: the lease granted, in seconds (0 from a server that
+    #: does not report it). Renew every third of it while the handler runs.
+    lease_seconds: int = 0
+
+
+class Lease(NamedTuple):
+    """A renewed lease: when it ends (the ledger's clock) and its length."""
+
+    lease_expires_at_unix: int
+    lease_seconds: int
 
 
 def _error(e: grpc.aio.AioRpcError) -> StatesealError:
@@ -206,6 +220,7 @@ class RequestStateClient:
             r.lease_expires_at_unix,
             r.input_responses_json,
             tuple((d.key, d.reason) for d in r.dropped),
+            r.lease_seconds,
         )
 
     async def commit(self, reservation: str) -> None:
@@ -216,6 +231,21 @@ class RequestStateClient:
             )
         except grpc.aio.AioRpcError as e:
             raise _error(e) from None
+
+    async def renew(self, reservation: str, lease_seconds: int = 0) -> Lease:
+        """Extends a reservation's lease from now (`lease_seconds` 0 = the
+        server default; capped by the server). LEASE_EXPIRED once another
+        attempt took the token over, or the reservation was released or
+        collected."""
+        try:
+            r = await self._stub.Renew(
+                stateseal_pb2.RenewRequest(reservation=reservation, lease_seconds=lease_seconds),
+                timeout=self._timeout,
+                metadata=self._metadata,
+            )
+        except grpc.aio.AioRpcError as e:
+            raise _error(e) from None
+        return Lease(r.lease_expires_at_unix, r.lease_seconds)
 
     async def release(self, reservation: str) -> None:
         """Gives a reservation back: the token can be opened again."""

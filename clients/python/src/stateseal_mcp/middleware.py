@@ -12,22 +12,34 @@ Inbound (`tools/call`, `prompts/get`, `resources/read` carrying
   size cost nothing on the wire;
 and, for single-use targets, consumed at most once across every replica:
 - by default in two phases: stateseal *reserves* the token for a lease, the
-  handler runs, and the reservation is *committed* when the handler returns
-  and *released* when it raises (or when sealing the next round fails), so a
-  failed handler never burns the user's retry;
+  handler runs (the lease renewed in the background every third of its
+  length, so a slow handler keeps it), and the reservation is *committed*
+  when the handler returns (a transient Commit failure is retried: Commit is
+  idempotent) and *released* when it raises or reports an error (or when
+  sealing the next round fails), so a failed handler never burns the user's
+  retry;
 - for targets listed in `at_most_once`, consumed before the handler runs
   (at most once even if the handler crashes; a failure then costs the retry).
 Each incoming request gets an attempt id, so an Open that timed out after
 stateseal recorded it is retried safely (twice at most).
 
+`inputResponses` without a sealed `requestState` (absent or null) answer no
+question this server asked: they are removed before the handler runs. So
+that a legitimate retry always has a token, an `input_required` result with
+`inputRequests` but no `requestState` gets one minted here (an empty state,
+which the handler then sees as no `requestState`).
+
 Outbound: an `input_required` result's `requestState` is sealed under the
 same binding, single-use unless the target is listed in `reusable`.
 
 Errors (the package README has the table):
-- REPLAYED, EXPIRED, IN_USE: the request is run again without `requestState`
-  and `inputResponses` (re-ask), so the handler answers a fresh
-  `input_required` — a replayed token gets a new question, never an
-  execution (`reask=False` answers -32602 instead);
+- REPLAYED: -32602 "requestState already used" (`on_replay="error"`, the
+  default); IN_USE: -32603 "Request in progress; retry later" (retryable);
+  with `on_replay="reask"` both run the request again without state, as
+  EXPIRED always does;
+- EXPIRED: the request is run again without `requestState` and
+  `inputResponses` (re-ask), so the handler answers a fresh
+  `input_required` (`reask=False` answers -32602 instead);
 - other rejections: the SDK's usual -32602 "Invalid or expired requestState",
   the reason in this server's log only;
 - transient stateseal conditions (ledger unavailable, clock unsynced,
@@ -42,13 +54,12 @@ nothing: no serialization, no principal call.
 from __future__ import annotations
 
 import asyncio
-
 import json
 import logging
 import uuid
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, Literal
 
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.request_state import RequestStateBoundary, authenticated_principal
@@ -62,6 +73,9 @@ from .client import RequestStateClient, StatesealError
 __all__ = ["StatesealBoundary", "install"]
 
 logger = logging.getLogger("stateseal_mcp")
+
+#: The shortest pause between two renewals of a lease, in seconds.
+_MIN_RENEW_INTERVAL = 0.5
 
 
 def _is_error(result: Any) -> bool:
@@ -93,8 +107,16 @@ class StatesealBoundary:
       once even if the handler crashes); every other single-use target is
       reserved, then committed when the handler returns or released when it
       fails.
-    - `reask`: on REPLAYED, EXPIRED or IN_USE, run the request again without
-      its state so the handler asks afresh (default), instead of -32602.
+    - `on_replay`: what a replayed token gets. "error" (default): REPLAYED
+      is -32602 "requestState already used" (data `{"reason":
+      "request_state_used"}`) and IN_USE, while another attempt with the
+      same token runs, is the retryable -32603 "Request in progress; retry
+      later" (data `{"reason": "in_progress"}`). "reask": both run the
+      request again without its state, so the handler asks afresh (subject
+      to `reask`).
+    - `reask`: on EXPIRED (and with `on_replay="reask"` on REPLAYED and
+      IN_USE), run the request again without its state so the handler asks
+      afresh (default), instead of -32602 "Invalid or expired requestState".
     - `reask_on_invalid_answers`: when stateseal drops an answer to a question
       this server asked (`KIND_MISMATCH`, `INVALID_CONTENT`), run the request
       again without state and answers, so the handler asks afresh (default;
@@ -102,6 +124,9 @@ class StatesealBoundary:
       filtered answers with that key missing. Unasked keys and stripped URL
       content never trigger it: unrecognized information is ignored.
     - `ttl_seconds`: 0 = the stateseal server's default.
+    - `lease_seconds`: the lease asked for when reserving and renewing; 0 =
+      the stateseal server's default. The lease is renewed every third of
+      what the server granted while the handler runs.
     """
 
     def __init__(
@@ -115,7 +140,13 @@ class StatesealBoundary:
         reask: bool = True,
         reask_on_invalid_answers: bool = True,
         ttl_seconds: int = 0,
+        on_replay: Literal["error", "reask"] = "error",
+        lease_seconds: int = 0,
     ) -> None:
+        if on_replay not in ("error", "reask"):
+            raise ValueError('on_replay must be "error" or "reask"')
+        if lease_seconds < 0:
+            raise ValueError("lease_seconds must be 0 (the server default) or positive")
         self._client = client
         self._audience = audience
         self._principal = principal
@@ -124,6 +155,8 @@ class StatesealBoundary:
         self._reask = reask
         self._reask_invalid = reask_on_invalid_answers
         self._ttl = ttl_seconds
+        self._on_replay = on_replay
+        self._lease = lease_seconds
 
     def _subject(self, ctx: ServerRequestContext[Any, Any]) -> str:
         try:
@@ -139,6 +172,14 @@ class StatesealBoundary:
         params: Mapping[str, Any] = ctx.params or {}
         wire = params.get("requestState")
         if wire is None:
+            if "inputResponses" in params:
+                # Answers without a sealed token (absent or null
+                # `requestState`) answer no question this server asked:
+                # they never reach the handler.
+                if params["inputResponses"] is not None:
+                    logger.debug("inputResponses without requestState on %s: dropped", ctx.method)
+                params = {k: v for k, v in params.items() if k != "inputResponses"}
+                ctx = replace(ctx, params=params)
             # No state to open: bind and seal only if the handler asks.
             return await self._seal_if_asked(ctx, params, await call_next(ctx))
         if not isinstance(wire, str):
@@ -152,13 +193,35 @@ class StatesealBoundary:
         try:
             opened = await self._open(wire, subject, ctx.method, digest, reserve, answers_json)
         except StatesealError as e:
-            if e.client_fault and self._reask and e.reason in ("REPLAYED", "EXPIRED", "IN_USE"):
+            if e.client_fault and self._on_replay == "error":
+                if e.reason == "REPLAYED":
+                    # The earlier retry with this token already went through.
+                    logger.info("requestState REPLAYED on %s: already used", ctx.method)
+                    raise MCPError(
+                        code=INVALID_PARAMS,
+                        message="requestState already used",
+                        data={"reason": "request_state_used"},
+                    ) from None
+                if e.reason == "IN_USE":
+                    # Another attempt with this token is running its handler.
+                    logger.info("requestState IN_USE on %s: in progress", ctx.method)
+                    raise MCPError(
+                        code=INTERNAL_ERROR,
+                        message="Request in progress; retry later",
+                        data={"reason": "in_progress"},
+                    ) from None
+            reask_on = ("EXPIRED",) if self._on_replay == "error" else ("REPLAYED", "EXPIRED", "IN_USE")
+            if e.client_fault and self._reask and e.reason in reask_on:
                 logger.info("requestState %s on %s: asking again", e.reason, ctx.method)
                 fresh = {k: v for k, v in params.items() if k not in ("requestState", "inputResponses")}
                 fresh_ctx = replace(ctx, params=fresh)
                 return await self._seal_if_asked(fresh_ctx, fresh, await call_next(fresh_ctx))
             self._fail(ctx.method, e)
         inner = {**params, "requestState": opened.state.decode("utf-8")}
+        if not opened.state:
+            # Minted by this boundary for a handler that asked without a
+            # state (see _seal_if_asked): the handler sees none.
+            del inner["requestState"]
         if answers is not None:
             # The handler sees only answers to questions this server asked,
             # of the right shape.
@@ -173,27 +236,91 @@ class StatesealBoundary:
                 inner = {k: v for k, v in params.items() if k not in ("requestState", "inputResponses")}
         ctx = replace(ctx, params=inner)
         reservation = opened.reservation
+        # The lease lives as long as the handler: renewed in the background
+        # every third of the granted lease, stopped before Commit/Release.
+        keeper = (
+            asyncio.create_task(self._keep_renewing(ctx.method, reservation, opened.lease_seconds))
+            if reservation and opened.lease_seconds > 0
+            else None
+        )
         try:
             result = await call_next(ctx)
             result = await self._seal_if_asked(ctx, params, result, subject=subject, digest=digest)
         except BaseException:
+            if keeper is not None:
+                keeper.cancel()
             if reservation:
                 await self._release(ctx.method, reservation)
             raise
+        if keeper is not None:
+            keeper.cancel()
+            # Wait for it to end (asyncio.wait never raises the task's own
+            # cancellation), so no Renew is sent after this point.
+            await asyncio.wait({keeper})
         if reservation and _is_error(result):
             # The tool reported failure (the SDK turns a raising tool into an
             # error result): give the token back for the corrected retry.
             await self._release(ctx.method, reservation)
             return result
         if reservation:
+            await self._commit(ctx.method, reservation)
+        return result
+
+    async def _commit(self, method: str, reservation: str) -> None:
+        # The handler ran; its answer stands whatever Commit answers. Commit
+        # is idempotent (a committed reservation commits again), so a
+        # transient failure, which may have been recorded all the same, is
+        # retried twice after a short wait.
+        for n in range(3):
             try:
                 await self._client.commit(reservation)
+                return
             except StatesealError as e:
-                # The handler ran; its answer stands. Without the commit the
-                # token may open again after the lease (documented for
-                # reserve mode: handlers there must be idempotent).
-                logger.error("stateseal commit failed on %s: %s", ctx.method, e.reason)
-        return result
+                if n < 2 and e.retryable:
+                    logger.warning("stateseal commit on %s: %s; retrying", method, e.reason)
+                    await asyncio.sleep(0.1 * (n + 1))
+                    continue
+                if e.from_stateseal and e.reason == "LEASE_EXPIRED":
+                    logger.error(
+                        "stateseal commit on %s: LEASE_EXPIRED, the token was taken over by another attempt "
+                        "while this handler ran (this result stands; the other attempt may run it too)",
+                        method,
+                    )
+                else:
+                    # Without the commit the token may open again after the
+                    # lease (reserve mode: handlers must be idempotent).
+                    logger.error("stateseal commit failed on %s: %s", method, e.reason)
+                return
+
+    async def _keep_renewing(self, method: str, reservation: str, granted: int) -> None:
+        """Renews `reservation` every third of its granted lease (at least
+        every 0.5 s) until cancelled. Only the granted length is used, never
+        `lease_expires_at_unix`: this replica's clock is not the ledger's."""
+        interval = max(_MIN_RENEW_INTERVAL, granted / 3)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                lease = await self._client.renew(reservation, self._lease)
+            except StatesealError as e:
+                if e.from_stateseal and e.reason == "LEASE_EXPIRED":
+                    logger.error(
+                        "stateseal renew on %s: reservation lost while the handler ran; "
+                        "another attempt may run it",
+                        method,
+                    )
+                    return
+                # Unreachable or transient: keep trying; the lease holds
+                # until it runs out, and Commit still succeeds while no
+                # other attempt took the token over.
+                logger.warning("stateseal renew failed on %s: %s; retrying", method, e.reason)
+                continue
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # never let the keeper die silently
+                logger.warning("stateseal renew raised on %s; retrying", method, exc_info=True)
+                continue
+            if lease.lease_seconds > 0:
+                interval = max(_MIN_RENEW_INTERVAL, lease.lease_seconds / 3)
 
     async def _open(self, wire: str, subject: str, method: str, digest: bytes, reserve: bool, answers_json: str):
         attempt = uuid.uuid4().hex
@@ -205,6 +332,7 @@ class StatesealBoundary:
                     method=method,
                     params_digest=digest,
                     reserve=reserve,
+                    lease_seconds=self._lease if reserve else 0,
                     attempt_id=attempt,
                     input_responses_json=answers_json,
                 )
@@ -268,6 +396,13 @@ class StatesealBoundary:
         else:
             state = result.request_state
             questions = result.model_dump(mode="json", by_alias=True, exclude_none=True).get("inputRequests")
+        if state is None and questions:
+            # The handler asked without a state of its own (the
+            # specification allows it). The boundary mints one, empty, so
+            # the retry's answers come with a token like any other: bound,
+            # single use, filtered against these questions. Opening an empty
+            # state hands the handler no requestState.
+            state = ""
         if not isinstance(state, str):
             return result
         if subject is None:

@@ -69,13 +69,14 @@ class OpenRequest(_message.Message):
     def __init__(self, request_state: _Optional[str] = ..., binding: _Optional[_Union[Binding, _Mapping]] = ..., mode: _Optional[_Union[OpenMode, str]] = ..., lease_seconds: _Optional[int] = ..., attempt_id: _Optional[str] = ..., input_responses_json: _Optional[str] = ...) -> None: ...
 
 class OpenResponse(_message.Message):
-    __slots__ = ("state", "expires_at_unix", "key_id", "consumed", "reservation", "lease_expires_at_unix", "input_responses_json", "dropped")
+    __slots__ = ("state", "expires_at_unix", "key_id", "consumed", "reservation", "lease_expires_at_unix", "lease_seconds", "input_responses_json", "dropped")
     STATE_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_AT_UNIX_FIELD_NUMBER: _ClassVar[int]
     KEY_ID_FIELD_NUMBER: _ClassVar[int]
     CONSUMED_FIELD_NUMBER: _ClassVar[int]
     RESERVATION_FIELD_NUMBER: _ClassVar[int]
     LEASE_EXPIRES_AT_UNIX_FIELD_NUMBER: _ClassVar[int]
+    LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     INPUT_RESPONSES_JSON_FIELD_NUMBER: _ClassVar[int]
     DROPPED_FIELD_NUMBER: _ClassVar[int]
     state: bytes
@@ -84,9 +85,10 @@ class OpenResponse(_message.Message):
     consumed: bool
     reservation: str
     lease_expires_at_unix: int
+    lease_seconds: int
     input_responses_json: str
     dropped: _containers.RepeatedCompositeFieldContainer[DroppedResponse]
-    def __init__(self, state: _Optional[bytes] = ..., expires_at_unix: _Optional[int] = ..., key_id: _Optional[str] = ..., consumed: _Optional[bool] = ..., reservation: _Optional[str] = ..., lease_expires_at_unix: _Optional[int] = ..., input_responses_json: _Optional[str] = ..., dropped: _Optional[_Iterable[_Union[DroppedResponse, _Mapping]]] = ...) -> None: ...
+    def __init__(self, state: _Optional[bytes] = ..., expires_at_unix: _Optional[int] = ..., key_id: _Optional[str] = ..., consumed: _Optional[bool] = ..., reservation: _Optional[str] = ..., lease_expires_at_unix: _Optional[int] = ..., lease_seconds: _Optional[int] = ..., input_responses_json: _Optional[str] = ..., dropped: _Optional[_Iterable[_Union[DroppedResponse, _Mapping]]] = ...) -> None: ...
 
 class DroppedResponse(_message.Message):
     __slots__ = ("key", "reason")
@@ -105,6 +107,22 @@ class CommitRequest(_message.Message):
 class CommitResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class RenewRequest(_message.Message):
+    __slots__ = ("reservation", "lease_seconds")
+    RESERVATION_FIELD_NUMBER: _ClassVar[int]
+    LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    reservation: str
+    lease_seconds: int
+    def __init__(self, reservation: _Optional[str] = ..., lease_seconds: _Optional[int] = ...) -> None: ...
+
+class RenewResponse(_message.Message):
+    __slots__ = ("lease_expires_at_unix", "lease_seconds")
+    LEASE_EXPIRES_AT_UNIX_FIELD_NUMBER: _ClassVar[int]
+    LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    lease_expires_at_unix: int
+    lease_seconds: int
+    def __init__(self, lease_expires_at_unix: _Optional[int] = ..., lease_seconds: _Optional[int] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("reservation",)

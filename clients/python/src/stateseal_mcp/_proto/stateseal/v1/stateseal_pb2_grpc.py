@@ -49,6 +49,11 @@ class RequestStateStub:
                 request_serializer=stateseal_dot_v1_dot_stateseal__pb2.CommitRequest.SerializeToString,
                 response_deserializer=stateseal_dot_v1_dot_stateseal__pb2.CommitResponse.FromString,
                 _registered_method=True)
+        self.Renew = channel.unary_unary(
+                '/stateseal.v1.RequestState/Renew',
+                request_serializer=stateseal_dot_v1_dot_stateseal__pb2.RenewRequest.SerializeToString,
+                response_deserializer=stateseal_dot_v1_dot_stateseal__pb2.RenewResponse.FromString,
+                _registered_method=True)
         self.Release = channel.unary_unary(
                 '/stateseal.v1.RequestState/Release',
                 request_serializer=stateseal_dot_v1_dot_stateseal__pb2.ReleaseRequest.SerializeToString,
@@ -77,7 +82,20 @@ class RequestStateServicer:
 
     def Commit(self, request, context):
         """Make a reservation (OPEN_MODE_RESERVE) a durable consumption, with
-        exactly the durability of OPEN_MODE_CONSUME.
+        exactly the durability of OPEN_MODE_CONSUME. It succeeds while the
+        reservation still holds the token, even after its lease ended, as long
+        as no other attempt took the token over; LEASE_EXPIRED when one did (or
+        the reservation was released or collected).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Renew(self, request, context):
+        """Extend a reservation's lease while its handler runs (callers renew
+        every third of the lease). Same holding rule as Commit: LEASE_EXPIRED
+        once another attempt took the token over. On PostgreSQL every lease
+        decision is judged by the database's clock.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -107,6 +125,11 @@ def add_RequestStateServicer_to_server(servicer, server):
                     servicer.Commit,
                     request_deserializer=stateseal_dot_v1_dot_stateseal__pb2.CommitRequest.FromString,
                     response_serializer=stateseal_dot_v1_dot_stateseal__pb2.CommitResponse.SerializeToString,
+            ),
+            'Renew': grpc.unary_unary_rpc_method_handler(
+                    servicer.Renew,
+                    request_deserializer=stateseal_dot_v1_dot_stateseal__pb2.RenewRequest.FromString,
+                    response_serializer=stateseal_dot_v1_dot_stateseal__pb2.RenewResponse.SerializeToString,
             ),
             'Release': grpc.unary_unary_rpc_method_handler(
                     servicer.Release,
@@ -195,6 +218,33 @@ class RequestState:
             '/stateseal.v1.RequestState/Commit',
             stateseal_dot_v1_dot_stateseal__pb2.CommitRequest.SerializeToString,
             stateseal_dot_v1_dot_stateseal__pb2.CommitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Renew(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stateseal.v1.RequestState/Renew',
+            stateseal_dot_v1_dot_stateseal__pb2.RenewRequest.SerializeToString,
+            stateseal_dot_v1_dot_stateseal__pb2.RenewResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,62 @@
+"""RequestStateClient against the real stateseal binary: leases, and the
+reason tables kept in step with the TypeScript package."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+
+import grpc
+import pytest
+
+from stateseal_mcp import Lease, RequestStateClient, StatesealError
+
+from conftest import start_stateseal
+
+PARAMS = '{"name":"t","arguments":{"n":1}}'
+TS_CLIENT = Path(__file__).parents[2] / "typescript" / "src" / "client.ts"
+
+
+def test_a_reservation_reports_and_renews_its_lease(tmp_path):
+    proc, addr = start_stateseal(tmp_path, "--default-lease-s", "2")
+
+    async def go() -> None:
+        client = RequestStateClient(addr)
+        binding = {"subject": "alice", "method": "tools/call", "params_json": PARAMS}
+        sealed = await client.seal(**binding, state=b"s", single_use=True)
+        opened = await client.open(sealed.request_state, **binding, reserve=True, attempt_id="a1")
+        assert opened.reservation and not opened.consumed
+        # The granted lease: the server default, in seconds.
+        assert opened.lease_seconds == 2, opened.lease_seconds
+        lease = await client.renew(opened.reservation)
+        assert isinstance(lease, Lease)
+        expires, seconds = lease
+        assert seconds == 2 and expires > 0, lease
+        assert (await client.renew(opened.reservation, lease_seconds=3)).lease_seconds == 3
+        # Released: the reservation no longer holds the token.
+        await client.release(opened.reservation)
+        with pytest.raises(StatesealError) as e:
+            await client.renew(opened.reservation)
+        assert e.value.reason == "LEASE_EXPIRED" and e.value.from_stateseal
+        assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        await client.close()
+
+    try:
+        asyncio.run(go())
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+def _ts_set(name: str) -> set[str]:
+    source = TS_CLIENT.read_text()
+    m = re.search(rf"const {name} = new Set\(\[(.*?)\]\)", source, re.S)
+    assert m, f"{name} not found in {TS_CLIENT}"
+    return set(re.findall(r"'([A-Z_]+)'", m.group(1)))
+
+
+def test_reason_tables_match_the_typescript_package():
+    assert StatesealError.CLIENT_REASONS == _ts_set("CLIENT_FAULTS")
+    assert StatesealError.TRANSIENT_REASONS == _ts_set("TRANSIENT")
+    assert "BAD_INPUT_REQUESTS" in StatesealError.CLIENT_REASONS

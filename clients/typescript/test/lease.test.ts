@@ -1,0 +1,278 @@
+// A handler slower than its lease: stateseal runs with a 2 s lease, the tool
+// takes at least 5 s. The boundary renews the reservation while the handler
+// runs, so the exact retry replayed (on the other replica) past the first
+// lease is answered `-32603 Request in progress; retry later`, never run;
+// after the handler returned it is `-32602 requestState already used`. The
+// handler runs exactly once. On sled, and on PostgreSQL when
+// STATESEAL_TEST_DATABASE_URL is set. Then the documented limit: stateseal
+// unreachable from the holder for longer than the lease.
+import assert from 'node:assert/strict';
+import { type Server as HttpServer } from 'node:http';
+import { createConnection, createServer, type Socket } from 'node:net';
+import { test } from 'node:test';
+
+import { serveHttp, transferServer } from '../examples/transfer-server.js';
+import { RequestStateClient, StatesealBoundary } from '../src/index.js';
+import {
+  addSlowTool,
+  call,
+  connect,
+  front,
+  port,
+  recordingLogger,
+  rpcError,
+  settle,
+  SlowTool,
+  sleep,
+  startStateseal,
+  text,
+  until,
+  yes,
+} from './helpers.js';
+
+const LEASE_S = 2;
+const HANDLER_MS = 5000;
+
+/** Counts renewals, and records the leases asked for and granted. */
+class CountingClient extends RequestStateClient {
+  renewals = 0;
+  readonly asked: Array<['open' | 'renew', number | undefined]> = [];
+  readonly granted: number[] = [];
+  override async open(req: Parameters<RequestStateClient['open']>[0]) {
+    this.asked.push(['open', req.leaseSeconds]);
+    const opened = await super.open(req);
+    this.granted.push(opened.leaseSeconds);
+    return opened;
+  }
+  override async renew(reservation: string, leaseSeconds = 0) {
+    this.asked.push(['renew', leaseSeconds]);
+    const lease = await super.renew(reservation, leaseSeconds);
+    this.renewals++;
+    this.granted.push(lease.leaseSeconds);
+    return lease;
+  }
+}
+
+async function slowerThanTheLease(ledger: string[]): Promise<void> {
+  const ss = await startStateseal('--default-lease-s', String(LEASE_S), ...ledger);
+  const slow = new SlowTool(HANDLER_MS);
+  const logs = [recordingLogger(), recordingLogger()];
+  const grpc: CountingClient[] = [];
+  const replicas: HttpServer[] = [];
+  const route: number[] = [];
+  let lb: (HttpServer & { served: number[] }) | undefined;
+  let client: Awaited<ReturnType<typeof connect>> | undefined;
+  try {
+    for (const logger of logs) {
+      const c = new CountingClient(ss.addr);
+      grpc.push(c);
+      const boundary = new StatesealBoundary(c, { audience: 'transfer-service', logger });
+      replicas.push(await serveHttp(() => addSlowTool(transferServer(boundary), slow), 0));
+    }
+    const [a, b] = replicas.map(port);
+    lb = await front([a, b], route);
+    client = await connect(`http://127.0.0.1:${port(lb)}/mcp`);
+    const args = { amount: 9 };
+
+    route.push(a, a);
+    const r = await call(client, 'slow_transfer', args);
+    assert.equal(r.resultType, 'input_required');
+    const retry = { inputResponses: yes(r), requestState: r.requestState };
+    const running = settle(call(client, 'slow_transfer', args, retry));
+    await until(() => slow.started >= 1, 60_000, 'the handler to start');
+    // The lease granted at the Open has ended by now: only renewals keep
+    // another attempt from taking the token over.
+    await sleep((LEASE_S + 1.5) * 1000);
+    assert.equal(slow.finished, 0, 'the handler still runs');
+
+    route.push(b);
+    const during = await settle(call(client, 'slow_transfer', args, retry));
+    assert.equal(slow.started, 1, 'the replay during the handler did not run it');
+    assert.equal(during.ok, false, `the replay during the handler got a result: ${during.ok && `${during.value.resultType} ${text(during.value)}`}`);
+    if (!during.ok) rpcError(-32603, 'Request in progress; retry later', 'in_progress')(during.error as never);
+    assert.equal(slow.finished, 0, 'answered while the handler still ran');
+
+    slow.release();
+    const done = await running;
+    assert.ok(done.ok, `the slow retry failed: ${!done.ok && String(done.error)}`);
+    if (done.ok) assert.match(text(done.value), /slow 9 done/);
+
+    route.push(b);
+    const afterwards = await settle(call(client, 'slow_transfer', args, retry));
+    assert.equal(afterwards.ok, false, 'the replay after the handler got a result');
+    if (!afterwards.ok) rpcError(-32602, 'requestState already used', 'request_state_used')(afterwards.error as never);
+
+    assert.equal(slow.started, 1, 'executed exactly once');
+    assert.equal(slow.finished, 1);
+    assert.deepEqual(lb.served.slice(-4), [a, a, b, b]);
+    // The reservation held throughout, and was committed.
+    assert.deepEqual([...logs[0].lines.error, ...logs[1].lines.error], []);
+    assert.deepEqual(logs[0].lines.warn, [], 'no renewal failed');
+    assert.ok(grpc[0].renewals >= 1, 'the holder renewed its lease');
+  } finally {
+    slow.release();
+    await client?.close();
+    lb?.close();
+    for (const s of replicas) s.close();
+    for (const c of grpc) c.close();
+    ss.proc.kill('SIGTERM');
+  }
+}
+
+test('a handler slower than the lease (sled): renewed, one execution, replays refused', async () => {
+  await slowerThanTheLease([]);
+});
+
+test('a handler slower than the lease (PostgreSQL): renewed, one execution, replays refused', async (t) => {
+  const url = process.env.STATESEAL_TEST_DATABASE_URL;
+  if (!url) {
+    console.log('SKIPPED: a handler slower than the lease on PostgreSQL (set STATESEAL_TEST_DATABASE_URL)');
+    t.skip('SKIPPED: STATESEAL_TEST_DATABASE_URL is not set');
+    return;
+  }
+  await slowerThanTheLease(['--ledger', 'postgres', '--database-url', url]);
+});
+
+test('the leaseSeconds option is asked for on Open and on every renewal', async () => {
+  // The server's default lease is 30 s; the boundary asks for 1 s.
+  const ss = await startStateseal();
+  const slow = new SlowTool(2500);
+  const grpc = new CountingClient(ss.addr);
+  const logger = recordingLogger();
+  const boundary = new StatesealBoundary(grpc, { audience: 'transfer-service', logger, leaseSeconds: 1 });
+  const http = await serveHttp(() => addSlowTool(transferServer(boundary), slow), 0);
+  const client = await connect(`http://127.0.0.1:${port(http)}/mcp`);
+  try {
+    const r = await call(client, 'slow_transfer', { amount: 3 });
+    const retry = { inputResponses: yes(r), requestState: r.requestState };
+    const running = call(client, 'slow_transfer', { amount: 3 }, retry);
+    await until(() => slow.started >= 1, 60_000, 'the handler to start');
+    await until(() => grpc.renewals >= 1, 60_000, 'a renewal');
+    slow.release();
+    assert.match(text(await running), /slow 3 done/);
+    assert.ok(grpc.asked.length >= 2);
+    assert.deepEqual(grpc.asked[0], ['open', 1]);
+    for (const a of grpc.asked.slice(1)) assert.deepEqual(a, ['renew', 1]);
+    assert.ok(grpc.granted.every((g) => g === 1), `granted ${JSON.stringify(grpc.granted)}`);
+    assert.deepEqual(logger.lines.error, []);
+    assert.equal(slow.started, 1);
+  } finally {
+    slow.release();
+    await client.close();
+    http.close();
+    grpc.close();
+    ss.proc.kill('SIGTERM');
+  }
+});
+
+/** A TCP relay to stateseal that can be cut: while down, every connection
+ * through it is dropped at once. */
+async function cuttableRelay(addr: string) {
+  const i = addr.lastIndexOf(':');
+  const [host, p] = [addr.slice(0, i), Number(addr.slice(i + 1))];
+  const state = { down: false };
+  const open = new Set<Socket>();
+  const server = createServer((down: Socket) => {
+    if (state.down) return void down.destroy();
+    const up = createConnection({ host, port: p });
+    for (const s of [down, up]) {
+      open.add(s);
+      s.on('close', () => open.delete(s));
+      s.on('error', () => undefined);
+    }
+    down.pipe(up);
+    up.pipe(down);
+    up.on('close', () => down.destroy());
+    down.on('close', () => up.destroy());
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  return {
+    addr: `127.0.0.1:${(server.address() as { port: number }).port}`,
+    cut() {
+      state.down = true;
+      for (const s of open) s.destroy();
+    },
+    restore() {
+      state.down = false;
+    },
+    close() {
+      state.down = true;
+      for (const s of open) s.destroy();
+      server.close();
+    },
+  };
+}
+
+test('stateseal unreachable from the holder for longer than the lease: another attempt takes over; the holder logs it', async () => {
+  const ss = await startStateseal('--default-lease-s', String(LEASE_S));
+  const relay = await cuttableRelay(ss.addr);
+  const slow = new SlowTool(0);
+  const holderLog = recordingLogger();
+  // The holder reaches stateseal through the relay; the other replica directly.
+  const holderGrpc = new RequestStateClient(relay.addr, { timeoutMs: 2000 });
+  const otherGrpc = new RequestStateClient(ss.addr);
+  const replicas: HttpServer[] = [];
+  const route: number[] = [];
+  let lb: (HttpServer & { served: number[] }) | undefined;
+  let client: Awaited<ReturnType<typeof connect>> | undefined;
+  try {
+    for (const [c, logger] of [
+      [holderGrpc, holderLog],
+      [otherGrpc, recordingLogger()],
+    ] as const) {
+      const boundary = new StatesealBoundary(c, { audience: 'transfer-service', logger });
+      replicas.push(await serveHttp(() => addSlowTool(transferServer(boundary), slow), 0));
+    }
+    const [holder, other] = replicas.map(port);
+    lb = await front([holder, other], route);
+    client = await connect(`http://127.0.0.1:${port(lb)}/mcp`);
+    const args = { amount: 13 };
+
+    route.push(other, holder);
+    const r = await call(client, 'slow_transfer', args);
+    const retry = { inputResponses: yes(r), requestState: r.requestState };
+    const running = settle(call(client, 'slow_transfer', args, retry));
+    await until(() => slow.started >= 1, 60_000, 'the handler to start');
+    relay.cut();
+    // Renewals fail (and are retried) while the lease runs out.
+    await until(() => holderLog.lines.warn.some((m) => /renew on tools\/call failed: \w+; retrying/.test(m)), 60_000, 'a failed renewal');
+    await sleep((LEASE_S + 1.5) * 1000);
+
+    // Past the lease: the replay on the other replica takes the token over
+    // and runs the handler (a second execution: what reserve mode allows
+    // when the holder cannot reach stateseal; atMostOnce targets never).
+    route.push(other);
+    const takeover = await call(client, 'slow_transfer', args, retry);
+    assert.match(text(takeover), /slow 13 done/);
+    assert.equal(slow.started, 2);
+
+    relay.restore();
+    await until(
+      () => holderLog.lines.error.some((m) => m.includes('reservation lost while the handler ran; another attempt may run it')),
+      60_000,
+      'the holder to learn that its reservation was lost',
+    );
+    const failedBefore = holderLog.lines.warn.length;
+    slow.release();
+    const done = await running;
+    assert.ok(done.ok, 'the holder\'s result stands');
+    if (done.ok) assert.match(text(done.value), /slow 13 done/);
+    assert.ok(
+      holderLog.lines.error.some((m) => /commit failed on tools\/call: LEASE_EXPIRED: the token was taken over by another attempt/.test(m)),
+      holderLog.lines.error.join('\n'),
+    );
+    assert.equal(holderLog.lines.warn.length, failedBefore, 'renewals stopped once the reservation was lost');
+    // Consumed (by the attempt that took it over).
+    route.push(holder);
+    await assert.rejects(call(client, 'slow_transfer', args, retry), rpcError(-32602, 'requestState already used', 'request_state_used'));
+  } finally {
+    slow.release();
+    await client?.close();
+    lb?.close();
+    for (const s of replicas) s.close();
+    holderGrpc.close();
+    otherGrpc.close();
+    relay.close();
+    ss.proc.kill('SIGTERM');
+  }
+});
