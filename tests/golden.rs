@@ -172,3 +172,176 @@ fn golden_vectors_match() {
         "the token format or key derivation changed"
     );
 }
+
+/// Today's formats, frozen (tests/data/golden-v2.json): binding v2 with
+/// exact numbers, single use, format 2 with a sealed manifest, and a
+/// reservation string. Tokens regenerate byte for byte (fixed nonces); the
+/// reservation string is sealed under a random nonce, so the stored one
+/// must open, under the stored key and tenant, to the stored claims.
+struct InputV2 {
+    name: &'static str,
+    method: Method,
+    params_json: &'static str,
+    state: &'static [u8],
+    single_use: bool,
+    input_requests: Option<&'static str>,
+}
+
+const INPUTS_V2: [InputV2; 3] = [
+    InputV2 {
+        name: "v2 tools/call single-use, exact numbers",
+        method: Method::ToolsCall,
+        params_json: r#"{"name":"transfer","arguments":{"amount":9007199254740993,"fee":1.10},"_meta":{"progressToken":"p"},"requestState":"x","inputResponses":{}}"#,
+        state: b"{\"step\":2}",
+        single_use: true,
+        input_requests: None,
+    },
+    InputV2 {
+        name: "v2 format 2: a sealed manifest",
+        method: Method::ToolsCall,
+        params_json: r#"{"name":"transfer","arguments":{"amount":42}}"#,
+        state: b"{\"step\":1}",
+        single_use: true,
+        input_requests: Some(
+            r#"{"confirm":{"method":"elicitation/create","params":{"mode":"form","message":"Transfer 42?","requestedSchema":{"type":"object","properties":{"confirm":{"type":"boolean"},"note":{"type":"string","maxLength":40},"n":{"type":"integer","minimum":1,"maximum":9007199254740993}},"required":["confirm"]}}},"site":{"method":"elicitation/create","params":{"mode":"url","message":"Sign in","url":"https://auth.example.com/start"}}}"#,
+        ),
+    },
+    InputV2 {
+        name: "v2 resources/read reusable",
+        method: Method::ResourcesRead,
+        params_json: r#"{"uri":"file:///tmp/x","_meta":{}}"#,
+        state: b"",
+        single_use: false,
+        input_requests: None,
+    },
+];
+
+fn generate_v2(reservation: Option<&Value>) -> Value {
+    use stateseal::binding::{params_digest_for, BindingVersion};
+    use stateseal::manifest::{CredentialPolicy, Manifest};
+    use stateseal::token::{open_reservation, seal_parts, seal_reservation, ReservationClaims};
+    let ring = keyring_for(7);
+    let tenant = Tenant::new("acme");
+    let keys = ring.primary().tenant_keys(&tenant);
+    let vectors: Vec<Value> = INPUTS_V2
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let digest = params_digest_for(BindingVersion::V2, v.method, v.params_json).unwrap();
+            let binding = Binding {
+                tenant: tenant.clone(),
+                subject: "mcp:alice".into(),
+                method: v.method,
+                params: digest,
+                version: BindingVersion::V2,
+            };
+            let manifest = v.input_requests.map(|q| {
+                Manifest::build(q, CredentialPolicy::Deny)
+                    .unwrap()
+                    .0
+                    .encode()
+                    .unwrap()
+            });
+            let header = Header {
+                key_id: ring.primary().id(),
+                expires_at: 1_900_000_600,
+                single_use: v.single_use,
+                binding: BindingVersion::V2,
+                manifest: manifest.is_some(),
+            };
+            let token = seal_parts(
+                &keys,
+                header,
+                &binding,
+                manifest.as_deref(),
+                v.state,
+                &nonce(10 + i),
+            )
+            .unwrap();
+            let opened = UntrustedToken::parse(&token, 1 << 16)
+                .unwrap()
+                .open(&keys, &binding)
+                .unwrap();
+            assert_eq!(&opened.state[..], v.state);
+            assert_eq!(
+                opened.manifest.as_deref().map(|m| &m[..]),
+                manifest.as_deref()
+            );
+            json!({
+                "name": v.name,
+                "method": v.method.as_str(),
+                "params_json": v.params_json,
+                "params_digest_v2_hex": hex(&digest.0),
+                "state_hex": hex(v.state),
+                "single_use": v.single_use,
+                "input_requests_json": v.input_requests,
+                "manifest_hex": manifest.as_deref().map(hex),
+                "nonce_hex": hex(&nonce(10 + i)),
+                "ledger_id_hex": hex(&opened.ledger_id(&keys)),
+                "token": token,
+            })
+        })
+        .collect();
+    let claims = ReservationClaims {
+        expires_at: 1_900_000_600,
+        ledger_id: [0x5a; 32],
+        rid: [0x3c; 16],
+        lease_until: 1_900_000_030,
+    };
+    let reservation = match reservation {
+        // The stored string must still open to these claims.
+        Some(Value::String(r)) => {
+            let c =
+                open_reservation(&keys, tenant.as_str(), r).expect("the stored reservation opens");
+            assert_eq!(
+                (c.expires_at, c.ledger_id, c.rid, c.lease_until),
+                (
+                    claims.expires_at,
+                    claims.ledger_id,
+                    claims.rid,
+                    claims.lease_until
+                ),
+                "the reservation format changed"
+            );
+            r.clone()
+        }
+        _ => seal_reservation(&keys, ring.primary().id(), tenant.as_str(), &claims).unwrap(),
+    };
+    json!({
+        "format": "stateseal token v2 / format 2 and reservation strings (see docs/token-format.md)",
+        "root_key_hex": hex(&root_key(7)),
+        "key_id": 7,
+        "tenant": "acme",
+        "subject": "mcp:alice",
+        "expires_at": 1_900_000_600,
+        "vectors": vectors,
+        "reservation": {
+            "expires_at": claims.expires_at,
+            "ledger_id_hex": hex(&claims.ledger_id),
+            "rid_hex": hex(&claims.rid),
+            "lease_until": claims.lease_until,
+            "string": reservation,
+        },
+    })
+}
+
+#[test]
+fn golden_vectors_of_todays_formats_match() {
+    let path = format!("{}/tests/data/golden-v2.json", env!("CARGO_MANIFEST_DIR"));
+    if std::env::var_os("STATESEAL_REGENERATE_GOLDEN").is_some() {
+        let generated = serde_json::to_string_pretty(&generate_v2(None)).unwrap() + "\n";
+        std::fs::write(&path, &generated).unwrap();
+        return;
+    }
+    let stored = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{path}: {e}; regenerate with STATESEAL_REGENERATE_GOLDEN=1"));
+    let stored_json: Value = serde_json::from_str(&stored).unwrap();
+    let generated =
+        serde_json::to_string_pretty(&generate_v2(Some(&stored_json["reservation"]["string"])))
+            .unwrap()
+            + "\n";
+    assert_eq!(
+        stored, generated,
+        "the token format, binding v2, the manifest encoding or key derivation changed"
+    );
+}
