@@ -131,7 +131,7 @@ fn runtime_builder() -> tokio::runtime::Builder {
 /// The largest gRPC message accepted: room for the largest params JSON, a
 /// token carrying the largest state and manifest, and the largest input
 /// requests or responses. Bigger messages are refused by the transport
-/// (RESOURCE_EXHAUSTED) before any of our checks.
+/// (tonic answers OUT_OF_RANGE) before any of our checks.
 pub fn max_message_size(sealer: &Sealer) -> usize {
     use crate::token::{encoded_len, MANIFEST_ROOM, OVERHEAD};
     let l = sealer.limits();

@@ -1,5 +1,6 @@
 """RequestStateClient against the real stateseal binary: leases, and the
-reason tables kept in step with the TypeScript package."""
+reason tables (stateseal reasons and transport statuses) kept in step with
+the TypeScript package."""
 
 from __future__ import annotations
 
@@ -59,4 +60,9 @@ def _ts_set(name: str) -> set[str]:
 def test_reason_tables_match_the_typescript_package():
     assert StatesealError.CLIENT_REASONS == _ts_set("CLIENT_FAULTS")
     assert StatesealError.TRANSIENT_REASONS == _ts_set("TRANSIENT")
+    # Statuses of the transport (no stateseal reason): the same in both.
+    assert StatesealError.TRANSPORT_CLIENT_CODES == _ts_set("TRANSPORT_CLIENT_FAULTS")
+    assert StatesealError.TRANSPORT_TRANSIENT_CODES == _ts_set("TRANSPORT_TRANSIENT")
+    transport = StatesealError.TRANSPORT_CLIENT_CODES | StatesealError.TRANSPORT_TRANSIENT_CODES
+    assert transport <= {c.name for c in grpc.StatusCode}
     assert "BAD_INPUT_REQUESTS" in StatesealError.CLIENT_REASONS

@@ -14,9 +14,10 @@
 
 import { randomBytes } from 'node:crypto';
 
+import { status } from '@grpc/grpc-js';
 import { ProtocolError } from '@modelcontextprotocol/server';
 
-import { asciiJson, type BindableMethod, BindingError, paramsDigestOf, subjectFor } from './binding.js';
+import { asciiJson, type BindableMethod, BindingError, isWellFormed, paramsDigestOf, subjectFor } from './binding.js';
 import { type Binding, type Opened, RequestStateClient, StatesealError } from './client.js';
 
 const INVALID_PARAMS = -32602;
@@ -39,6 +40,22 @@ export type Logger = Pick<Console, 'info' | 'warn' | 'error'> & { debug?: (messa
 
 /** The shortest renewal period, in milliseconds. */
 const MIN_RENEW_MS = 500;
+
+/** The longest `requestState` (UTF-8 bytes) sent to stateseal. The service
+ * accepts a state of up to 64 KiB (`--max-state-bytes 65536`) sealed with a
+ * manifest of up to 16 KiB into a token: base64url of header (9) + nonce
+ * (24) + manifest (2 + 16384) + state + tag (16). Bounded with 512 bytes of
+ * room for the fixed parts: ceil((65536 + 16384 + 512) * 4 / 3) = 109,910,
+ * above the 109,295 the service itself admits, so no token it would open is
+ * refused here. */
+export const DEFAULT_MAX_REQUEST_STATE_BYTES = Math.ceil(((65536 + 16384 + 512) * 4) / 3);
+/** The longest `inputResponses` JSON (UTF-8 bytes, as sent) sent to
+ * stateseal: the service's `--max-input-bytes` default, 256 KiB. */
+export const DEFAULT_MAX_INPUT_RESPONSES_BYTES = 256 * 1024;
+
+/** Transport failures after which an Open (same attempt id) or a Release is
+ * sent again: the connection was lost or the call timed out. */
+const LOST = new Set<number>([status.UNAVAILABLE, status.DEADLINE_EXCEEDED]);
 
 export interface BoundaryOptions {
   /** This MCP service's identity, the same on every replica (and in every
@@ -83,6 +100,18 @@ export interface BoundaryOptions {
    * it). While the handler runs, the boundary renews the lease every third
    * of what the service granted. */
   leaseSeconds?: number;
+  /** A `requestState` longer than this in UTF-8 bytes is refused with
+   * `-32602 Invalid or expired requestState` before stateseal is called,
+   * logged at debug only. Default `DEFAULT_MAX_REQUEST_STATE_BYTES`
+   * (109,910: the longest token the service's default `--max-state-bytes`
+   * admits, with room); keep it at or below what your stateseal accepts. */
+  maxRequestStateBytes?: number;
+  /** `inputResponses` whose JSON (as sent) is longer than this in UTF-8
+   * bytes are refused with `-32602 Invalid params: inputResponses too
+   * large` before stateseal is called, logged at debug only. Default
+   * `DEFAULT_MAX_INPUT_RESPONSES_BYTES` (256 KiB, the service's
+   * `--max-input-bytes` default). */
+  maxInputResponsesBytes?: number;
   logger?: Logger;
 }
 
@@ -124,6 +153,8 @@ export class StatesealBoundary {
   readonly #lease: number;
   readonly #reaskInvalid: boolean;
   readonly #ttl: number;
+  readonly #maxState: number;
+  readonly #maxAnswers: number;
   readonly #log: Logger;
 
   constructor(client: RequestStateClient, options: BoundaryOptions) {
@@ -140,6 +171,14 @@ export class StatesealBoundary {
     this.#lease = options.leaseSeconds ?? 0;
     this.#reaskInvalid = options.reaskOnInvalidAnswers ?? true;
     this.#ttl = options.ttlSeconds ?? 0;
+    this.#maxState = options.maxRequestStateBytes ?? DEFAULT_MAX_REQUEST_STATE_BYTES;
+    this.#maxAnswers = options.maxInputResponsesBytes ?? DEFAULT_MAX_INPUT_RESPONSES_BYTES;
+    for (const [name, value] of [
+      ['maxRequestStateBytes', this.#maxState],
+      ['maxInputResponsesBytes', this.#maxAnswers],
+    ] as const) {
+      if (!Number.isSafeInteger(value) || value < 1) throw new TypeError(`${name} must be a positive integer`);
+    }
     this.#log = options.logger ?? console;
   }
 
@@ -178,11 +217,15 @@ export class StatesealBoundary {
       return this.#sealIfAsked(method, target, params, c, await run(c));
     }
     if (typeof wire !== 'string') this.#reject(method, 'NON_STRING');
-    const binding = this.#binding(method, params, ctx);
+    // What an end user sends over the service's limits never reaches
+    // stateseal (whose transport would refuse it as a fault of ours).
+    this.#checkState(method, wire as string);
     const answers = ctx.mcpReq.inputResponses;
+    const answersJson = answers === undefined ? '' : this.#answersJson(method, answers);
+    const binding = this.#binding(method, params, ctx);
     let opened: Opened;
     try {
-      opened = await this.#open(wire as string, binding, !this.#atMostOnce.has(target), answers);
+      opened = await this.#open(wire as string, binding, !this.#atMostOnce.has(target), answersJson);
     } catch (e) {
       if (e instanceof StatesealError && e.clientFault) {
         if (this.#onReplay === 'error' && e.reason === 'REPLAYED') {
@@ -303,14 +346,34 @@ export class StatesealBoundary {
     }
   }
 
-  async #open(
-    wire: string,
-    binding: Binding,
-    reserve: boolean,
-    answers: Record<string, unknown> | undefined,
-  ): Promise<Opened> {
+  /** Refuses, before stateseal, a `requestState` over
+   * `maxRequestStateBytes` (UTF-8, as sent) or not sendable as UTF-8: the
+   * end user's fault, logged at debug only. */
+  #checkState(method: string, wire: string): void {
+    // UTF-8 takes at least a byte per UTF-16 unit: the length alone refuses
+    // most oversized states without measuring them.
+    if (wire.length > this.#maxState || Buffer.byteLength(wire, 'utf8') > this.#maxState) {
+      this.#reject(method, 'TOO_LARGE', 'debug', `over ${this.#maxState} bytes, refused before stateseal`);
+    }
+    // A lone surrogate: no token has one, and UTF-8 cannot carry it.
+    if (!isWellFormed(wire)) this.#reject(method, 'MALFORMED', 'debug', 'not UTF-8, refused before stateseal');
+  }
+
+  /** `inputResponses` as sent to stateseal; refused, before stateseal, when
+   * its UTF-8 is over `maxInputResponsesBytes`. */
+  #answersJson(method: string, answers: Record<string, unknown>): string {
+    const json = JSON.stringify(answers);
+    if (Buffer.byteLength(json, 'utf8') > this.#maxAnswers) {
+      this.#log.debug?.(
+        `stateseal: inputResponses refused on ${method}: TOO_LARGE (over ${this.#maxAnswers} bytes, refused before stateseal)`,
+      );
+      throw new ProtocolError(INVALID_PARAMS, 'Invalid params: inputResponses too large', { reason: 'input_responses_too_large' });
+    }
+    return json;
+  }
+
+  async #open(wire: string, binding: Binding, reserve: boolean, inputResponsesJson: string): Promise<Opened> {
     const attemptId = randomBytes(16).toString('hex');
-    const inputResponsesJson = answers === undefined ? '' : JSON.stringify(answers);
     for (let n = 0; ; n++) {
       try {
         return await this.#client.open({
@@ -324,7 +387,7 @@ export class StatesealBoundary {
       } catch (e) {
         // Safe: the same attempt id gets the same success if the first try
         // was recorded.
-        if (n < 2 && e instanceof StatesealError && !e.fromStateseal && e.retryable) {
+        if (n < 2 && e instanceof StatesealError && !e.fromStateseal && LOST.has(e.code)) {
           this.#log.warn(`stateseal: open on ${binding.method}: ${e.reason}; retrying`);
           continue;
         }
@@ -385,7 +448,7 @@ export class StatesealBoundary {
         await this.#client.release(reservation);
         return;
       } catch (e) {
-        if (n < 2 && e instanceof StatesealError && !e.fromStateseal && e.retryable) {
+        if (n < 2 && e instanceof StatesealError && !e.fromStateseal && LOST.has(e.code)) {
           await new Promise((resolve) => setTimeout(resolve, 50 * (n + 1)));
           continue;
         }
@@ -440,15 +503,30 @@ export class StatesealBoundary {
         this.#log.warn(`stateseal: unavailable on ${method}: ${e.reason}`);
         throw new ProtocolError(INTERNAL_ERROR, 'Temporarily unavailable; retry');
       }
-      if (e.clientFault && !sealing) this.#reject(method, e.reason);
+      if (e.clientFault && !sealing) {
+        if (!e.fromStateseal) {
+          // The transport refused what the end user sent (a message over
+          // stateseal's size limit): not an operator alarm.
+          this.#reject(
+            method,
+            e.reason,
+            'info',
+            'stateseal refused the message as too large; are maxRequestStateBytes and ' +
+              'maxInputResponsesBytes above its --max-state-bytes / --max-input-bytes?',
+          );
+        }
+        this.#reject(method, e.reason);
+      }
       this.#log.error(`stateseal: call failed on ${method}: ${e.reason} (check credentials and configuration)`);
       throw new ProtocolError(INTERNAL_ERROR, 'Internal error');
     }
     throw e;
   }
 
-  #reject(method: string, reason: string): never {
-    this.#log.warn(`stateseal: requestState rejected on ${method}: ${reason}`);
+  #reject(method: string, reason: string, level: 'debug' | 'info' | 'warn' = 'warn', detail = ''): never {
+    const line = `stateseal: requestState rejected on ${method}: ${reason}${detail ? ` (${detail})` : ''}`;
+    if (level === 'debug') this.#log.debug?.(line);
+    else this.#log[level](line);
     throw new ProtocolError(INVALID_PARAMS, 'Invalid or expired requestState', { reason: 'invalid_request_state' });
   }
 }

@@ -46,6 +46,13 @@ const CLIENT_FAULTS = new Set([
 ]);
 /** Reasons that are transient: retry later or elsewhere. */
 const TRANSIENT = new Set(['LEDGER_UNAVAILABLE', 'CLOCK_UNSYNCED', 'OVERLOADED']);
+/** gRPC statuses without a stateseal reason (the transport answered, not
+ * stateseal) that what the caller sent causes: a message over the service's
+ * size limit (tonic answers OUT_OF_RANGE). */
+const TRANSPORT_CLIENT_FAULTS = new Set(['OUT_OF_RANGE']);
+/** gRPC statuses without a stateseal reason that are transient: the
+ * service is unreachable, late, or out of some resource. */
+const TRANSPORT_TRANSIENT = new Set(['UNAVAILABLE', 'DEADLINE_EXCEEDED', 'RESOURCE_EXHAUSTED']);
 
 /** A failed stateseal call. `reason` is the ErrorInfo reason when stateseal
  * answered, else the gRPC status name (e.g. `UNAVAILABLE`). Never carries a
@@ -60,15 +67,17 @@ export class StatesealError extends Error {
     super(`stateseal: ${reason}`);
     this.name = 'StatesealError';
   }
-  /** The caller's input (token, binding, questions) was refused. */
+  /** The caller's input (token, binding, questions, answers, or a message
+   * too large for the service) was refused. */
   get clientFault(): boolean {
-    return this.fromStateseal && CLIENT_FAULTS.has(this.reason);
+    if (this.fromStateseal) return CLIENT_FAULTS.has(this.reason);
+    return TRANSPORT_CLIENT_FAULTS.has(grpc.status[this.code]);
   }
-  /** Worth retrying: a transient stateseal condition, or the transport
-   * (`UNAVAILABLE`, `DEADLINE_EXCEEDED`) — safe for Open with an attempt id. */
+  /** Worth retrying later: a transient stateseal condition, or the
+   * transport (`UNAVAILABLE`, `DEADLINE_EXCEEDED`, `RESOURCE_EXHAUSTED`). */
   get retryable(): boolean {
     if (this.fromStateseal) return TRANSIENT.has(this.reason);
-    return this.code === grpc.status.UNAVAILABLE || this.code === grpc.status.DEADLINE_EXCEEDED;
+    return TRANSPORT_TRANSIENT.has(grpc.status[this.code]);
   }
 }
 

@@ -1,6 +1,12 @@
 export { RequestStateClient, StatesealError } from './client.js';
 export type { Binding, ClientOptions, Lease, Opened, Sealed } from './client.js';
-export { StatesealBoundary, defaultPrincipal, install } from './boundary.js';
+export {
+  DEFAULT_MAX_INPUT_RESPONSES_BYTES,
+  DEFAULT_MAX_REQUEST_STATE_BYTES,
+  StatesealBoundary,
+  defaultPrincipal,
+  install,
+} from './boundary.js';
 export type { BoundaryOptions, Logger } from './boundary.js';
 export {
   BINDING_VERSION,

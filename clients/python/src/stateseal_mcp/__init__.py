@@ -11,7 +11,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from .binding import BindingError, params_digest, subject_for
 from .client import Lease, Opened, RequestStateClient, Sealed, StatesealError
-from .middleware import StatesealBoundary, install
+from .middleware import DEFAULT_MAX_INPUT_RESPONSES_BYTES, DEFAULT_MAX_REQUEST_STATE_BYTES, StatesealBoundary, install
 
 try:
     __version__ = version("stateseal-mcp")
@@ -19,6 +19,8 @@ except PackageNotFoundError:  # running from a source tree
     __version__ = "0+unknown"
 
 __all__ = [
+    "DEFAULT_MAX_INPUT_RESPONSES_BYTES",
+    "DEFAULT_MAX_REQUEST_STATE_BYTES",
     "BindingError",
     "Lease",
     "Opened",

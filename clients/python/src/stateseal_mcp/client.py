@@ -32,6 +32,13 @@ class StatesealError(Exception):
     )
     #: Transient server-side conditions: retry.
     TRANSIENT_REASONS = frozenset({"LEDGER_UNAVAILABLE", "CLOCK_UNSYNCED", "OVERLOADED"})
+    #: gRPC statuses without a stateseal reason (the transport answered, not
+    #: stateseal) that what the caller sent causes: a message over the
+    #: service's size limit (tonic answers OUT_OF_RANGE).
+    TRANSPORT_CLIENT_CODES = frozenset({"OUT_OF_RANGE"})
+    #: gRPC statuses without a stateseal reason that are transient: the
+    #: service is unreachable, late, or out of some resource.
+    TRANSPORT_TRANSIENT_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED"})
 
     def __init__(self, reason: str, code: grpc.StatusCode, message: str, from_stateseal: bool = True) -> None:
         super().__init__(f"{reason}: {message}")
@@ -44,12 +51,15 @@ class StatesealError(Exception):
         """A transient outage: the same request may be retried."""
         if self.from_stateseal:
             return self.reason in self.TRANSIENT_REASONS
-        return self.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+        return self.code.name in self.TRANSPORT_TRANSIENT_CODES
 
     @property
     def client_fault(self) -> bool:
-        """A rejection of what the MCP client sent (token, binding)."""
-        return self.from_stateseal and self.reason in self.CLIENT_REASONS
+        """A rejection of what the MCP client sent (token, binding, answers,
+        or a message too large for the service)."""
+        if self.from_stateseal:
+            return self.reason in self.CLIENT_REASONS
+        return self.code.name in self.TRANSPORT_CLIENT_CODES
 
 
 @dataclass(frozen=True)

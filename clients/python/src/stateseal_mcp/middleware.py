@@ -33,6 +33,9 @@ Outbound: an `input_required` result's `requestState` is sealed under the
 same binding, single-use unless the target is listed in `reusable`.
 
 Errors (the package README has the table):
+- a `requestState` or `inputResponses` over the service's limits
+  (`max_request_state_bytes`, `max_input_responses_bytes`): -32602 before
+  stateseal is called, logged at debug only;
 - REPLAYED: -32602 "requestState already used" (`on_replay="error"`, the
   default); IN_USE: -32603 "Request in progress; retry later" (retryable);
   with `on_replay="reask"` both run the request again without state, as
@@ -40,12 +43,17 @@ Errors (the package README has the table):
 - EXPIRED: the request is run again without `requestState` and
   `inputResponses` (re-ask), so the handler answers a fresh
   `input_required` (`reask=False` answers -32602 instead);
-- other rejections: the SDK's usual -32602 "Invalid or expired requestState",
-  the reason in this server's log only;
+- other rejections, and a message stateseal's transport refuses as too
+  large (OUT_OF_RANGE): the SDK's usual -32602 "Invalid or expired
+  requestState", the reason in this server's log only;
 - transient stateseal conditions (ledger unavailable, clock unsynced,
-  overloaded, unreachable): -32603 "Temporarily unavailable; retry";
+  overloaded, unreachable, RESOURCE_EXHAUSTED): -32603 "Temporarily
+  unavailable; retry";
 - anything else between this server and stateseal (authentication,
   configuration): -32603 "Internal error" and an ERROR log naming the cause.
+Nothing an end user sends produces an ERROR log line: ERROR is kept for what
+an operator must act on (authentication or configuration between this server
+and stateseal, a refused Seal of a handler's result, a lost reservation).
 
 Requests without `requestState` whose result is not `input_required` cost
 nothing: no serialization, no principal call.
@@ -59,8 +67,9 @@ import logging
 import uuid
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
+import grpc
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.request_state import RequestStateBoundary, authenticated_principal
 from mcp.shared.exceptions import MCPError
@@ -70,12 +79,33 @@ from mcp_types.methods import INPUT_REQUIRED_METHODS, is_input_required
 from .binding import BindingError, params_digest, subject_for
 from .client import RequestStateClient, StatesealError
 
-__all__ = ["StatesealBoundary", "install"]
+__all__ = [
+    "DEFAULT_MAX_INPUT_RESPONSES_BYTES",
+    "DEFAULT_MAX_REQUEST_STATE_BYTES",
+    "StatesealBoundary",
+    "install",
+]
 
 logger = logging.getLogger("stateseal_mcp")
 
 #: The shortest pause between two renewals of a lease, in seconds.
 _MIN_RENEW_INTERVAL = 0.5
+
+#: The longest `requestState` (UTF-8 bytes) sent to stateseal. The service
+#: accepts a state of up to 64 KiB (`--max-state-bytes 65536`) sealed with a
+#: manifest of up to 16 KiB into a token: base64url of header (9) + nonce
+#: (24) + manifest (2 + 16384) + state + tag (16). Bounded with 512 bytes of
+#: room for the fixed parts: ceil((65536 + 16384 + 512) * 4 / 3) = 109,910,
+#: above the 109,295 the service itself admits, so no token it would open is
+#: refused here.
+DEFAULT_MAX_REQUEST_STATE_BYTES = ((65536 + 16384 + 512) * 4 + 2) // 3
+#: The longest `inputResponses` JSON (UTF-8 bytes, as sent) sent to
+#: stateseal: the service's `--max-input-bytes` default, 256 KiB.
+DEFAULT_MAX_INPUT_RESPONSES_BYTES = 256 * 1024
+
+#: Transport failures after which an Open (same attempt id) or a Release is
+#: sent again: the connection was lost or the call timed out.
+_LOST = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
 def _is_error(result: Any) -> bool:
@@ -83,6 +113,15 @@ def _is_error(result: Any) -> bool:
     if isinstance(result, Mapping):
         return bool(result.get("isError"))
     return bool(getattr(result, "is_error", False))
+
+
+def _utf8_len(text: str) -> int | None:
+    """The length of `text` in UTF-8, or None when it has a lone surrogate
+    (which UTF-8, and so the wire, cannot carry)."""
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        return None
 
 
 def _target(method: str, params: Mapping[str, Any]) -> str:
@@ -127,6 +166,14 @@ class StatesealBoundary:
     - `lease_seconds`: the lease asked for when reserving and renewing; 0 =
       the stateseal server's default. The lease is renewed every third of
       what the server granted while the handler runs.
+    - `max_request_state_bytes`, `max_input_responses_bytes`: a
+      `requestState` (UTF-8 bytes) or `inputResponses` (its JSON as sent,
+      UTF-8 bytes) over these is refused with -32602 before stateseal is
+      called, logged at debug only. The defaults match the service's default
+      limits (`DEFAULT_MAX_REQUEST_STATE_BYTES`,
+      `DEFAULT_MAX_INPUT_RESPONSES_BYTES`); keep them at or below what your
+      stateseal accepts when you change its `--max-state-bytes` or
+      `--max-input-bytes`.
     """
 
     def __init__(
@@ -142,11 +189,19 @@ class StatesealBoundary:
         ttl_seconds: int = 0,
         on_replay: Literal["error", "reask"] = "error",
         lease_seconds: int = 0,
+        max_request_state_bytes: int = DEFAULT_MAX_REQUEST_STATE_BYTES,
+        max_input_responses_bytes: int = DEFAULT_MAX_INPUT_RESPONSES_BYTES,
     ) -> None:
         if on_replay not in ("error", "reask"):
             raise ValueError('on_replay must be "error" or "reask"')
         if lease_seconds < 0:
             raise ValueError("lease_seconds must be 0 (the server default) or positive")
+        for name, value in (
+            ("max_request_state_bytes", max_request_state_bytes),
+            ("max_input_responses_bytes", max_input_responses_bytes),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer")
         self._client = client
         self._audience = audience
         self._principal = principal
@@ -157,6 +212,8 @@ class StatesealBoundary:
         self._ttl = ttl_seconds
         self._on_replay = on_replay
         self._lease = lease_seconds
+        self._max_state = max_request_state_bytes
+        self._max_answers = max_input_responses_bytes
 
     def _subject(self, ctx: ServerRequestContext[Any, Any]) -> str:
         try:
@@ -184,12 +241,15 @@ class StatesealBoundary:
             return await self._seal_if_asked(ctx, params, await call_next(ctx))
         if not isinstance(wire, str):
             self._reject(ctx.method, "NON_STRING")
+        # What an end user sends over the service's limits never reaches
+        # stateseal (whose transport would refuse it as a fault of ours).
+        self._check_state(ctx.method, wire)
+        answers = params.get("inputResponses")
+        answers_json = self._answers_json(ctx.method, answers) if answers is not None else ""
         subject = self._subject(ctx)
         digest = self._digest(ctx.method, params)
         target = _target(ctx.method, params)
         reserve = target not in self._at_most_once
-        answers = params.get("inputResponses")
-        answers_json = self._json(ctx.method, answers) if answers is not None else ""
         try:
             opened = await self._open(wire, subject, ctx.method, digest, reserve, answers_json)
         except StatesealError as e:
@@ -339,7 +399,7 @@ class StatesealBoundary:
             except StatesealError as e:
                 # Safe: the same attempt id gets the same success if the
                 # first try was recorded.
-                if n < 2 and not e.from_stateseal and e.retryable:
+                if n < 2 and not e.from_stateseal and e.code in _LOST:
                     logger.warning("stateseal open on %s: %s; retrying", method, e.reason)
                     continue
                 raise
@@ -355,7 +415,7 @@ class StatesealBoundary:
                 await self._client.release(reservation)
                 return
             except StatesealError as e:
-                if n < 2 and not e.from_stateseal and e.retryable:
+                if n < 2 and not e.from_stateseal and e.code in _LOST:
                     await asyncio.sleep(0.05 * (n + 1))
                     continue
                 # The lease ends by itself; the retry waits for it at worst.
@@ -370,6 +430,39 @@ class StatesealBoundary:
             # NaN, infinities, lone surrogates: not bindable; refuse cleanly.
             logger.warning("params on %s cannot be bound (not strict JSON)", method)
             raise MCPError(code=INVALID_PARAMS, message="Invalid params") from None
+
+    def _check_state(self, method: str, wire: str) -> None:
+        """Refuses, before stateseal, a `requestState` over
+        `max_request_state_bytes` (UTF-8, as sent) or not sendable as
+        UTF-8: the end user's fault, logged at debug only."""
+        # UTF-8 takes at least a byte a character: the length alone refuses
+        # most oversized states without encoding them.
+        size = len(wire) if len(wire) > self._max_state else _utf8_len(wire)
+        if size is None:  # a lone surrogate: no token has one
+            self._reject(method, "MALFORMED", logging.DEBUG, "not UTF-8, refused before stateseal")
+        if size > self._max_state:
+            self._reject(method, "TOO_LARGE", logging.DEBUG, f"over {self._max_state} bytes, refused before stateseal")
+
+    def _answers_json(self, method: str, answers: Any) -> str:
+        """`inputResponses` as sent to stateseal; refused, before stateseal,
+        when its UTF-8 over `max_input_responses_bytes`."""
+        text = self._json(method, answers)
+        size = _utf8_len(text)
+        if size is None:  # lone surrogates: not strict JSON
+            logger.warning("params on %s cannot be bound (not strict JSON)", method)
+            raise MCPError(code=INVALID_PARAMS, message="Invalid params")
+        if size > self._max_answers:
+            logger.debug(
+                "inputResponses refused on %s: TOO_LARGE (over %d bytes, refused before stateseal)",
+                method,
+                self._max_answers,
+            )
+            raise MCPError(
+                code=INVALID_PARAMS,
+                message="Invalid params: inputResponses too large",
+                data={"reason": "input_responses_too_large"},
+            )
+        return text
 
     @staticmethod
     def _json(method: str, value: Any) -> str:
@@ -433,13 +526,23 @@ class StatesealBoundary:
             logger.warning("stateseal unavailable on %s: %s", method, e.reason)
             raise MCPError(code=INTERNAL_ERROR, message="Temporarily unavailable; retry") from None
         if e.client_fault and not sealing:
+            if not e.from_stateseal:
+                # The transport refused what the end user sent (a message
+                # over stateseal's size limit): not an operator alarm.
+                self._reject(
+                    method,
+                    e.reason,
+                    logging.INFO,
+                    "stateseal refused the message as too large; are max_request_state_bytes and "
+                    "max_input_responses_bytes above its --max-state-bytes / --max-input-bytes?",
+                )
             self._reject(method, e.reason)
         logger.error("stateseal call failed on %s: %s (check credentials and configuration)", method, e.reason)
         raise MCPError(code=INTERNAL_ERROR, message="Internal error") from None
 
     @staticmethod
-    def _reject(method: str, reason: str):
-        logger.warning("requestState rejected on %s: %s", method, reason)
+    def _reject(method: str, reason: str, level: int = logging.WARNING, detail: str = "") -> NoReturn:
+        logger.log(level, "requestState rejected on %s: %s%s", method, reason, f" ({detail})" if detail else "")
         raise MCPError(
             code=INVALID_PARAMS,
             message="Invalid or expired requestState",
