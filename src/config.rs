@@ -286,7 +286,7 @@ pub struct ServeArgs {
     pub max_connections_per_ip: usize,
     /// A connection with no open stream for this long is closed, in
     /// milliseconds (gRPC clients reconnect on their next call).
-    #[arg(long, env = "STATESEAL_IDLE_TIMEOUT_MS", default_value_t = 120_000)]
+    #[arg(long, env = "STATESEAL_IDLE_TIMEOUT_MS", default_value_t = 300_000)]
     pub idle_timeout_ms: u64,
     /// With --auth bearer: a connection that has not sent a request with a
     /// valid credential within this many milliseconds is closed (so is one

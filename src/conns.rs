@@ -26,7 +26,7 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -81,23 +81,54 @@ pub struct Conn {
     established: AtomicBool,
     authenticated: AtomicBool,
     auth_failures: AtomicU32,
-    closing: AtomicBool,
+    /// [`OPEN`], [`SOFT`] or [`HARD`].
+    closing: AtomicU8,
     waker: AtomicWaker,
+}
+
+const OPEN: u8 = 0;
+/// Idle too long, or evicted: closed once no stream is open and nothing is
+/// waiting to be read (a request already sent is served first).
+const SOFT: u8 = 1;
+/// Unauthenticated in bearer mode: closed at once.
+const HARD: u8 = 2;
+
+/// What a connection's reads are to do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Closing {
+    No,
+    /// Close when nothing is buffered and no stream is open.
+    WhenQuiet,
+    Now,
 }
 
 impl Conn {
     /// Marks the connection to be closed and wakes its reader.
-    fn close(&self) {
-        if !self.closing.swap(true, Ordering::SeqCst) {
+    fn close(&self, how: u8) {
+        if self.closing.fetch_max(how, Ordering::SeqCst) < how {
             self.waker.wake();
         }
     }
 
-    /// For the connection's reads: registers the reader and tells whether
-    /// the connection is to be closed.
-    pub fn poll_closing(&self, cx: &Context<'_>) -> bool {
+    /// For the connection's reads: registers the reader and tells what to
+    /// do. A soft close is called off when a stream has opened meanwhile.
+    pub fn poll_closing(&self, cx: &Context<'_>) -> Closing {
         self.waker.register(cx.waker());
-        self.closing.load(Ordering::SeqCst)
+        match self.closing.load(Ordering::SeqCst) {
+            OPEN => Closing::No,
+            SOFT if self.active.load(Ordering::SeqCst) > 0 => {
+                let _ =
+                    self.closing
+                        .compare_exchange(SOFT, OPEN, Ordering::SeqCst, Ordering::SeqCst);
+                Closing::No
+            }
+            SOFT => Closing::WhenQuiet,
+            _ => Closing::Now,
+        }
+    }
+
+    fn is_closing(&self) -> bool {
+        self.closing.load(Ordering::SeqCst) != OPEN
     }
 
     /// The handshake is over: the connection is served (and may be
@@ -131,7 +162,7 @@ impl Conn {
             CONN_STATS
                 .closed_unauthenticated
                 .fetch_add(1, Ordering::Relaxed);
-            self.close();
+            self.close(HARD);
         }
     }
 
@@ -226,45 +257,64 @@ impl Conns {
             .auth_deadline
             .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         for c in self.live() {
-            if c.closing.load(Ordering::Relaxed) {
+            if c.closing.load(Ordering::Relaxed) == HARD {
                 continue;
             }
             if c.idle_for_ms(now).is_some_and(|ms| ms >= idle) {
-                CONN_STATS.closed_idle.fetch_add(1, Ordering::Relaxed);
-                c.close();
+                if !c.is_closing() {
+                    CONN_STATS.closed_idle.fetch_add(1, Ordering::Relaxed);
+                }
+                c.close(SOFT);
             } else if let Some(d) = deadline {
-                let opened = c.opened_ms;
                 if c.established.load(Ordering::Relaxed)
                     && !c.authenticated.load(Ordering::Relaxed)
-                    && now.saturating_sub(opened) >= d
+                    && now.saturating_sub(c.opened_ms) >= d
                 {
                     CONN_STATS
                         .closed_unauthenticated
                         .fetch_add(1, Ordering::Relaxed);
-                    c.close();
+                    c.close(HARD);
                 }
             }
         }
     }
 
     /// Marks the established connection idle longest (among those of `ip`,
-    /// if given) to be closed; false if every one has a stream open.
+    /// if given) to be closed; in bearer mode, when none is idle, the oldest
+    /// that has not authenticated (busy or not: a held stream, a health
+    /// check on the gRPC port, buys an unauthenticated peer nothing). False
+    /// if there is no such connection.
     pub fn evict_idlest(&self, ip: Option<IpAddr>) -> bool {
         let now = self.now_ms();
-        let victim = self
+        let live: Vec<_> = self
             .live()
             .into_iter()
-            .filter(|c| !c.closing.load(Ordering::Relaxed) && ip.is_none_or(|ip| c.ip == ip))
+            .filter(|c| !c.is_closing() && ip.is_none_or(|ip| c.ip == ip))
+            .collect();
+        let idle = live
+            .iter()
             .filter_map(|c| c.idle_for_ms(now).map(|ms| (ms, c)))
             .max_by_key(|(ms, _)| *ms);
-        match victim {
-            Some((_, c)) => {
-                CONN_STATS.evicted.fetch_add(1, Ordering::Relaxed);
-                c.close();
-                true
-            }
-            None => false,
+        if let Some((_, c)) = idle {
+            CONN_STATS.evicted.fetch_add(1, Ordering::Relaxed);
+            c.close(SOFT);
+            return true;
         }
+        if self.policy.auth_deadline.is_some() {
+            let unauthenticated = live
+                .iter()
+                .filter(|c| {
+                    c.established.load(Ordering::Relaxed)
+                        && !c.authenticated.load(Ordering::Relaxed)
+                })
+                .min_by_key(|c| c.opened_ms);
+            if let Some(c) = unauthenticated {
+                CONN_STATS.evicted.fetch_add(1, Ordering::Relaxed);
+                c.close(HARD);
+                return true;
+            }
+        }
+        false
     }
 
     /// Registers a connection just accepted from `ip`; `None` when `ip` is
@@ -295,7 +345,7 @@ impl Conns {
             established: AtomicBool::new(false),
             authenticated: AtomicBool::new(false),
             auth_failures: AtomicU32::new(0),
-            closing: AtomicBool::new(false),
+            closing: AtomicU8::new(OPEN),
             waker: AtomicWaker::new(),
         });
         inner.by_id.insert(id, Arc::downgrade(&conn));
@@ -366,6 +416,8 @@ impl<S, B, RB> tower_service::Service<http::Request<B>> for ConnActivity<S>
 where
     S: tower_service::Service<http::Request<B>, Response = http::Response<RB>>,
     S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    RB: Send + 'static,
 {
     type Response = http::Response<GuardedBody<RB>>;
     type Error = S::Error;
@@ -377,23 +429,46 @@ where
     }
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        if req.uri().path() == HEALTH_WATCH {
+            // A stream that never ends would keep its connection busy
+            // forever, never idle, never evicted: probes use Check.
+            let mut resp = http::Response::new(GuardedBody {
+                body: None,
+                _guard: StreamGuard(None),
+            });
+            let h = resp.headers_mut();
+            h.insert(
+                "content-type",
+                http::HeaderValue::from_static("application/grpc"),
+            );
+            h.insert("grpc-status", http::HeaderValue::from_static("12")); // UNIMPLEMENTED
+            h.insert(
+                "grpc-message",
+                http::HeaderValue::from_static("Watch is not served; use Check"),
+            );
+            return Box::pin(async move { Ok(resp) });
+        }
         let guard = StreamGuard::enter(conn_of(&req));
         let fut = self.inner.call(req);
         Box::pin(async move {
             let resp = fut.await?;
             Ok(resp.map(|body| GuardedBody {
-                body,
+                body: Some(body),
                 _guard: guard,
             }))
         })
     }
 }
 
+/// `grpc.health.v1.Health/Watch`: refused on every gRPC listener.
+const HEALTH_WATCH: &str = "/grpc.health.v1.Health/Watch";
+
 pin_project_lite::pin_project! {
-    /// A response body that keeps its stream counted until it is done.
+    /// A response body that keeps its stream counted until it is done
+    /// (`None`: a headers-only answer).
     pub struct GuardedBody<B> {
         #[pin]
-        body: B,
+        body: Option<B>,
         _guard: StreamGuard,
     }
 }
@@ -405,12 +480,17 @@ impl<B: http_body::Body> http_body::Body for GuardedBody<B> {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        self.project().body.poll_frame(cx)
+        match self.project().body.as_pin_mut() {
+            Some(b) => b.poll_frame(cx),
+            None => Poll::Ready(None),
+        }
     }
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        self.body.as_ref().is_none_or(|b| b.is_end_stream())
     }
     fn size_hint(&self) -> http_body::SizeHint {
-        self.body.size_hint()
+        self.body
+            .as_ref()
+            .map_or_else(|| http_body::SizeHint::with_exact(0), |b| b.size_hint())
     }
 }

@@ -30,7 +30,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::transport::server::Connected;
 
-use crate::conns::{Conn, ConnInfo, Conns};
+use crate::conns::{Closing, Conn, ConnInfo, Conns};
 
 /// Every limit of the transport, with the defaults docs/configuration.md documents.
 #[derive(Clone, Debug)]
@@ -103,7 +103,7 @@ impl Default for TransportLimits {
             max_canon_queue: 64,
             shutdown_grace: Duration::from_secs(20),
             max_connections_per_ip: 0,
-            idle_timeout: Duration::from_secs(120),
+            idle_timeout: Duration::from_secs(300),
             auth_deadline: Duration::from_secs(10),
         }
     }
@@ -215,15 +215,22 @@ impl Connected for Counted<TcpStream> {
 impl<IO: AsyncRead + Unpin, P: Unpin> AsyncRead for Counted<IO, P> {
     /// End of stream once the connection is marked to be closed (idle too
     /// long, evicted, or unauthenticated): the HTTP/2 server then drops it.
+    /// An idle or evicted connection is closed only when nothing waits to
+    /// be read: bytes already sent (a request that crossed the close) are
+    /// read and served first, and a stream they open calls the close off.
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        if self.conn.poll_closing(cx) {
-            return Poll::Ready(Ok(()));
+        match self.conn.poll_closing(cx) {
+            Closing::No => Pin::new(&mut self.inner).poll_read(cx, buf),
+            Closing::Now => Poll::Ready(Ok(())),
+            Closing::WhenQuiet => match Pin::new(&mut self.inner).poll_read(cx, buf) {
+                Poll::Pending => Poll::Ready(Ok(())),
+                other => other,
+            },
         }
-        Pin::new(&mut self.inner).poll_read(cx, buf)
     }
 }
 

@@ -192,7 +192,27 @@ impl Manifest {
             if key.is_empty() || key.len() > MAX_KEY {
                 return bad();
             }
-            let q = question(request, policy, &mut warned)?;
+            let mut q = question(request, policy, &mut warned)?;
+            if let Question::Form { fields, .. } = &mut q {
+                // A number's bounds as written: the parsed value above is
+                // a double (9007199254740993 would be ...992).
+                for (name, f) in fields.iter_mut() {
+                    if matches!(f.kind, FieldKind::Number | FieldKind::Integer) {
+                        let path = |b: &'static str| {
+                            [
+                                key.as_str(),
+                                "params",
+                                "requestedSchema",
+                                "properties",
+                                name,
+                                b,
+                            ]
+                        };
+                        f.lo_text = raw_member(json, &path("minimum")).or(f.lo_text.take());
+                        f.hi_text = raw_member(json, &path("maximum")).or(f.hi_text.take());
+                    }
+                }
+            }
             questions.insert(key.clone(), q);
         }
         Ok((Manifest(questions), warned))
@@ -341,6 +361,18 @@ fn without_content(raw: &RawValue) -> Box<RawValue> {
     members.remove("content");
     RawValue::from_string(serde_json::to_string(&members).expect("raw JSON values serialize"))
         .expect("serialized JSON is JSON")
+}
+
+/// The text of the member at `path` (object keys from the top), as
+/// written; `None` when a step is not an object or lacks the key.
+fn raw_member(json: &str, path: &[&str]) -> Option<String> {
+    let (first, rest) = path.split_first()?;
+    let map: BTreeMap<String, &RawValue> = serde_json::from_str(json).ok()?;
+    let v = map.get(*first)?;
+    if rest.is_empty() {
+        return Some(v.get().trim().to_owned());
+    }
+    raw_member(v.get(), rest)
 }
 
 /// An answer's `content` as the texts of its values.
@@ -625,6 +657,15 @@ const CREDENTIAL_WORDS: &[&str] = &[
     "secret",
     "clientsecret",
     "secretphrase",
+    "passworter",
+    "kennworter",
+    "contrasenas",
+    "claves",
+    "motsdepasse",
+    "senhas",
+    "palavraspasse",
+    "wachtwoorden",
+    "secrets",
     // keys and tokens
     "apikey",
     "accesskey",
@@ -635,7 +676,6 @@ const CREDENTIAL_WORDS: &[&str] = &[
     "encryptionkey",
     "credential",
     "credentials",
-    "bearer",
     "bearertoken",
     "accesstoken",
     "authtoken",
@@ -671,6 +711,13 @@ const CREDENTIAL_WORDS: &[&str] = &[
     "cartadicredito",
     "kaartnummer",
     "iban",
+    "bankaccountnumber",
+    "kontonummer",
+    "numerodecuenta",
+    "numerodecompte",
+    "numerodaconta",
+    "numerodiconto",
+    "rekeningnummer",
     // card security codes
     "cvv",
     "cvv2",
@@ -725,7 +772,7 @@ const CREDENTIAL_WORDS: &[&str] = &[
 
 /// Words that name a credential only as a whole text (a field named
 /// `token` or `PAN`), never inside a longer one (`token_count`, `pan_size`).
-const CREDENTIAL_ALONE: &[&str] = &["token", "pan"];
+const CREDENTIAL_ALONE: &[&str] = &["token", "pan", "bearer"];
 
 /// Credential words of scripts written without spaces (Japanese, Chinese),
 /// matched anywhere in the normalized text.
@@ -779,6 +826,15 @@ fn words(text: &str) -> Vec<String> {
     let mut cur = String::new();
     let mut prev_lower = false;
     for c in text.chars() {
+        // Invisible characters (zero-width spaces, soft hyphens, joiners)
+        // and combining marks belong to the word they sit in.
+        if is_default_ignorable(c) {
+            continue;
+        }
+        if unicode_normalization::char::is_combining_mark(c) {
+            cur.push(c);
+            continue;
+        }
         let c = match c {
             '@' => 'a',
             '$' => 's',
@@ -817,6 +873,16 @@ fn words(text: &str) -> Vec<String> {
         .collect()
 }
 
+/// Unicode's default-ignorable code points (DerivedCoreProperties): shown
+/// as nothing, so `pass\u{200b}word` reads as `password`.
+fn is_default_ignorable(c: char) -> bool {
+    matches!(c as u32,
+        0x00AD | 0x034F | 0x061C | 0x115F..=0x1160 | 0x17B4..=0x17B5 | 0x180B..=0x180F
+        | 0x200B..=0x200F | 0x202A..=0x202E | 0x2060..=0x206F | 0x3164 | 0xFE00..=0xFE0F
+        | 0xFEFF | 0xFFA0 | 0xFFF0..=0xFFF8 | 0x1BCA0..=0x1BCA3 | 0x1D173..=0x1D17A
+        | 0xE0000..=0xE0FFF)
+}
+
 fn credential_sets() -> &'static (
     std::collections::HashSet<String>,
     std::collections::HashSet<String>,
@@ -851,7 +917,8 @@ fn looks_like_credential(text: &str) -> bool {
             return true;
         }
     }
-    let whole = normalize(text);
+    let visible: String = text.chars().filter(|c| !is_default_ignorable(*c)).collect();
+    let whole = normalize(&visible);
     cjk.iter().any(|c| whole.contains(c.as_str()))
 }
 
@@ -904,7 +971,14 @@ fn form(
             return bad();
         };
         let f = field(def)?;
+        // A yes/no or a choice among fixed options carries no secret.
+        let free_text = match f.kind {
+            FieldKind::Number | FieldKind::Integer => true,
+            FieldKind::String => f.choices.is_none(),
+            FieldKind::Boolean | FieldKind::Multi => false,
+        };
         if policy != CredentialPolicy::Off
+            && free_text
             && (looks_like_credential(name)
                 || field_texts(def).into_iter().any(looks_like_credential))
         {
@@ -1150,6 +1224,16 @@ mod tests {
             "token",
             "access_token",
             "Recovery phrase",
+            "pass\u{200b}word",
+            "pass\u{ad}word",
+            "Passwörter",
+            "Kennwörter",
+            "Contraseñas",
+            "Contrasen\u{303}a",
+            "Senhas",
+            "Mots de passe",
+            "wachtwoorden",
+            "Bank account number",
         ] {
             assert!(refused("Fill in", name, s.clone()), "{name}");
         }
@@ -1162,10 +1246,15 @@ mod tests {
         ] {
             assert!(refused("Fill in", "f", title(t)), "{t}");
         }
-        // An option's title counts too.
+        // A choice among fixed options, or a yes/no, carries no secret,
+        // whatever its texts say.
         let opts = serde_json::json!({"type": "string", "oneOf": [
             {"const": "a", "title": "Use my password"}, {"const": "b", "title": "Other"}]});
-        assert!(refused("Choose", "how", opts));
+        assert!(!refused("Choose", "how", opts));
+        for t in ["Turn on 2FA?", "Send a password reset email?"] {
+            let yes_no = serde_json::json!({"type": "boolean", "title": t});
+            assert!(!refused("Fill in", "x", yes_no), "{t}");
+        }
         // Harmless names, refused before.
         for name in [
             "secretary_name",
@@ -1179,6 +1268,7 @@ mod tests {
             "hotpot",
             "topic",
             "company",
+            "ring_bearer",
         ] {
             assert!(!refused("Fill in", name, s.clone()), "{name}");
         }

@@ -390,3 +390,87 @@ async fn randomized_interleavings_on_sled_complete_each_token_at_most_once() {
     let c = connect(p.addr).await;
     interleavings(vec![c.clone(), c], seed(), 40).await;
 }
+
+/// A replica whose clock guard disagrees still commits, renews and
+/// releases a reservation (none of them reads the clock to decide): with
+/// Commit refused, a handler that had run lost its lease and its replay
+/// ran it again (found by review). Opens and Seals stay refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commit_renew_and_release_work_while_the_clock_guard_disagrees() {
+    use stateseal::binding::{BindingVersion, Tenant};
+    use stateseal::error::Reject;
+    use stateseal::keyring::{Keyring, KeyringHandle, KeysetFile};
+    use stateseal::ledger::sled::SledLedger;
+    use stateseal::sealer::{BindingInput, Limits, OpenMode as Mode, ParamsInput, Sealer};
+    use stateseal::timeguard::TimeGuard;
+
+    let dir = tempfile::tempdir().unwrap();
+    let keys = Arc::new(KeyringHandle::new(
+        Keyring::from_file(&KeysetFile::generate(T0)).unwrap(),
+    ));
+    let ledger = Arc::new(SledLedger::open(&dir.path().join("ledger")).unwrap());
+    let clock = Arc::new(stateseal::clock::WallClock);
+    let synced = Sealer::new(
+        keys.clone(),
+        ledger.clone(),
+        clock.clone(),
+        Limits::default(),
+    );
+    let wall = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    // A high-water mark far ahead: this guard says the clock went back.
+    let unsynced = Sealer::new(keys, ledger, clock, Limits::default())
+        .with_guard(TimeGuard::new(60, Some(wall + 10_000)));
+    assert!(!unsynced.guard().synced());
+    let tenant = Tenant::new("t");
+    let b = synced
+        .binding(
+            &tenant,
+            BindingInput {
+                subject: "alice",
+                method: "tools/call",
+                params: Some(ParamsInput::Json(r#"{"name":"t"}"#)),
+                version: BindingVersion::CURRENT,
+            },
+        )
+        .unwrap();
+    for finish in ["commit", "release"] {
+        let t = synced.seal(&b, b"x", 0, true).unwrap().token;
+        let o = synced
+            .open_with(
+                &b,
+                synced.precheck(&t).unwrap(),
+                Mode::Reserve { lease_seconds: 5 },
+                None,
+            )
+            .await
+            .unwrap();
+        let (r, _) = o.reservation.unwrap();
+        assert_eq!(
+            unsynced
+                .open_with(&b, unsynced.precheck(&t).unwrap(), Mode::Consume, None)
+                .await
+                .unwrap_err(),
+            Reject::ClockUnsynced
+        );
+        unsynced.renew(&tenant, &r, 5).await.unwrap();
+        match finish {
+            "commit" => {
+                unsynced.commit(&tenant, &r).await.unwrap();
+                let again = synced
+                    .open_with(&b, synced.precheck(&t).unwrap(), Mode::Consume, None)
+                    .await;
+                assert_eq!(again.unwrap_err(), Reject::Replayed);
+            }
+            _ => {
+                unsynced.release(&tenant, &r).await.unwrap();
+                let again = synced
+                    .open_with(&b, synced.precheck(&t).unwrap(), Mode::Consume, None)
+                    .await;
+                assert!(again.unwrap().consumed);
+            }
+        }
+    }
+}

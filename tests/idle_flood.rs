@@ -267,3 +267,33 @@ async fn idle_connections_time_out() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// `grpc.health.v1.Health/Watch` is refused on the health port and on the
+/// gRPC port: a stream that never ends would keep a connection busy, never
+/// idle, never evicted (found by review: 64 held Watches locked out every
+/// fresh probe). Check answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn health_watch_is_not_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = spawn(
+        &dir.path().join("data"),
+        &["--health-listen", "127.0.0.1:0"],
+        &[],
+    );
+    for addr in [s.addr, health_addr(&s)] {
+        let ch = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut h = tonic_health::pb::health_client::HealthClient::new(ch);
+        let err = h
+            .watch(tonic_health::pb::HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), tonic::Code::Unimplemented, "{addr}");
+        assert!(probe(addr).await, "{addr}: Check answers");
+    }
+}

@@ -231,3 +231,54 @@ async fn one_tenant_at_its_bound_does_not_block_another() {
     let stats = sled.flush_stats().unwrap();
     assert_eq!(load(&stats.collected_leases), 8);
 }
+
+/// A reservation whose lease ends when its token expires is both expired
+/// and ended at collection: it is removed, and counted, once (it was
+/// counted twice, the record count wrapped below zero and the ledger
+/// refused every new token until a restart).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_ending_with_its_token_is_collected_once() {
+    use stateseal::ledger::{LeaseAsk, LedgerKey, Reserved, TenantTag};
+    let dir = tempfile::tempdir().unwrap();
+    let sled = SledLedger::open(&dir.path().join("ledger"))
+        .unwrap()
+        .with_max_records(10);
+    let now = 2_000_000_000u64;
+    let key = |i: u8| LedgerKey {
+        expires_at: now + 30,
+        id: [i; 32],
+        tenant: TenantTag::of("t"),
+    };
+    for i in 0..3 {
+        let ask = LeaseAsk {
+            rid: [i; 16],
+            attempt: None,
+            seconds: 30,
+            cap: now + 30,
+        };
+        assert!(matches!(
+            sled.reserve(&key(i), ask, now).await.unwrap(),
+            Reserved::Now(_)
+        ));
+    }
+    let live = LedgerKey {
+        expires_at: now + 600,
+        id: [9; 32],
+        tenant: TenantTag::of("t"),
+    };
+    assert_eq!(
+        sled.consume(&live).await.unwrap(),
+        stateseal::ledger::Consumed::Now
+    );
+    assert_eq!(sled.records(), 4);
+    assert_eq!(sled.remove_expired(now + 31, 100).await.unwrap(), 3);
+    assert_eq!(sled.records(), 1, "each record counted down once");
+    let stats = sled.flush_stats().unwrap();
+    assert_eq!(
+        stats
+            .top_tenant_records
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1,
+        "and its tenant's count too"
+    );
+}

@@ -281,6 +281,45 @@ async fn kept_answers_keep_their_exact_numbers() {
     assert_eq!(o.dropped[0].reason, "INVALID_CONTENT");
 }
 
+/// Bounds written with more digits than a double holds are kept as
+/// written (found by review: they were read as their double).
+#[tokio::test]
+async fn number_bounds_are_kept_as_written() {
+    let mut s = start().await;
+    let q = r#"{
+        "a": {"method": "elicitation/create", "params": {"message": "n?", "requestedSchema":
+            {"type": "object", "properties": {"n": {"type": "number", "maximum": 9007199254740993.5}}}}},
+        "b": {"method": "elicitation/create", "params": {"message": "n?", "requestedSchema":
+            {"type": "object", "properties": {"n": {"type": "integer", "maximum": 18446744073709551616}}}}},
+        "c": {"method": "elicitation/create", "params": {"message": "n?", "requestedSchema":
+            {"type": "object", "properties": {"n": {"type": "number", "minimum": 100.0000000000000001}}}}}}"#;
+    let t = s
+        .client
+        .seal(seal_with(q, false))
+        .await
+        .unwrap()
+        .into_inner()
+        .request_state;
+    let cases = [
+        ("a", "9007199254740993.9", false),
+        ("a", "9007199254740993.5", true),
+        ("b", "18446744073709551617", false),
+        ("b", "18446744073709551616", true),
+        ("c", "100.00000000000000005", false),
+        ("c", "100.0000000000000001", true),
+    ];
+    for (key, n, kept) in cases {
+        let raw = format!(r#"{{"{key}":{{"action":"accept","content":{{"n":{n}}}}}}}"#);
+        let o = s
+            .client
+            .open(open_with(&t, &raw))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(o.dropped.is_empty(), kept, "{key} {n}: {:?}", o.dropped);
+    }
+}
+
 /// Bounds and integer-ness are judged on the exact decimal value written,
 /// never on its double (where 9007199254740993 is 9007199254740992 and
 /// 100.0000000000000001 is 100).

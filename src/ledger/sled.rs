@@ -621,7 +621,13 @@ impl Writer {
         }
         let present = |r: &Record| !matches!(r, Record::Absent);
         if present(&before) && !present(&after) {
-            self.stats.records.fetch_sub(1, Ordering::Relaxed);
+            // Never below zero, whatever a caller does twice.
+            let _ = self
+                .stats
+                .records
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                    Some(n.saturating_sub(1))
+                });
             if let Some(n) = before_tag.and_then(|t| self.tenants.get_mut(&t)) {
                 *n = n.saturating_sub(1);
             }
@@ -677,7 +683,13 @@ impl Writer {
             .copied()
             .collect();
         let mut early = 0u64;
+        let expired: std::collections::HashSet<Vec<u8>> =
+            gone.iter().map(|(k, _)| k.to_vec()).collect();
         for (until, k) in ended {
+            // Expired and past its lease at once: already in `gone`.
+            if expired.contains(&k[..]) {
+                continue;
+            }
             let v = self
                 .tree
                 .get(&k[..])
