@@ -724,29 +724,9 @@ impl Decimal {
 
     /// Whether ECMAScript's text `es` (from `ryu_js`) has exactly this value.
     fn same_value_as_es(&self, es: &str) -> bool {
-        let t = es.as_bytes();
-        let (neg, t) = match t.split_first() {
-            Some((b'-', rest)) => (true, rest),
-            _ => (false, t),
-        };
-        let (mantissa, exp_neg, exp) = match t.iter().position(|c| *c == b'e') {
-            Some(e) => {
-                let (m, rest) = (&t[..e], &t[e + 1..]);
-                match rest.split_first() {
-                    Some((b'-', x)) => (m, true, x),
-                    Some((b'+', x)) => (m, false, x),
-                    _ => (m, false, rest),
-                }
-            }
-            None => (t, false, &b""[..]),
-        };
-        let (int, frac) = match mantissa.iter().position(|c| *c == b'.') {
-            Some(p) => (&mantissa[..p], &mantissa[p + 1..]),
-            None => (mantissa, &b""[..]),
-        };
-        let es_value = Decimal::from_parts(neg, int, frac, exp_neg, exp);
+        let p = NumberParts::split(es.as_bytes());
         // -0 and 0 are the same value (RFC 8785 writes both as 0).
-        es_value == *self
+        p.decimal() == *self
     }
 
     fn write_exact(&self, out: &mut Vec<u8>) {
@@ -766,6 +746,63 @@ impl Decimal {
     }
 }
 
+/// A number's text in its parts: sign, integer and fraction digits,
+/// exponent sign and digits (`e` or `E`; no validation).
+struct NumberParts<'a> {
+    negative: bool,
+    int: &'a [u8],
+    frac: &'a [u8],
+    exp_negative: bool,
+    exp: &'a [u8],
+    /// Whether a `.` and an exponent marker were present.
+    has_point: bool,
+    has_exp: bool,
+}
+
+impl<'a> NumberParts<'a> {
+    fn split(t: &'a [u8]) -> Self {
+        let (negative, t) = match t.split_first() {
+            Some((b'-', rest)) => (true, rest),
+            _ => (false, t),
+        };
+        let (mantissa, exp_negative, exp, has_exp) =
+            match t.iter().position(|c| matches!(c, b'e' | b'E')) {
+                Some(e) => {
+                    let (m, rest) = (&t[..e], &t[e + 1..]);
+                    match rest.split_first() {
+                        Some((b'-', x)) => (m, true, x, true),
+                        Some((b'+', x)) => (m, false, x, true),
+                        _ => (m, false, rest, true),
+                    }
+                }
+                None => (t, false, &b""[..], false),
+            };
+        let (int, frac, has_point) = match mantissa.iter().position(|c| *c == b'.') {
+            Some(p) => (&mantissa[..p], &mantissa[p + 1..], true),
+            None => (mantissa, &b""[..], false),
+        };
+        NumberParts {
+            negative,
+            int,
+            frac,
+            exp_negative,
+            exp,
+            has_point,
+            has_exp,
+        }
+    }
+
+    fn decimal(&self) -> Decimal {
+        Decimal::from_parts(
+            self.negative,
+            self.int,
+            self.frac,
+            self.exp_negative,
+            self.exp,
+        )
+    }
+}
+
 /// A JSON number's exact value: what the answer filter compares schema
 /// bounds and integer-ness on (never a double, which would let
 /// `9007199254740993` pass `maximum: 9007199254740992`).
@@ -775,36 +812,15 @@ pub struct ExactNumber(Decimal);
 impl ExactNumber {
     /// Parses a JSON number's text (RFC 8259 grammar); `None` otherwise.
     pub fn parse(text: &str) -> Option<Self> {
-        let t = text.as_bytes();
-        let (neg, t) = match t.split_first() {
-            Some((b'-', rest)) => (true, rest),
-            _ => (false, t),
-        };
-        let (mantissa, exp_neg, exp) = match t.iter().position(|c| matches!(c, b'e' | b'E')) {
-            Some(e) => {
-                let (m, rest) = (&t[..e], &t[e + 1..]);
-                match rest.split_first() {
-                    Some((b'-', x)) => (m, true, x),
-                    Some((b'+', x)) => (m, false, x),
-                    _ => (m, false, rest),
-                }
-            }
-            None => (t, false, &b""[..]),
-        };
-        let (int, frac) = match mantissa.iter().position(|c| *c == b'.') {
-            Some(p) => (&mantissa[..p], &mantissa[p + 1..]),
-            None => (mantissa, &b""[..]),
-        };
+        let p = NumberParts::split(text.as_bytes());
         let digits = |d: &[u8]| d.iter().all(u8::is_ascii_digit);
-        let int_ok = !int.is_empty() && digits(int) && (int.len() == 1 || int[0] != b'0');
-        let frac_ok = digits(frac) && (mantissa.len() == int.len() || !frac.is_empty());
-        let exp_ok = digits(exp) && (t.len() == mantissa.len() || !exp.is_empty());
+        let int_ok = !p.int.is_empty() && digits(p.int) && (p.int.len() == 1 || p.int[0] != b'0');
+        let frac_ok = digits(p.frac) && (!p.has_point || !p.frac.is_empty());
+        let exp_ok = digits(p.exp) && (!p.has_exp || !p.exp.is_empty());
         if !(int_ok && frac_ok && exp_ok) {
             return None;
         }
-        Some(ExactNumber(Decimal::from_parts(
-            neg, int, frac, exp_neg, exp,
-        )))
+        Some(ExactNumber(p.decimal()))
     }
 
     /// Whether the value is a whole number (`1.0` and `1e2` are).
