@@ -13,11 +13,11 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::process::{command, spawn, ServerProcess};
+use common::process::{keys_init, spawn, ServerProcess};
 use common::skew::Skewed;
 use common::*;
 use rand::{Rng, SeedableRng};
@@ -30,19 +30,6 @@ fn database_url() -> Option<String> {
     std::env::var("STATESEAL_TEST_DATABASE_URL")
         .ok()
         .filter(|s| !s.is_empty())
-}
-
-/// A keyset shared by the replicas, made with `keys init`.
-fn keyset(dir: &Path) -> String {
-    let ks = dir.join("keyset.json");
-    assert!(command()
-        .args(["keys", "init"])
-        .arg(&ks)
-        .output()
-        .unwrap()
-        .status
-        .success());
-    ks.to_str().unwrap().to_owned()
 }
 
 async fn wait_ready(addr: std::net::SocketAddr) {
@@ -82,7 +69,7 @@ async fn postgres_leases_follow_the_database_clock_across_skewed_replicas() {
         return;
     };
     let tmp = tempfile::tempdir().unwrap();
-    let ks = keyset(tmp.path());
+    let ks = keys_init(tmp.path());
     let (ahead_dir, behind_dir) = (tmp.path().join("ahead"), tmp.path().join("behind"));
     std::fs::create_dir_all(&ahead_dir).unwrap();
     std::fs::create_dir_all(&behind_dir).unwrap();
@@ -359,7 +346,7 @@ async fn randomized_interleavings_on_two_postgres_replicas_complete_each_token_a
         return;
     };
     let tmp = tempfile::tempdir().unwrap();
-    let ks = keyset(tmp.path());
+    let ks = keys_init(tmp.path());
     let args = [
         "--ledger",
         "postgres",
@@ -384,7 +371,7 @@ async fn randomized_interleavings_on_two_postgres_replicas_complete_each_token_a
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn randomized_interleavings_on_sled_complete_each_token_at_most_once() {
     let tmp = tempfile::tempdir().unwrap();
-    let ks = keyset(tmp.path());
+    let ks = keys_init(tmp.path());
     let p = spawn(&tmp.path().join("d"), &["--keyset", &ks], &[]);
     wait_ready(p.addr).await;
     let c = connect(p.addr).await;

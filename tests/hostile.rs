@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::process::{spawn, ServerProcess};
+use common::process::{health_addr, spawn};
 use common::{binding, consume_one, open_req, reason, seal_req};
 use stateseal::proto::request_state_client::RequestStateClient;
 use stateseal::proto::{OpenRequest, SealRequest};
@@ -85,17 +85,6 @@ impl RssSampler {
         }
         self.peak.load(Ordering::Relaxed)
     }
-}
-
-fn health_addr(s: &ServerProcess) -> SocketAddr {
-    let log = s.log.lock().unwrap();
-    log.iter()
-        .find_map(|l| {
-            l.split_whitespace()
-                .find_map(|w| w.strip_prefix("health_addr="))
-                .and_then(|a| a.parse().ok())
-        })
-        .expect("health port logged")
 }
 
 /// Health checks on `addr` every 100 ms during the attack: every probe must

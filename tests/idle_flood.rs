@@ -16,20 +16,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::process::{spawn, ServerProcess};
+use common::process::{health_addr, spawn, ServerProcess};
 use common::{open_req, seal_req};
 use stateseal::proto::request_state_client::RequestStateClient;
-
-fn health_addr(s: &ServerProcess) -> SocketAddr {
-    let log = s.log.lock().unwrap();
-    log.iter()
-        .find_map(|l| {
-            l.split_whitespace()
-                .find_map(|w| w.strip_prefix("health_addr="))
-                .and_then(|a| a.parse().ok())
-        })
-        .expect("health port logged")
-}
 
 /// What a flood did: connections whose HTTP/2 handshake completed, and how
 /// many of those the server has closed since.

@@ -149,3 +149,30 @@ pub fn assert_refuses(args: &[&str], data_dir: &Path, want: &str) {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains(want), "{args:?}: {err}");
 }
+
+/// The health port a server logged (`health_addr=`), when started with
+/// `--health-listen`.
+pub fn health_addr(s: &ServerProcess) -> SocketAddr {
+    let log = s.log.lock().unwrap();
+    log.iter()
+        .find_map(|l| {
+            l.split_whitespace()
+                .find_map(|w| w.strip_prefix("health_addr="))
+                .and_then(|a| a.parse().ok())
+        })
+        .expect("health port logged")
+}
+
+/// A keyset made with `stateseal keys init` in `dir`, for replicas to
+/// share; returns its path.
+pub fn keys_init(dir: &Path) -> String {
+    let ks = dir.join("keyset.json");
+    assert!(command()
+        .args(["keys", "init"])
+        .arg(&ks)
+        .output()
+        .expect("keys init")
+        .status
+        .success());
+    ks.to_str().expect("utf-8 path").to_owned()
+}
