@@ -15,42 +15,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::process::{health_addr, spawn};
+use common::process::{deploy_memory_limit, health_addr, rss_bytes, spawn};
 use common::{binding, consume_one, open_req, reason, seal_req};
 use stateseal::proto::request_state_client::RequestStateClient;
 use stateseal::proto::{OpenRequest, SealRequest};
-
-/// The container memory limit in `deploy/base/deployment.yaml`, in bytes.
-fn deploy_memory_limit() -> u64 {
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/deploy/base/deployment.yaml"
-    ))
-    .expect("deploy/base/deployment.yaml");
-    let limits = text.split("limits:").nth(1).expect("a limits: block");
-    let mem = limits
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("memory:"))
-        .expect("a memory limit")
-        .trim();
-    let mib: u64 = mem
-        .strip_suffix("Mi")
-        .expect("memory in Mi")
-        .parse()
-        .unwrap();
-    mib * 1024 * 1024
-}
-
-fn rss_bytes(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().strip_suffix("kB"))
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .map(|kb| kb * 1024)
-        .unwrap_or(0)
-}
 
 /// Samples the RSS of `pid` every 20 ms until dropped; keeps the peak.
 struct RssSampler {

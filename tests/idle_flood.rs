@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::process::{health_addr, spawn, ServerProcess};
+use common::process::{deploy_memory_limit, health_addr, rss_bytes, spawn, ServerProcess};
 use common::{open_req, seal_req};
 use stateseal::proto::request_state_client::RequestStateClient;
 
@@ -28,9 +28,68 @@ struct Flood {
     held: Vec<tokio::task::JoinHandle<()>>,
 }
 
+/// How to reach the gRPC port: plaintext, or TLS trusting `ca_pem`.
+#[derive(Clone)]
+enum Port {
+    Plain,
+    Tls { ca_pem: String },
+}
+
+impl Port {
+    fn rustls(&self) -> Option<Arc<rustls::ClientConfig>> {
+        let Port::Tls { ca_pem } = self else {
+            return None;
+        };
+        use rustls_pki_types::pem::PemObject;
+        let mut roots = rustls::RootCertStore::empty();
+        for c in rustls_pki_types::CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+            roots.add(c.unwrap()).unwrap();
+        }
+        let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        cfg.alpn_protocols = vec![b"h2".to_vec()];
+        Some(Arc::new(cfg))
+    }
+
+    /// A connected channel to `addr` (fresh connection).
+    async fn channel(
+        &self,
+        addr: SocketAddr,
+    ) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+        match self {
+            Port::Plain => {
+                tonic::transport::Channel::from_shared(format!("http://{addr}"))
+                    .unwrap()
+                    .connect()
+                    .await
+            }
+            Port::Tls { ca_pem } => {
+                let tls = tonic::transport::ClientTlsConfig::new()
+                    .ca_certificate(tonic::transport::Certificate::from_pem(ca_pem))
+                    .domain_name("localhost");
+                tonic::transport::Channel::from_shared(format!("https://127.0.0.1:{}", addr.port()))
+                    .unwrap()
+                    .tls_config(tls)?
+                    .connect()
+                    .await
+            }
+        }
+    }
+}
+
 /// `n` connections to `addr` that complete the HTTP/2 handshake (h2 answers
 /// the server's PINGs and SETTINGS for them) and never send a request.
 async fn idle_flood(addr: SocketAddr, n: usize) -> Flood {
+    idle_flood_on(addr, n, &Port::Plain).await
+}
+
+async fn idle_flood_on(addr: SocketAddr, n: usize, port: &Port) -> Flood {
+    let tls = port.rustls();
     let closed = Arc::new(AtomicUsize::new(0));
     let mut held = Vec::new();
     let mut established = 0;
@@ -41,18 +100,40 @@ async fn idle_flood(addr: SocketAddr, n: usize) -> Flood {
         else {
             continue;
         };
-        let Ok(Ok((client, conn))) =
-            tokio::time::timeout(Duration::from_secs(2), h2::client::handshake(tcp)).await
-        else {
-            continue;
-        };
-        established += 1;
         let closed = closed.clone();
-        held.push(tokio::spawn(async move {
-            let _keep = client; // never used: no stream is ever opened
-            let _ = conn.await;
-            closed.fetch_add(1, Ordering::Relaxed);
-        }));
+        match &tls {
+            None => {
+                let Ok(Ok((client, conn))) =
+                    tokio::time::timeout(Duration::from_secs(2), h2::client::handshake(tcp)).await
+                else {
+                    continue;
+                };
+                held.push(tokio::spawn(async move {
+                    let _keep = client; // never used: no stream is ever opened
+                    let _ = conn.await;
+                    closed.fetch_add(1, Ordering::Relaxed);
+                }));
+            }
+            Some(cfg) => {
+                let connector = tokio_rustls::TlsConnector::from(cfg.clone());
+                let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+                let handshake = async {
+                    let s = connector.connect(name, tcp).await.ok()?;
+                    h2::client::handshake(s).await.ok()
+                };
+                let Ok(Some((client, conn))) =
+                    tokio::time::timeout(Duration::from_secs(2), handshake).await
+                else {
+                    continue;
+                };
+                held.push(tokio::spawn(async move {
+                    let _keep = client;
+                    let _ = conn.await;
+                    closed.fetch_add(1, Ordering::Relaxed);
+                }));
+            }
+        }
+        established += 1;
     }
     Flood {
         established,
@@ -63,11 +144,12 @@ async fn idle_flood(addr: SocketAddr, n: usize) -> Flood {
 
 /// A health check on a fresh connection.
 async fn probe(addr: SocketAddr) -> bool {
+    probe_on(addr, &Port::Plain).await
+}
+
+async fn probe_on(addr: SocketAddr, port: &Port) -> bool {
     let check = async {
-        let ch = tonic::transport::Channel::from_shared(format!("http://{addr}"))
-            .unwrap()
-            .connect()
-            .await?;
+        let ch = port.channel(addr).await?;
         tonic_health::pb::health_client::HealthClient::new(ch)
             .check(tonic_health::pb::HealthCheckRequest {
                 service: String::new(),
@@ -85,13 +167,9 @@ async fn probe(addr: SocketAddr) -> bool {
 }
 
 /// A Seal then Open on a fresh connection.
-async fn legit(addr: SocketAddr, bearer: Option<&'static str>) -> bool {
+async fn legit(addr: SocketAddr, bearer: Option<&'static str>, port: &Port) -> bool {
     let rt = async {
-        let ch = tonic::transport::Channel::from_shared(format!("http://{addr}"))
-            .unwrap()
-            .connect()
-            .await
-            .ok()?;
+        let ch = port.channel(addr).await.ok()?;
         let mut c = RequestStateClient::with_interceptor(ch, move |mut r: tonic::Request<()>| {
             if let Some(b) = bearer {
                 r.metadata_mut()
@@ -117,9 +195,11 @@ async fn flooded(
     (n, cap): (usize, usize),
     rounds: usize,
     bearer: Option<&'static str>,
+    port: &Port,
 ) {
     let (addr, haddr) = (s.addr, health_addr(s));
-    let flood = idle_flood(target, n).await;
+    let on = |t: SocketAddr| if t == addr { port.clone() } else { Port::Plain };
+    let flood = idle_flood_on(target, n, &on(target)).await;
     assert!(
         flood.established >= cap,
         "the attack did not land: {} of {n} connections established (cap {cap})",
@@ -128,17 +208,23 @@ async fn flooded(
     let (mut probes_ok, mut calls_ok) = (0, 0);
     for _ in 0..rounds {
         probes_ok += usize::from(probe(haddr).await);
-        probes_ok += usize::from(probe(addr).await);
-        calls_ok += usize::from(legit(addr, bearer).await);
+        probes_ok += usize::from(probe_on(addr, port).await);
+        calls_ok += usize::from(legit(addr, bearer, port).await);
         // More idle connections keep arriving during the probes.
-        let more = idle_flood(target, 4).await;
+        let more = idle_flood_on(target, 4, &on(target)).await;
         drop(more.held); // detached: they stay open until the server closes them
     }
     let closed = flood.closed.load(Ordering::Relaxed);
+    let (rss, limit) = (rss_bytes(s.child.id()), deploy_memory_limit());
+    assert!(
+        rss > 0 && rss < limit,
+        "RSS {rss} during the flood; the pod limit is {limit}"
+    );
     eprintln!(
-        "idle flood on {target}: {} established, {closed} closed by the server; probes {probes_ok}/{}, Seal+Open {calls_ok}/{rounds}",
+        "idle flood on {target}: {} established, {closed} closed by the server; probes {probes_ok}/{}, Seal+Open {calls_ok}/{rounds}; RSS {} MiB",
         flood.established,
-        2 * rounds
+        2 * rounds,
+        rss >> 20
     );
     assert!(
         probes_ok * 100 >= 99 * 2 * rounds,
@@ -165,7 +251,7 @@ async fn idle_connections_cannot_lock_out_the_health_port() {
     );
     let haddr = health_addr(&s);
     // The health port's cap is 64 (--max-aux-connections).
-    flooded(&s, haddr, (100, 64), 30, None).await;
+    flooded(&s, haddr, (100, 64), 30, None, &Port::Plain).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -176,7 +262,7 @@ async fn idle_connections_cannot_lock_out_the_grpc_port() {
         &["--health-listen", "127.0.0.1:0", "--max-connections", "128"],
         &[],
     );
-    flooded(&s, s.addr, (200, 128), 30, None).await;
+    flooded(&s, s.addr, (200, 128), 30, None, &Port::Plain).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -211,7 +297,7 @@ async fn idle_connections_without_credentials_are_closed_in_bearer_mode() {
         ],
         &[],
     );
-    flooded(&s, s.addr, (200, 128), 20, Some("the-secret")).await;
+    flooded(&s, s.addr, (200, 128), 20, Some("the-secret"), &Port::Plain).await;
     // Connections that never authenticate are closed after the deadline,
     // whether or not the listener is full.
     let few = idle_flood(s.addr, 10).await;
@@ -285,4 +371,55 @@ async fn health_watch_is_not_served() {
         assert_eq!(err.code(), tonic::Code::Unimplemented, "{addr}");
         assert!(probe(addr).await, "{addr}: Check answers");
     }
+}
+
+/// The same flood on a TLS port with `--auth bearer`: 200 idle connections
+/// that complete TLS and the HTTP/2 handshake and never send a credential.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn idle_tls_connections_without_credentials_cannot_lock_out_the_bearer_port() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = common::pki::Ca::new("flood-ca");
+    let (cert, key) = ca.issue(vec![
+        rcgen::SanType::DnsName("localhost".try_into().unwrap()),
+        rcgen::SanType::IpAddress(std::net::IpAddr::from([127, 0, 0, 1])),
+    ]);
+    let write = |name: &str, body: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, body).unwrap();
+        p.to_str().unwrap().to_owned()
+    };
+    let (cert, key) = (write("tls.crt", &cert), write("tls.key", &key));
+    let digest: String = {
+        use sha2::Digest;
+        sha2::Sha256::digest(b"the-secret")
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    };
+    let tenants = write(
+        "tenants.json",
+        &format!(r#"{{"tenants":[{{"name":"t","bearer_sha256":"{digest}"}}]}}"#),
+    );
+    let s = spawn(
+        &dir.path().join("data"),
+        &[
+            "--health-listen",
+            "127.0.0.1:0",
+            "--auth",
+            "bearer",
+            "--tenants",
+            &tenants,
+            "--tls-cert",
+            &cert,
+            "--tls-key",
+            &key,
+            "--max-connections",
+            "128",
+            "--auth-deadline-ms",
+            "1000",
+        ],
+        &[],
+    );
+    let port = Port::Tls { ca_pem: ca.pem() };
+    flooded(&s, s.addr, (200, 128), 20, Some("the-secret"), &port).await;
 }

@@ -176,3 +176,35 @@ pub fn keys_init(dir: &Path) -> String {
         .success());
     ks.to_str().expect("utf-8 path").to_owned()
 }
+
+/// The container memory limit in `deploy/base/deployment.yaml`, in bytes.
+pub fn deploy_memory_limit() -> u64 {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/deploy/base/deployment.yaml"
+    ))
+    .expect("deploy/base/deployment.yaml");
+    let limits = text.split("limits:").nth(1).expect("a limits: block");
+    let mem = limits
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("memory:"))
+        .expect("a memory limit")
+        .trim();
+    let mib: u64 = mem
+        .strip_suffix("Mi")
+        .expect("memory in Mi")
+        .parse()
+        .expect("a number of MiB");
+    mib * 1024 * 1024
+}
+
+pub fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().strip_suffix("kB"))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(|kb| kb * 1024)
+        .unwrap_or(0)
+}
