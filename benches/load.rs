@@ -723,7 +723,7 @@ async fn start_echo(journal: Option<Journal>) -> String {
         lim.max_connections,
         lim.max_tls_handshakes,
         lim.tls_handshake_timeout,
-        stateseal::conns::Conns::new(lim.conn_policy(lim.max_connections, false)),
+        stateseal::conns::Conns::new(lim.conn_policy(lim.max_connections, false), Arc::default()),
     );
     // A health service too, so that `--serve-echo` has its own no-op.
     let (_, health) = tonic_health::server::health_reporter();
@@ -1114,12 +1114,15 @@ impl tower_service::Service<http::Uri> for Coalescing {
                 .map_err(std::io::Error::other)?;
             // Likewise a place of its own among connections, never closed
             // as idle.
-            let own = stateseal::conns::Conns::new(stateseal::conns::ConnPolicy {
-                idle_timeout: std::time::Duration::from_secs(86_400),
-                per_ip: usize::MAX,
-                auth_deadline: None,
-                max_auth_failures: u32::MAX,
-            });
+            let own = stateseal::conns::Conns::new(
+                stateseal::conns::ConnPolicy {
+                    idle_timeout: std::time::Duration::from_secs(86_400),
+                    per_ip: usize::MAX,
+                    auth_deadline: None,
+                    max_auth_failures: u32::MAX,
+                },
+                Arc::default(),
+            );
             let conn = own
                 .register(tcp.local_addr()?.ip())
                 .ok_or_else(|| std::io::Error::other("connection registry"))?;

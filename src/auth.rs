@@ -23,7 +23,7 @@ use subtle::ConstantTimeEq;
 use tonic::{Request, Status};
 
 use crate::binding::Tenant;
-use crate::conns::ConnInfo;
+use crate::conns::{conn_of, ConnInfo, PeerIdentity};
 
 /// One tenant and the identities that map to it.
 #[derive(Clone, Deserialize)]
@@ -169,29 +169,6 @@ impl Tenants {
     }
 }
 
-/// What the TLS layer learned about the peer, attached to each request.
-#[derive(Clone, Debug)]
-pub enum PeerIdentity {
-    /// Plaintext, or TLS without client certificates.
-    Anonymous,
-    /// A client certificate the handshake verified against the client CA
-    /// in force then. The tenant is mapped from these SANs on *every*
-    /// request, against the tenants file in force at that request, so a
-    /// removed tenant is refused at once on connections that are already
-    /// open; an expired certificate likewise. A replaced client CA reaches
-    /// open connections within the maximum connection age.
-    Certificate(Arc<CertIdentity>),
-}
-
-/// The parts of a verified client certificate that authorization uses.
-#[derive(Debug)]
-pub struct CertIdentity {
-    pub uris: Vec<String>,
-    pub dns: Vec<String>,
-    /// The certificate's notAfter, Unix seconds.
-    pub not_after: i64,
-}
-
 /// How callers are identified.
 #[derive(Clone)]
 pub enum Authenticator {
@@ -216,11 +193,7 @@ impl fmt::Debug for Authenticator {
 impl Authenticator {
     /// Attaches the caller's tenant to the request, or refuses it.
     pub fn authenticate<T>(&self, req: Request<T>) -> Result<Request<T>, Status> {
-        let e = req.extensions();
-        let conn = e
-            .get::<ConnInfo<PeerIdentity>>()
-            .map(|i| i.conn.clone())
-            .or_else(|| e.get::<ConnInfo<()>>().map(|i| i.conn.clone()));
+        let conn = conn_of(req.extensions());
         let result = self.identify(req);
         if result.is_err() {
             crate::metrics::METRICS.auth_failure();

@@ -15,13 +15,11 @@
 //!   closed, and so is one with `max_auth_failures` failed requests and no
 //!   successful one.
 //!
-//! Closing is done by the connection's own reads: its I/O ([`Counted`])
+//! Closing is done by the connection's own reads: its I/O (`limits::Counted`)
 //! answers end-of-stream once its [`Conn`] is marked, and the HTTP/2 server
 //! drops it (only idle connections are closed this way, so no request is
 //! cut in the middle). Which streams are open is counted by
 //! [`ConnActivityLayer`], around every request.
-//!
-//! [`Counted`]: crate::limits::Counted
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -48,7 +46,8 @@ pub struct ConnPolicy {
     pub max_auth_failures: u32,
 }
 
-/// Counters for the metrics endpoint (process-wide).
+/// Counters for the metrics endpoint, shared by the listeners that report
+/// them.
 #[derive(Debug, Default)]
 pub struct ConnStats {
     pub closed_idle: AtomicU64,
@@ -56,13 +55,6 @@ pub struct ConnStats {
     pub refused_per_ip: AtomicU64,
     pub closed_unauthenticated: AtomicU64,
 }
-
-pub static CONN_STATS: ConnStats = ConnStats {
-    closed_idle: AtomicU64::new(0),
-    evicted: AtomicU64::new(0),
-    refused_per_ip: AtomicU64::new(0),
-    closed_unauthenticated: AtomicU64::new(0),
-};
 
 /// One open connection.
 #[derive(Debug)]
@@ -159,7 +151,8 @@ impl Conn {
             && n >= p.max_auth_failures
             && !self.authenticated.load(Ordering::Relaxed)
         {
-            CONN_STATS
+            self.registry
+                .stats
                 .closed_unauthenticated
                 .fetch_add(1, Ordering::Relaxed);
             self.close(HARD);
@@ -204,16 +197,18 @@ struct Inner {
 #[derive(Debug)]
 pub struct Conns {
     policy: ConnPolicy,
+    stats: Arc<ConnStats>,
     epoch: Instant,
     inner: Mutex<Inner>,
 }
 
 impl Conns {
-    /// A registry, and its sweeper (closing idle and unauthenticated
-    /// connections) running until the registry is dropped.
-    pub fn new(policy: ConnPolicy) -> Arc<Self> {
+    /// A registry counting into `stats`, and its sweeper (closing idle and
+    /// unauthenticated connections) running until the registry is dropped.
+    pub fn new(policy: ConnPolicy, stats: Arc<ConnStats>) -> Arc<Self> {
         let conns = Arc::new(Conns {
             policy,
+            stats,
             epoch: Instant::now(),
             inner: Mutex::default(),
         });
@@ -262,7 +257,7 @@ impl Conns {
             }
             if c.idle_for_ms(now).is_some_and(|ms| ms >= idle) {
                 if !c.is_closing() {
-                    CONN_STATS.closed_idle.fetch_add(1, Ordering::Relaxed);
+                    self.stats.closed_idle.fetch_add(1, Ordering::Relaxed);
                 }
                 c.close(SOFT);
             } else if let Some(d) = deadline {
@@ -270,7 +265,7 @@ impl Conns {
                     && !c.authenticated.load(Ordering::Relaxed)
                     && now.saturating_sub(c.opened_ms) >= d
                 {
-                    CONN_STATS
+                    self.stats
                         .closed_unauthenticated
                         .fetch_add(1, Ordering::Relaxed);
                     c.close(HARD);
@@ -296,7 +291,7 @@ impl Conns {
             .filter_map(|c| c.idle_for_ms(now).map(|ms| (ms, c)))
             .max_by_key(|(ms, _)| *ms);
         if let Some((_, c)) = idle {
-            CONN_STATS.evicted.fetch_add(1, Ordering::Relaxed);
+            self.stats.evicted.fetch_add(1, Ordering::Relaxed);
             c.close(SOFT);
             return true;
         }
@@ -309,7 +304,7 @@ impl Conns {
                 })
                 .min_by_key(|c| c.opened_ms);
             if let Some(c) = unauthenticated {
-                CONN_STATS.evicted.fetch_add(1, Ordering::Relaxed);
+                self.stats.evicted.fetch_add(1, Ordering::Relaxed);
                 c.close(HARD);
                 return true;
             }
@@ -328,7 +323,7 @@ impl Conns {
             inner.per_ip.get(&ip).copied().unwrap_or(0) >= self.policy.per_ip
         };
         if over && !self.evict_idlest(Some(ip)) {
-            CONN_STATS.refused_per_ip.fetch_add(1, Ordering::Relaxed);
+            self.stats.refused_per_ip.fetch_add(1, Ordering::Relaxed);
             return None;
         }
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
@@ -351,6 +346,30 @@ impl Conns {
         inner.by_id.insert(id, Arc::downgrade(&conn));
         Some(conn)
     }
+}
+
+/// What a connection's handshake established about the peer (TLS: the
+/// client certificate), attached to each request on it.
+#[derive(Clone, Debug)]
+pub enum PeerIdentity {
+    /// Plaintext, or TLS without client certificates.
+    Anonymous,
+    /// A client certificate the handshake verified against the client CA
+    /// in force then. The tenant is mapped from these SANs on *every*
+    /// request, against the tenants file in force at that request, so a
+    /// removed tenant is refused at once on connections that are already
+    /// open; an expired certificate likewise. A replaced client CA reaches
+    /// open connections within the maximum connection age.
+    Certificate(Arc<CertIdentity>),
+}
+
+/// The parts of a verified client certificate that authorization uses.
+#[derive(Debug)]
+pub struct CertIdentity {
+    pub uris: Vec<String>,
+    pub dns: Vec<String>,
+    /// The certificate's notAfter, Unix seconds.
+    pub not_after: i64,
 }
 
 // === streams per connection ===
@@ -404,10 +423,9 @@ impl Drop for StreamGuard {
     }
 }
 
-/// The connection of a request, whatever its peer type.
-pub fn conn_of<B>(req: &http::Request<B>) -> Option<Arc<Conn>> {
-    let e = req.extensions();
-    e.get::<ConnInfo<crate::auth::PeerIdentity>>()
+/// The connection a request's extensions name, whatever its peer type.
+pub fn conn_of(e: &http::Extensions) -> Option<Arc<Conn>> {
+    e.get::<ConnInfo<PeerIdentity>>()
         .map(|i| i.conn.clone())
         .or_else(|| e.get::<ConnInfo<()>>().map(|i| i.conn.clone()))
 }
@@ -448,7 +466,7 @@ where
             );
             return Box::pin(async move { Ok(resp) });
         }
-        let guard = StreamGuard::enter(conn_of(&req));
+        let guard = StreamGuard::enter(conn_of(req.extensions()));
         let fut = self.inner.call(req);
         Box::pin(async move {
             let resp = fut.await?;

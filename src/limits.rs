@@ -726,7 +726,10 @@ mod tests {
         let (tcp, peer) = listener.accept().await.unwrap();
         assert!(tcp.is_write_vectored(), "the socket itself writes vectored");
         let permit = Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap();
-        let registry = Conns::new(TransportLimits::default().conn_policy(4, false));
+        let registry = Conns::new(
+            TransportLimits::default().conn_policy(4, false),
+            Arc::default(),
+        );
         let mut conn = Counted::new(tcp, permit, registry.register(peer.ip()).unwrap());
         assert!(!conn.is_write_vectored());
         let (a, b) = (vec![1u8; 300], vec![2u8; 700]);

@@ -172,6 +172,8 @@ pub struct Sources {
     pub reload: Arc<ReloadStats>,
     pub flush: Option<Arc<FlushStats>>,
     pub backend: &'static str,
+    /// The gRPC and health listeners' connection counters.
+    pub conns: Arc<crate::conns::ConnStats>,
 }
 
 impl std::fmt::Debug for Sources {
@@ -320,7 +322,7 @@ impl Collector for Owned {
             "Connections closed mid-handshake to make room for a newer one (handshake slots full).",
             load(&l.handshakes_evicted),
         )?;
-        let c = &crate::conns::CONN_STATS;
+        let c = &src.conns;
         counter(
             &mut enc,
             "stateseal_connections_closed_idle",
@@ -464,12 +466,15 @@ pub async fn serve(listener: TcpListener, max_connections: usize, src: Sources) 
     let permits = Arc::new(tokio::sync::Semaphore::new(max_connections.max(1)));
     // One request per connection, the whole exchange bounded in time: no
     // connection is idle for long, so none is evicted or closed as idle.
-    let conns = crate::conns::Conns::new(crate::conns::ConnPolicy {
-        idle_timeout: Duration::from_secs(3600),
-        per_ip: usize::MAX,
-        auth_deadline: None,
-        max_auth_failures: u32::MAX,
-    });
+    let conns = crate::conns::Conns::new(
+        crate::conns::ConnPolicy {
+            idle_timeout: Duration::from_secs(3600),
+            per_ip: usize::MAX,
+            auth_deadline: None,
+            max_auth_failures: u32::MAX,
+        },
+        Arc::default(),
+    );
     while let Some((sock, _, permit, conn)) =
         crate::limits::accept_limited(&listener, &permits, None, &conns).await
     {

@@ -244,6 +244,8 @@ pub async fn run(
         let apply = move |bytes: &[u8]| Tenants::parse(bytes).map(|t| tenants.store(Arc::new(t)));
         background.push(spawn_watch("tenants", vec![path], digest, &opts, apply));
     }
+    // Connection counters of the gRPC and health listeners, for the metrics.
+    let conn_stats = Arc::new(crate::conns::ConnStats::default());
     if let Some(l) = opts.metrics_listener {
         if let Ok(addr) = l.local_addr() {
             tracing::info!(metrics_addr = %addr, "metrics at /metrics");
@@ -256,6 +258,7 @@ pub async fn run(
                 reload: opts.reload_stats.clone(),
                 flush: ledger.flush_stats(),
                 backend: ledger.backend(),
+                conns: conn_stats.clone(),
             },
         )));
     }
@@ -275,7 +278,10 @@ pub async fn run(
             lim.max_aux_connections,
             lim.max_tls_handshakes,
             lim.tls_handshake_timeout,
-            Conns::new(lim.conn_policy(lim.max_aux_connections, false)),
+            Conns::new(
+                lim.conn_policy(lim.max_aux_connections, false),
+                conn_stats.clone(),
+            ),
         );
         tokio::spawn(
             lim.apply(Server::builder())
@@ -299,10 +305,13 @@ pub async fn run(
         .add_service(reflection_v1alpha)
         .add_service(service);
     let stop = stopped(stop_rx);
-    let conns = Conns::new(lim.conn_policy(
-        lim.max_connections,
-        matches!(opts.auth, Authenticator::Bearer(_)),
-    ));
+    let conns = Conns::new(
+        lim.conn_policy(
+            lim.max_connections,
+            matches!(opts.auth, Authenticator::Bearer(_)),
+        ),
+        conn_stats.clone(),
+    );
     let serve = async {
         match &opts.tls {
             Some((_, config, _)) => {

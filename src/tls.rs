@@ -23,8 +23,7 @@ use std::sync::atomic::Ordering;
 
 use tokio::sync::Semaphore;
 
-use crate::auth::{CertIdentity, PeerIdentity};
-use crate::conns::{ConnInfo, Conns};
+use crate::conns::{CertIdentity, ConnInfo, Conns, PeerIdentity};
 use crate::limits::{accept_limited, Counted, HandshakeSlots, TransportLimits, LIMIT_STATS};
 
 /// Where the TLS material lives (mounted files; re-read on change).
