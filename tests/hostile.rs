@@ -133,11 +133,103 @@ async fn legit_round_trip(addr: SocketAddr, bearer: Option<&str>) {
         .expect("a legitimate round trip did not finish within 30 s during the attack");
 }
 
+/// What a flood achieved and what the server answered, stream by stream.
+/// Nothing is skipped silently: a connection or stream that could not be
+/// made is counted, so a test can check that its attack landed.
+#[derive(Default)]
+struct Tally {
+    connected: AtomicU64,
+    handshaken: AtomicU64,
+    /// Streams whose request headers (and first data) went out.
+    sent: AtomicU64,
+    outcomes: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
+}
+
+impl Tally {
+    fn record(&self, outcome: String) {
+        *self.outcomes.lock().unwrap().entry(outcome).or_default() += 1;
+    }
+    fn get(&self, outcome: &str) -> u64 {
+        self.outcomes.lock().unwrap().get(outcome).copied().unwrap_or(0)
+    }
+    fn answered(&self) -> u64 {
+        self.outcomes.lock().unwrap().values().sum()
+    }
+    fn sent(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
+    }
+    fn show(&self, what: &str) -> String {
+        format!(
+            "{what}: {} connections ({} HTTP/2), {} streams sent, outcomes {:?}",
+            self.connected.load(Ordering::Relaxed),
+            self.handshaken.load(Ordering::Relaxed),
+            self.sent(),
+            self.outcomes.lock().unwrap()
+        )
+    }
+    /// Asserts that the attack landed (at least `min_sent` streams went out)
+    /// and that every stream sent got one of the `refusals`.
+    fn assert_refused(&self, what: &str, min_sent: u64, refusals: &[&str]) {
+        let shown = self.show(what);
+        assert!(self.sent() >= min_sent, "the attack did not land: {shown}");
+        let refused: u64 = refusals.iter().map(|r| self.get(r)).sum();
+        assert_eq!(
+            refused,
+            self.sent(),
+            "streams not refused with one of {refusals:?}: {shown}"
+        );
+    }
+    /// Waits until every sent stream has an outcome, or `bound` passes.
+    async fn settle(&self, bound: Duration) {
+        let deadline = Instant::now() + bound;
+        while self.answered() < self.sent() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// The gRPC code of a response: from its headers (a trailers-only answer)
+/// or its trailers; or how the stream ended without one.
+async fn stream_outcome(resp: h2::client::ResponseFuture) -> String {
+    fn h2_end(e: &h2::Error) -> String {
+        if let Some(r) = e.reason() {
+            if e.is_go_away() {
+                return format!("goaway:{r:?}");
+            }
+            return format!("reset:{r:?}");
+        }
+        "closed".into()
+    }
+    fn code(h: &http::HeaderMap) -> Option<String> {
+        let c = h.get("grpc-status")?.to_str().ok()?.parse::<i32>().ok()?;
+        Some(format!("{:?}", tonic::Code::from_i32(c)))
+    }
+    let resp = match resp.await {
+        Ok(r) => r,
+        Err(e) => return h2_end(&e),
+    };
+    if let Some(c) = code(resp.headers()) {
+        return c;
+    }
+    let mut body = resp.into_body();
+    while let Some(chunk) = body.data().await {
+        if let Err(e) = chunk {
+            return h2_end(&e);
+        }
+    }
+    match body.trailers().await {
+        Ok(Some(t)) => code(&t).unwrap_or_else(|| "no grpc-status".into()),
+        Ok(None) => "no trailers".into(),
+        Err(e) => h2_end(&e),
+    }
+}
+
 /// Opens `conns` HTTP/2 connections to `addr`, and on each up to `streams`
 /// streams to `path`, each sending a gRPC message header that declares
 /// `declared` bytes followed by `send` bytes, then holding the stream open.
-/// Returns once every stream has been attempted; the connections stay open
-/// until the returned handles are dropped.
+/// Every stream's outcome goes to `tally`. Returns once every stream has
+/// been attempted; the connections stay open until the returned handles
+/// are dropped.
 async fn stream_flood(
     addr: SocketAddr,
     path: &str,
@@ -145,22 +237,28 @@ async fn stream_flood(
     streams: usize,
     declared: u32,
     send: usize,
+    tally: Arc<Tally>,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     let mut held = Vec::new();
     for _ in 0..conns {
         let Ok(tcp) = tokio::net::TcpStream::connect(addr).await else {
             continue;
         };
+        tally.connected.fetch_add(1, Ordering::Relaxed);
         let Ok((client, conn)) = h2::client::handshake(tcp).await else {
             continue;
         };
+        tally.handshaken.fetch_add(1, Ordering::Relaxed);
         held.push(tokio::spawn(async move {
             let _ = conn.await;
         }));
         for _ in 0..streams {
             let client = client.clone();
             let path = path.to_owned();
+            let tally = tally.clone();
             held.push(tokio::spawn(async move {
+                // Beyond the server's stream limit this waits for a slot:
+                // such a stream was never sent, and is not counted as sent.
                 let Ok(mut c) = client.ready().await else {
                     return;
                 };
@@ -174,12 +272,14 @@ async fn stream_flood(
                 let Ok((resp, mut body)) = c.send_request(req, false) else {
                     return;
                 };
+                tally.sent.fetch_add(1, Ordering::Relaxed);
                 let mut frame = vec![0u8];
                 frame.extend_from_slice(&declared.to_be_bytes());
                 frame.resize(5 + send, b'a');
                 let _ = body.send_data(Bytes::from(frame), false);
                 // Hold the stream (and its answer, if any) open.
-                let _ = resp.await;
+                let outcome = stream_outcome(resp).await;
+                tally.record(outcome);
                 tokio::time::sleep(Duration::from_secs(60)).await;
                 drop(body);
             }));
@@ -204,9 +304,16 @@ fn report(what: &str, base: u64, peak: u64, worst_health: Duration, limit: u64) 
 }
 
 /// Runs `attack` against a server started with `args`, probing health and
-/// legitimate calls meanwhile, and checks the memory bound.
-async fn under_attack<F, Fut>(what: &str, args: &[&str], bearer: Option<&str>, attack: F)
-where
+/// legitimate calls meanwhile, and checks the memory bound. With `settle`,
+/// the attack is held (probes running) until every stream it sent has an
+/// outcome or the bound passes.
+async fn under_attack<F, Fut>(
+    what: &str,
+    args: &[&str],
+    bearer: Option<&str>,
+    settle: Option<(&Tally, Duration)>,
+    attack: F,
+) where
     F: FnOnce(SocketAddr, SocketAddr) -> Fut,
     Fut: std::future::Future<Output = Vec<tokio::task::JoinHandle<()>>>,
 {
@@ -225,6 +332,10 @@ where
     for _ in 0..3 {
         legit_round_trip(addr, bearer).await;
     }
+    if let Some((tally, bound)) = settle {
+        tally.settle(bound).await;
+        println!("{}", tally.show(what));
+    }
     tokio::time::sleep(Duration::from_secs(1)).await;
     done.store(true, Ordering::Relaxed);
     let worst = prober.await.expect("prober");
@@ -239,7 +350,10 @@ where
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn stream_flood_on_the_health_port() {
-    under_attack("health stream flood", &[], None, |_, haddr| async move {
+    let tally = Arc::new(Tally::default());
+    let t = tally.clone();
+    let settle = Some((&*tally, Duration::from_secs(30)));
+    under_attack("health stream flood", &[], None, settle, |_, haddr| async move {
         // 8 connections × 100 streams, each declaring a 4 MiB Health/Check.
         stream_flood(
             haddr,
@@ -248,10 +362,19 @@ async fn stream_flood_on_the_health_port() {
             100,
             4 << 20,
             64 * 1024,
+            t,
         )
         .await
     })
     .await;
+    // Each declared 4 MiB against the health port's 4 KiB message limit:
+    // refused at its header (OUT_OF_RANGE), or refused outright beyond the
+    // port's 16 streams per connection.
+    tally.assert_refused(
+        "health stream flood",
+        800,
+        &["OutOfRange", "reset:REFUSED_STREAM"],
+    );
 }
 
 fn bearer_args(dir: &std::path::Path) -> Vec<String> {
@@ -279,10 +402,13 @@ async fn stream_flood_on_reflection_without_credentials() {
     let dir = tempfile::tempdir().unwrap();
     let args = bearer_args(dir.path());
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let tally = Arc::new(Tally::default());
+    let t = tally.clone();
     under_attack(
         "reflection stream flood (no credentials)",
         &args,
         Some("the-secret"),
+        Some((&*tally, Duration::from_secs(30))),
         |addr, _| async move {
             stream_flood(
                 addr,
@@ -291,11 +417,21 @@ async fn stream_flood_on_reflection_without_credentials() {
                 100,
                 4 << 20,
                 64 * 1024,
+                t,
             )
             .await
         },
     )
     .await;
+    // No credential: UNAUTHENTICATED, and after 16 failures the connection
+    // is closed (its remaining streams end with it). None reached
+    // reflection.
+    tally.assert_refused(
+        "reflection stream flood",
+        8,
+        &["Unauthenticated", "closed", "reset:REFUSED_STREAM"],
+    );
+    assert!(tally.get("Unauthenticated") >= 1, "{}", tally.show("reflection"));
 }
 
 /// `{"a":[{"":0},{"":0},…]}` of about `bytes` bytes: the shape that costs a
@@ -313,7 +449,7 @@ fn pathological_params(bytes: usize) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn params_amplification() {
-    under_attack("params amplification", &[], None, |addr, _| async move {
+    under_attack("params amplification", &[], None, None, |addr, _| async move {
         let params = Arc::new(pathological_params(1000 * 1024));
         let mut tasks = Vec::new();
         for i in 0..32 {
@@ -363,11 +499,33 @@ async fn params_amplification() {
     .await;
 }
 
+/// Sockets of `socks` the server has closed (EOF or reset), read without
+/// blocking.
+fn closed_by_server(socks: &[std::net::TcpStream]) -> usize {
+    use std::io::Read;
+    socks
+        .iter()
+        .filter(|s| {
+            let mut b = [0u8; 1];
+            match (&**s).read(&mut b) {
+                Ok(0) => true,
+                Ok(_) => false,
+                Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+            }
+        })
+        .count()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn connection_flood() {
+    const CAP: usize = 256;
+    let open_after_flood = Arc::new(std::sync::Mutex::new((0usize, 0usize)));
+    let seen = open_after_flood.clone();
+    let cap = CAP.to_string();
     under_attack(
         "connection flood",
-        &["--max-connections", "256", "--handshake-timeout-ms", "1000"],
+        &["--max-connections", &cap, "--handshake-timeout-ms", "5000"],
+        None,
         None,
         |addr, haddr| async move {
             // 2,000 connections that never send the HTTP/2 preface, half of
@@ -381,25 +539,48 @@ async fn connection_flood() {
                 )
                 .await
                 {
-                    socks.push(s);
+                    socks.push(s.into_std().unwrap());
                 }
             }
-            let holder = tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_secs(60)).await;
-                drop(socks);
-            });
-            vec![holder]
+            // Beyond the cap, the oldest handshakes were evicted at once
+            // (long before the 5 s handshake timeout could close them).
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let closed = closed_by_server(&socks);
+            *seen.lock().unwrap() = (socks.len(), socks.len() - closed);
+            // Then every one is closed by the handshake timeout.
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while closed_by_server(&socks) < socks.len() && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            let closed = closed_by_server(&socks);
+            assert_eq!(
+                closed,
+                socks.len(),
+                "connections that never sent a preface were left open past the handshake timeout"
+            );
+            Vec::new()
         },
     )
     .await;
+    let (connected, open) = *open_after_flood.lock().unwrap();
+    println!("connection flood: {connected} connected, {open} still open after the flood");
+    assert!(connected >= 1000, "the flood did not land: {connected} connections");
+    // Two listeners, each with the cap (and a probe or two of the test's).
+    assert!(
+        open <= 2 * CAP + 4,
+        "{open} flood connections open at once, over the cap of {CAP} per listener"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn slow_loris() {
+    let tally = Arc::new(Tally::default());
+    let t = tally.clone();
     under_attack(
         "slow-loris",
         &["--request-timeout-ms", "3000"],
         None,
+        Some((&*tally, Duration::from_secs(60))),
         |addr, _| async move {
             // 16 connections × 100 streams of Seal, each declaring 900 KiB
             // and sending 16 KiB, then stalling.
@@ -410,11 +591,20 @@ async fn slow_loris() {
                 100,
                 900 * 1024,
                 16 * 1024,
+                t,
             )
             .await
         },
     )
     .await;
+    // Every stalled stream is cut: by the 3 s request timeout (CANCELLED),
+    // or refused at once because the request-byte budget was full.
+    tally.assert_refused("slow-loris", 1600, &["Cancelled", "ResourceExhausted"]);
+    assert!(
+        tally.get("Cancelled") >= 1 && tally.get("ResourceExhausted") >= 1,
+        "{}",
+        tally.show("slow-loris")
+    );
 }
 
 /// SIGTERM with a stream that never finishes: the process cuts it after
@@ -434,7 +624,16 @@ async fn shutdown_has_a_deadline() {
     let mut c = common::connect(s.addr).await;
     let t = consume_one(&mut c).await;
     // A Seal whose message never completes.
-    let held = stream_flood(s.addr, "/stateseal.v1.RequestState/Seal", 1, 1, 1000, 10).await;
+    let held = stream_flood(
+        s.addr,
+        "/stateseal.v1.RequestState/Seal",
+        1,
+        1,
+        1000,
+        10,
+        Arc::new(Tally::default()),
+    )
+    .await;
     let started = Instant::now();
     let (status, log) = s.terminate();
     assert!(status.success(), "exit {status}");
