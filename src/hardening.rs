@@ -1,5 +1,19 @@
-//! Process hardening at start: no core dumps. A core of this process would
-//! hold root keys, derived subkeys and decrypted state.
+//! Process hardening at start: no core dumps (a core of this process would
+//! hold root keys, derived subkeys and decrypted state), and panic output
+//! that says where, never what.
+
+/// Replaces the panic hook: a panic message may quote the value it tripped
+/// on (a slice of a parsed file, a key's bytes in a failed assertion), so
+/// only the location is reported.
+pub fn withhold_panic_details() {
+    std::panic::set_hook(Box::new(|info| {
+        let at = info
+            .location()
+            .map(|l| format!("{}:{}", l.file(), l.line()))
+            .unwrap_or_default();
+        eprintln!("stateseal: internal error (panic) at {at}; details withheld");
+    }));
+}
 
 /// Sets `RLIMIT_CORE` to 0 (soft and hard) and, on Linux, marks the process
 /// non-dumpable (`PR_SET_DUMPABLE` 0), which also keeps other processes of

@@ -19,15 +19,7 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run() -> anyhow::Result<()> {
-    // A panic message may quote the value it tripped on (a slice of a
-    // parsed file, say): report where, never what.
-    std::panic::set_hook(Box::new(|info| {
-        let at = info
-            .location()
-            .map(|l| format!("{}:{}", l.file(), l.line()))
-            .unwrap_or_default();
-        eprintln!("stateseal: internal error (panic) at {at}; details withheld");
-    }));
+    stateseal::hardening::withhold_panic_details();
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => {

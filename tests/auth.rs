@@ -14,6 +14,7 @@ use common::*;
 use rcgen::SanType;
 use sha2::{Digest, Sha256};
 use stateseal::proto::request_state_client::RequestStateClient;
+use stateseal::proto::{CommitRequest, OpenMode, OpenRequest, ReleaseRequest, RenewRequest};
 use tonic::transport::{Certificate as TlsCert, Channel, ClientTlsConfig, Identity};
 use tonic::Code;
 
@@ -155,6 +156,59 @@ async fn mtls_isolates_tenants_and_refuses_strangers() {
     assert_eq!(opened.state, b"for tenant a");
     assert!(opened.consumed);
     assert_eq!(reason(&a.open(open_req(&t)).await.unwrap_err()), "REPLAYED");
+
+    // The reserve path too: B can neither reserve A's token nor commit,
+    // renew or release A's reservation; A's reservation still holds after
+    // B's attempts and commits once.
+    let reserve = |t: &str| OpenRequest {
+        mode: OpenMode::Reserve as i32,
+        ..open_req(t)
+    };
+    let t = a
+        .seal(seal_req(b"reserved by a", true))
+        .await
+        .unwrap()
+        .into_inner()
+        .request_state;
+    assert_eq!(reason(&b.open(reserve(&t)).await.unwrap_err()), "REJECTED");
+    let r = a.open(reserve(&t)).await.unwrap().into_inner().reservation;
+    let refused = |e: tonic::Status| {
+        assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+        assert_eq!(reason(&e), "REJECTED", "{e:?}");
+    };
+    for _ in 0..2 {
+        refused(
+            b.commit(CommitRequest {
+                reservation: r.clone(),
+            })
+            .await
+            .unwrap_err(),
+        );
+        refused(
+            b.renew(RenewRequest {
+                reservation: r.clone(),
+                lease_seconds: 0,
+            })
+            .await
+            .unwrap_err(),
+        );
+        refused(
+            b.release(ReleaseRequest {
+                reservation: r.clone(),
+            })
+            .await
+            .unwrap_err(),
+        );
+    }
+    assert_eq!(reason(&a.open(reserve(&t)).await.unwrap_err()), "IN_USE");
+    a.renew(RenewRequest {
+        reservation: r.clone(),
+        lease_seconds: 0,
+    })
+    .await
+    .unwrap();
+    a.commit(CommitRequest { reservation: r }).await.unwrap();
+    assert_eq!(reason(&a.open(reserve(&t)).await.unwrap_err()), "REPLAYED");
 
     // No client certificate: refused.
     assert!(can_seal(s.addr, &p.ca.pem(), None).await.is_err());

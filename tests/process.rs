@@ -322,6 +322,15 @@ async fn logs_of_a_full_run_hold_no_key_state_or_token_bytes() {
     let mut c = connect(p.addr).await;
     let state = b"STATE-MARKER-7f3a9c-STATE-MARKER-7f3a9c";
     let mut tokens = Vec::new();
+    // Every refusal as the client sees it (code, message, details and
+    // metadata): searched for secrets with the logs.
+    let mut replies = Vec::new();
+    let mut refused =
+        |r: Result<tonic::Response<stateseal::proto::OpenResponse>, tonic::Status>| {
+            if let Err(e) = r {
+                replies.push(format!("{e:?}"));
+            }
+        };
     for single_use in [false, true] {
         let t = c
             .seal(seal_req(state, single_use))
@@ -330,17 +339,17 @@ async fn logs_of_a_full_run_hold_no_key_state_or_token_bytes() {
             .into_inner()
             .request_state;
         c.open(open_req(&t)).await.unwrap();
-        let _ = c.open(open_req(&t)).await;
+        refused(c.open(open_req(&t)).await);
         // A tampered token, a wrong binding, garbage.
         let mut raw = URL_SAFE_NO_PAD.decode(&t).unwrap();
         raw[20] ^= 1;
-        let _ = c.open(open_req(&URL_SAFE_NO_PAD.encode(&raw))).await;
+        refused(c.open(open_req(&URL_SAFE_NO_PAD.encode(&raw))).await);
         let mut wrong = open_req(&t);
         wrong.binding = Some(binding("eve", "tools/call", r#"{"name":"transfer"}"#));
-        let _ = c.open(wrong).await;
+        refused(c.open(wrong).await);
         tokens.push(t);
     }
-    let _ = c.open(open_req("garbage-token-garbage-token")).await;
+    refused(c.open(open_req("garbage-token-garbage-token")).await);
     let metrics_addr = metrics_addr(&p);
     let metrics = http_get(metrics_addr, "/metrics");
     assert!(metrics.starts_with("HTTP/1.1 200 OK"), "{metrics}");
@@ -365,7 +374,8 @@ async fn logs_of_a_full_run_hold_no_key_state_or_token_bytes() {
     assert!(http_get(metrics_addr, "/other").starts_with("HTTP/1.1 404"));
     let (status, log) = p.terminate();
     assert!(status.success());
-    let log = format!("{}\n{metrics}", log.join("\n"));
+    assert_eq!(replies.len(), 6);
+    let log = format!("{}\n{metrics}\n{}", log.join("\n"), replies.join("\n"));
     assert!(
         log.contains("sealed") && log.contains("open refused"),
         "trace logs were captured"
@@ -387,4 +397,46 @@ async fn logs_of_a_full_run_hold_no_key_state_or_token_bytes() {
     for t in &tokens {
         assert_absent(&log, "token", t);
     }
+}
+
+/// Not a check of its own: the child process of
+/// `panic_output_withholds_the_message` (it does nothing unless that test
+/// runs it). Installs the server's panic hook and panics with a secret.
+#[test]
+fn panicking_child_for_the_panic_hook_test() {
+    if std::env::var_os("STATESEAL_PANIC_CHILD").is_none() {
+        return;
+    }
+    stateseal::hardening::withhold_panic_details();
+    let key = "PANIC-SECRET-5e1d0c";
+    panic!("tripped on key material {key}");
+}
+
+/// The hook the server installs at start reports a panic's location and
+/// withholds its message (which may quote a secret).
+#[test]
+fn panic_output_withholds_the_message() {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "panicking_child_for_the_panic_hook_test",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env("STATESEAL_PANIC_CHILD", "1")
+        .output()
+        .unwrap();
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "the child did not panic: {all}");
+    assert!(
+        all.contains("internal error (panic) at tests/process.rs:")
+            && all.contains("details withheld"),
+        "{all}"
+    );
+    assert_absent(&all, "the panic's message", "PANIC-SECRET-5e1d0c");
 }

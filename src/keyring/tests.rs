@@ -289,3 +289,123 @@ fn rfc3339_and_listing() {
     let material = serde_json::to_value(&k).unwrap()["keys"][1]["material"].clone();
     assert!(!text.contains(material.as_str().unwrap()));
 }
+
+// === zeroizing, checked in memory ===
+//
+// Each value is built in a slot of its own, dropped in place, and the slot's
+// bytes are read back: what a later reader of that memory would find.
+// (Reading a dropped value's bytes through a raw pointer reads initialized
+// bytes the drop itself wrote; no value is used after its drop.)
+
+/// The bytes of `slot`'s value as they are now.
+#[allow(unsafe_code)]
+fn image<T>(slot: &std::mem::MaybeUninit<T>) -> Vec<u8> {
+    // SAFETY: the slot holds `size_of::<T>()` bytes that were written by
+    // `MaybeUninit::zeroed` and then by the value's construction and drop.
+    unsafe {
+        std::slice::from_raw_parts(slot.as_ptr().cast::<u8>(), std::mem::size_of::<T>()).to_vec()
+    }
+}
+
+/// Builds `make()` in a zeroed slot, returns its bytes before and after an
+/// in-place drop.
+#[allow(unsafe_code)]
+fn before_and_after_drop<T>(make: impl FnOnce() -> T) -> (Vec<u8>, Vec<u8>) {
+    let mut slot = std::mem::MaybeUninit::<T>::zeroed();
+    slot.write(make());
+    let before = image(&slot);
+    // SAFETY: the slot holds a value, dropped exactly once and not used after.
+    unsafe { std::ptr::drop_in_place(slot.as_mut_ptr()) };
+    (before, image(&slot))
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+/// The 16-byte windows of `secret_image` that a secret-free value of the
+/// same type (`blank_image`) does not have: key-dependent content.
+fn secret_windows(secret_image: &[u8], blank_image: &[u8]) -> Vec<Vec<u8>> {
+    secret_image
+        .windows(16)
+        .filter(|w| !contains(blank_image, w))
+        .map(<[u8]>::to_vec)
+        .collect()
+}
+
+#[test]
+fn key_material_is_overwritten_in_memory_on_drop() {
+    let (before, after) = before_and_after_drop(|| KeyMaterial::from_bytes([0xA5; 32]));
+    assert!(
+        contains(&before, &[0xA5; 32]),
+        "the scan must see the key first"
+    );
+    assert!(
+        !contains(&after, &[0xA5; 8]),
+        "root key bytes left after drop"
+    );
+}
+
+#[test]
+fn tenant_keys_are_overwritten_in_memory_on_drop() {
+    let root = RootKey {
+        id: KeyId(3),
+        state: KeyState::Primary,
+        material: KeyMaterial::from_bytes([0x5A; 32]),
+        cache: RwLock::default(),
+    };
+    let tenant = Tenant::new("acme");
+    // The two subkeys, derived here as the token format documents them.
+    let hk = Hkdf::<Sha256>::new(Some(labels::SALT), &[0x5A; 32]);
+    let kid = 3u32.to_be_bytes();
+    let t = b"acme";
+    let tlen = (t.len() as u32).to_be_bytes();
+    let mut aead_key = [0u8; 32];
+    hk.expand_multi_info(&[labels::TOKEN_AEAD, &kid, &tlen, t], &mut aead_key)
+        .unwrap();
+    let mut ledger_key = [0u8; 32];
+    hk.expand_multi_info(&[labels::LEDGER_ID, &kid, &tlen, t], &mut ledger_key)
+        .unwrap();
+    let hmac = |k: &[u8]| <Hmac<Sha256> as hmac::Mac>::new_from_slice(k).unwrap();
+    // The ledger-id HMAC's keyed states, as bytes: what must not survive.
+    let keyed = before_and_after_drop(|| std::mem::ManuallyDrop::new(hmac(&ledger_key))).0;
+    let blank = before_and_after_drop(|| std::mem::ManuallyDrop::new(hmac(&[]))).0;
+    let hmac_secrets = secret_windows(&keyed, &blank);
+    assert!(!hmac_secrets.is_empty());
+
+    let (before, after) = before_and_after_drop(|| root.derive(&tenant));
+    assert!(
+        contains(&before, &aead_key),
+        "the scan must see the AEAD key first"
+    );
+    assert!(
+        hmac_secrets.iter().any(|w| contains(&before, w)),
+        "the scan must see the HMAC state first"
+    );
+    assert!(
+        !contains(&after, &aead_key[..8]),
+        "AEAD subkey left after drop"
+    );
+    let left: Vec<_> = hmac_secrets
+        .iter()
+        .filter(|w| contains(&after, w))
+        .collect();
+    assert!(
+        left.is_empty(),
+        "{} keyed HMAC windows left after drop",
+        left.len()
+    );
+}
+
+#[test]
+fn wiped_hkdf_is_overwritten_in_memory_on_drop() {
+    let hk = || Hkdf::<Sha256>::new(Some(labels::SALT), &[0x77; 32]);
+    let keyed = before_and_after_drop(|| std::mem::ManuallyDrop::new(hk())).0;
+    let blank = before_and_after_drop(|| std::mem::ManuallyDrop::new(Hkdf::<Sha256>::blank())).0;
+    let secrets = secret_windows(&keyed, &blank);
+    assert!(!secrets.is_empty());
+    let (before, after) = before_and_after_drop(|| Wiped(hk()));
+    assert!(secrets.iter().any(|w| contains(&before, w)));
+    let left = secrets.iter().filter(|w| contains(&after, w)).count();
+    assert_eq!(left, 0, "PRK-derived windows left after drop");
+}

@@ -100,6 +100,8 @@ def test_scenario(server_url, scenario):
     m = re.search(r"Passed: (\d+)/(\d+), (\d+) failed, (\d+) warnings", out)
     assert m, out
     expected = EXPECTED_WARNINGS.get(scenario, [])
+    # A scenario that ran no check proves nothing: "Passed: 0/0" fails.
+    assert int(m.group(2)) > 0, out
     assert m.group(1) == m.group(2) and m.group(3) == "0" and m.group(4) == str(len(expected)), out
     warned = re.findall(r"\[([a-z0-9-]+)\s*\]\s*(?:\x1b\[[0-9;]*m)?WARNING", out)
     assert warned == expected, out

@@ -86,6 +86,8 @@ for (const scenario of SCENARIOS) {
     });
     const m = /Passed: (\d+)\/(\d+), (\d+) failed, (\d+) warnings/.exec(stdout);
     assert.ok(m, `${scenario}: no summary\n${stdout}`);
+    // A scenario that ran no check proves nothing: "Passed: 0/0" fails.
+    assert.ok(Number(m[2]) > 0, `${scenario}: no check ran\n${stdout}`);
     assert.equal(m[1], m[2], stdout);
     assert.equal(m[3], '0', stdout);
     const expected = EXPECTED_WARNINGS[scenario] ?? [];
