@@ -10,6 +10,7 @@ use zeroize::Zeroizing;
 use crate::auth::Authenticator;
 use crate::auth::Tenants;
 use crate::binding::Tenant;
+use crate::clock::guard::TimeGuard;
 use crate::clock::{Clock, SystemClock};
 use crate::keyring::{Keyring, KeyringHandle, KeysetError, KeysetFile, RetirePolicy};
 use crate::ledger::postgres::{PgLedger, PgOptions};
@@ -20,7 +21,6 @@ use crate::reload::read_files;
 use crate::sealer::{Limits, Sealer};
 use crate::server::ServeOptions;
 use crate::server::{TenantsInForce, TlsInForce};
-use crate::timeguard::TimeGuard;
 use crate::tls::TlsFiles;
 use arc_swap::ArcSwap;
 

@@ -58,7 +58,6 @@ pub mod sealer;
 pub mod server;
 pub mod service;
 pub mod status;
-pub mod timeguard;
 pub mod tls;
 pub mod token;
 

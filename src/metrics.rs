@@ -174,6 +174,8 @@ pub struct Sources {
     pub backend: &'static str,
     /// The gRPC and health listeners' connection counters.
     pub conns: Arc<crate::conns::ConnStats>,
+    /// The clock guard: whether the wall clock agrees, and by how much.
+    pub guard: Arc<crate::clock::guard::TimeGuard>,
 }
 
 impl std::fmt::Debug for Sources {
@@ -294,13 +296,13 @@ impl Collector for Owned {
             &mut enc,
             "stateseal_clock_synced",
             "1 while the wall clock agrees with the reference clock within the skew.",
-            i64::from(crate::timeguard::GUARD_SYNCED.load(Ordering::Relaxed)),
+            i64::from(src.guard.synced()),
         )?;
         gauge(
             &mut enc,
             "stateseal_clock_offset_seconds",
             "Wall clock minus the reference clock, at the last check.",
-            crate::timeguard::GUARD_OFFSET.load(Ordering::Relaxed),
+            src.guard.offset(),
         )?;
         let l = &crate::limits::LIMIT_STATS;
         counter(

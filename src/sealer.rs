@@ -6,6 +6,7 @@ use std::sync::Arc;
 use zeroize::Zeroizing;
 
 use crate::binding::{params_digest_for, Binding, BindingVersion, Method, ParamsDigest, Tenant};
+use crate::clock::guard::TimeGuard;
 use crate::clock::Clock;
 use crate::error::Reject;
 use crate::keyring::{KeyId, KeyringHandle};
@@ -13,7 +14,6 @@ use crate::ledger::{
     Consumed, Held, Lease, LeaseAsk, LeaseEnd, Ledger, LedgerKey, Reserved, TenantTag,
 };
 use crate::metrics::METRICS;
-use crate::timeguard::TimeGuard;
 use crate::token::{self, Header, ReservationClaims, UntrustedToken};
 
 /// Configured bounds. Every input is checked against these before any work

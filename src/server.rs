@@ -224,7 +224,7 @@ pub async fn run(
             opts.gc_every,
             1000,
         )),
-        tokio::spawn(crate::timeguard::run(
+        tokio::spawn(crate::clock::guard::run(
             sealer.guard().clone(),
             ledger.clone(),
             opts.health_every,
@@ -259,6 +259,7 @@ pub async fn run(
                 flush: ledger.flush_stats(),
                 backend: ledger.backend(),
                 conns: conn_stats.clone(),
+                guard: sealer.guard().clone(),
             },
         )));
     }
@@ -444,7 +445,7 @@ where
 /// take consumptions.
 async fn report_readiness(
     ledger: Arc<dyn crate::ledger::Ledger>,
-    guard: Arc<crate::timeguard::TimeGuard>,
+    guard: Arc<crate::clock::guard::TimeGuard>,
     health: tonic_health::server::HealthReporter,
     every: Duration,
     mut last: Option<bool>,

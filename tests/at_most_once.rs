@@ -385,11 +385,11 @@ async fn randomized_interleavings_on_sled_complete_each_token_at_most_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commit_renew_and_release_work_while_the_clock_guard_disagrees() {
     use stateseal::binding::{BindingVersion, Tenant};
+    use stateseal::clock::guard::TimeGuard;
     use stateseal::error::Reject;
     use stateseal::keyring::{Keyring, KeyringHandle, KeysetFile};
     use stateseal::ledger::sled::SledLedger;
     use stateseal::sealer::{BindingInput, Limits, OpenMode as Mode, ParamsInput, Sealer};
-    use stateseal::timeguard::TimeGuard;
 
     let dir = tempfile::tempdir().unwrap();
     let keys = Arc::new(KeyringHandle::new(

@@ -215,6 +215,9 @@ async fn a_stalled_consumption_is_not_accepted_after_collection() {
         calls: std::sync::atomic::AtomicUsize,
         release: tokio::sync::Notify,
     }
+    /// No clock of its own: the guard's monotonic anchor.
+    impl stateseal::clock::guard::Reference for Stalling {}
+
     #[async_trait::async_trait]
     impl Ledger for Stalling {
         async fn consume_as(

@@ -41,6 +41,9 @@ impl Faulty {
     }
 }
 
+/// No clock of its own: the guard's monotonic anchor.
+impl stateseal::clock::guard::Reference for Faulty {}
+
 #[async_trait::async_trait]
 impl Ledger for Faulty {
     async fn consume_as(

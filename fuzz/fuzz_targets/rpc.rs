@@ -26,6 +26,9 @@ impl MemLedger {
     }
 }
 
+/// No clock of its own: the guard's monotonic anchor.
+impl stateseal::clock::guard::Reference for MemLedger {}
+
 #[async_trait::async_trait]
 impl Ledger for MemLedger {
     async fn consume_as(

@@ -18,8 +18,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::clock::guard::{Reference, ReferenceError, TimeGuard, Vouch};
 use crate::clock::Clock;
-use crate::timeguard::Vouch;
 
 pub mod pgtls;
 pub mod postgres;
@@ -193,8 +193,16 @@ pub enum Held {
 #[error("ledger unavailable: {0}")]
 pub struct LedgerError(pub String);
 
+impl From<LedgerError> for ReferenceError {
+    fn from(e: LedgerError) -> Self {
+        ReferenceError(Box::new(e))
+    }
+}
+
 #[async_trait::async_trait]
-pub trait Ledger: Send + Sync + 'static {
+/// A ledger is also the clock guard's [`Reference`]: the database's clock
+/// (PostgreSQL) or the high-water mark it keeps (sled).
+pub trait Ledger: Reference + Send + Sync + 'static {
     /// Records `key` if absent, with `attempt` (a keyed hash of the
     /// caller's attempt id, if any): the same attempt asking again gets
     /// `Again(None)` instead of `Before`. `Ok(Now)` only once the record is
@@ -253,20 +261,6 @@ pub trait Ledger: Send + Sync + 'static {
     fn flush_stats(&self) -> Option<Arc<sled::FlushStats>> {
         None
     }
-    /// The reference clock, where the ledger has one (the database's time,
-    /// Unix seconds); `None` for a ledger without a clock of its own.
-    async fn reference_now(&self) -> Result<Option<u64>, LedgerError> {
-        Ok(None)
-    }
-    /// Records durably the latest time seen on a synced clock (sled keeps it
-    /// to check the clock against at the next start).
-    async fn record_high_water(&self, _now_unix: u64) -> Result<(), LedgerError> {
-        Ok(())
-    }
-    /// The high-water mark recorded by an earlier run, if any.
-    fn stored_high_water(&self) -> Option<u64> {
-        None
-    }
     /// Whether the ledger failed in a way it cannot recover from in this
     /// process (sled after a failed flush or fdatasync): the process must
     /// exit and be restarted.
@@ -281,7 +275,7 @@ pub trait Ledger: Send + Sync + 'static {
 pub async fn run_gc(
     ledger: Arc<dyn Ledger>,
     clock: Arc<dyn Clock>,
-    guard: Arc<crate::timeguard::TimeGuard>,
+    guard: Arc<TimeGuard>,
     skew: u64,
     every: Duration,
     batch: usize,

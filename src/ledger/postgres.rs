@@ -37,6 +37,7 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 use super::pgtls::{self, PgTls, PgTlsFlags};
 
 use super::{Consumed, Held, Lease, LeaseAsk, LeaseEnd, Ledger, LedgerError, LedgerKey, Reserved};
+use crate::clock::guard::{Reference, ReferenceError};
 
 /// The table; the suffix is the schema version.
 pub const TABLE: &str = "stateseal_consumed_v1";
@@ -558,6 +559,28 @@ impl PgLedger {
 }
 
 #[async_trait::async_trait]
+impl Reference for PgLedger {
+    /// The database's clock: every replica judges its own by it.
+    async fn reference_now(&self) -> Result<Option<u64>, ReferenceError> {
+        Ok(self.database_now().await?)
+    }
+}
+
+impl PgLedger {
+    async fn database_now(&self) -> Result<Option<u64>, LedgerError> {
+        let client = timed("connect", self.timeout, self.pool.get()).await?;
+        let row = timed(
+            "clock",
+            self.timeout,
+            client.query_one("SELECT extract(epoch FROM clock_timestamp())::bigint", &[]),
+        )
+        .await?;
+        let t: i64 = row.get(0);
+        Ok(u64::try_from(t).ok())
+    }
+}
+
+#[async_trait::async_trait]
 impl Ledger for PgLedger {
     async fn consume_as(
         &self,
@@ -747,18 +770,6 @@ impl Ledger for PgLedger {
         )
         .await?;
         Ok(())
-    }
-
-    async fn reference_now(&self) -> Result<Option<u64>, LedgerError> {
-        let client = timed("connect", self.timeout, self.pool.get()).await?;
-        let row = timed(
-            "clock",
-            self.timeout,
-            client.query_one("SELECT extract(epoch FROM clock_timestamp())::bigint", &[]),
-        )
-        .await?;
-        let t: i64 = row.get(0);
-        Ok(u64::try_from(t).ok())
     }
 
     async fn remove_expired(&self, before_unix: u64, limit: usize) -> Result<usize, LedgerError> {

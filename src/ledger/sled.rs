@@ -66,6 +66,7 @@ use tokio::sync::oneshot;
 use super::{
     Consumed, Held, Lease, LeaseAsk, LeaseEnd, Ledger, LedgerError, LedgerKey, Reserved, TenantTag,
 };
+use crate::clock::guard::{Reference, ReferenceError};
 use crate::clock::{Clock, WallClock};
 
 /// Meta records: the horizon and the clock's high-water mark.
@@ -919,6 +920,17 @@ fn refuse(jobs: Vec<Job>) {
 }
 
 #[async_trait::async_trait]
+impl Reference for SledLedger {
+    async fn record_high_water(&self, now_unix: u64) -> Result<(), ReferenceError> {
+        Ok(self.send(Job::HighWater(now_unix))?)
+    }
+
+    fn stored_high_water(&self) -> Option<u64> {
+        self.stored_high_water
+    }
+}
+
+#[async_trait::async_trait]
 impl Ledger for SledLedger {
     async fn consume_as(
         &self,
@@ -1017,14 +1029,6 @@ impl Ledger for SledLedger {
 
     fn flush_stats(&self) -> Option<Arc<FlushStats>> {
         Some(self.stats.clone())
-    }
-
-    async fn record_high_water(&self, now_unix: u64) -> Result<(), LedgerError> {
-        self.send(Job::HighWater(now_unix))
-    }
-
-    fn stored_high_water(&self) -> Option<u64> {
-        self.stored_high_water
     }
 
     fn failed_for_good(&self) -> bool {

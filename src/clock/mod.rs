@@ -1,6 +1,8 @@
 //! Time is injected so that expiry and garbage collection are testable
 //! without sleeping (rustls's `decrypt_at(…, now)` habit).
 
+pub mod guard;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -26,7 +28,7 @@ impl Clock for WallClock {
 /// The clock the service runs on: the wall clock as is. A step is not
 /// hidden here (a high-water mark would latch a forward step and seal tokens
 /// that outlive --max-ttl by the step's size); it is caught by the clock
-/// guard (`timeguard`), which stops the replica from sealing, opening and
+/// guard ([`guard`]), which stops the replica from sealing, opening and
 /// collecting while the wall clock disagrees with the reference, and by the
 /// ledgers' horizon, which never lets a collected record be consumed afresh.
 pub type SystemClock = WallClock;

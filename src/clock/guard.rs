@@ -19,22 +19,46 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::clock::{Clock, WallClock};
-use crate::ledger::Ledger;
+use super::{Clock, WallClock};
+
+/// The clock the guard judges the wall clock by, and the store of the latest
+/// time seen while synced. The ledgers implement it: PostgreSQL with the
+/// database's clock; sled with none of its own (the guard's monotonic
+/// anchor) and the high-water mark in its store.
+#[async_trait::async_trait]
+pub trait Reference: Send + Sync {
+    /// The reference's Unix time now, in seconds; `None` for a store without
+    /// a clock of its own (the guard's monotonic anchor is used).
+    async fn reference_now(&self) -> Result<Option<u64>, ReferenceError> {
+        Ok(None)
+    }
+    /// Records durably the latest time seen on a synced clock, to check the
+    /// clock against at the next start.
+    async fn record_high_water(&self, _now_unix: u64) -> Result<(), ReferenceError> {
+        Ok(())
+    }
+    /// The high-water mark recorded by an earlier run, if any.
+    fn stored_high_water(&self) -> Option<u64> {
+        None
+    }
+}
+
+/// The reference could not be read or written; the source is for logs.
+#[derive(Debug, thiserror::Error)]
+#[error("reference clock unavailable: {0}")]
+pub struct ReferenceError(#[source] pub Box<dyn std::error::Error + Send + Sync>);
 
 #[derive(Debug)]
 pub struct TimeGuard {
     synced: AtomicBool,
+    /// Wall clock minus the reference at the last check, in seconds.
+    offset: AtomicI64,
     skew: u64,
     anchor_wall: u64,
     anchor: Instant,
     /// The high-water mark of an earlier run (0: none).
     floor: u64,
 }
-
-/// The process-wide guard figures, for the metrics endpoint.
-pub static GUARD_SYNCED: AtomicBool = AtomicBool::new(true);
-pub static GUARD_OFFSET: AtomicI64 = AtomicI64::new(0);
 
 impl TimeGuard {
     /// A guard anchored to the wall clock now, with `high_water` (the latest
@@ -43,6 +67,7 @@ impl TimeGuard {
         let wall = WallClock.now_unix();
         let g = Arc::new(TimeGuard {
             synced: AtomicBool::new(true),
+            offset: AtomicI64::new(0),
             skew,
             anchor_wall: wall,
             anchor: Instant::now(),
@@ -56,6 +81,7 @@ impl TimeGuard {
     pub fn always_synced() -> Arc<Self> {
         Arc::new(TimeGuard {
             synced: AtomicBool::new(true),
+            offset: AtomicI64::new(0),
             skew: u64::MAX,
             anchor_wall: 0,
             anchor: Instant::now(),
@@ -67,14 +93,19 @@ impl TimeGuard {
         self.synced.load(Ordering::SeqCst)
     }
 
+    /// Wall clock minus the reference clock at the last check, in seconds.
+    pub fn offset(&self) -> i64 {
+        self.offset.load(Ordering::Relaxed)
+    }
+
     /// Judges the clock now and, if it agrees with the reference, vouches
     /// for the wall-clock time it judged: the time garbage collection may
     /// use. `Unwatched` for [`TimeGuard::always_synced`].
-    pub async fn vouch(&self, ledger: &dyn Ledger) -> Vouch {
+    pub async fn vouch(&self, reference: &dyn Reference) -> Vouch {
         if self.skew == u64::MAX {
             return Vouch::Unwatched;
         }
-        let reference = match ledger.reference_now().await {
+        let reference = match reference.reference_now().await {
             Ok(Some(t)) => t,
             Ok(None) => self.monotonic_now(),
             Err(_) => return Vouch::Unsynced,
@@ -100,10 +131,9 @@ impl TimeGuard {
             reference
         };
         let offset = wall as i64 - reference as i64;
-        GUARD_OFFSET.store(offset, Ordering::Relaxed);
+        self.offset.store(offset, Ordering::Relaxed);
         let ok = offset.unsigned_abs() <= self.skew;
         let was = self.synced.swap(ok, Ordering::SeqCst);
-        GUARD_SYNCED.store(ok, Ordering::Relaxed);
         if was && !ok {
             tracing::error!(
                 offset_seconds = offset,
@@ -136,7 +166,7 @@ pub enum Vouch {
 /// mark every `record_every` (sled keeps it for the next start).
 pub async fn run(
     guard: Arc<TimeGuard>,
-    ledger: Arc<dyn Ledger>,
+    reference: Arc<dyn Reference>,
     every: Duration,
     record_every: Duration,
 ) {
@@ -144,10 +174,10 @@ pub async fn run(
     loop {
         // A reference that cannot be read keeps the last verdict (readiness
         // follows the ledger's own health anyway) and records nothing.
-        if let Vouch::Trusted(wall) = guard.vouch(&*ledger).await {
+        if let Vouch::Trusted(wall) = guard.vouch(&*reference).await {
             if last_record.elapsed() >= record_every {
                 last_record = Instant::now();
-                if let Err(e) = ledger.record_high_water(wall).await {
+                if let Err(e) = reference.record_high_water(wall).await {
                     tracing::warn!(error = %e, "cannot record the clock high-water mark");
                 }
             }
