@@ -14,9 +14,8 @@
 //!
 //! Not one `apply_batch` per round: sled makes a batch atomic by writing its
 //! log buffer out before the batch and sealing another right after the
-//! batch's manifest, so a batch costs two more device writes, each waited
-//! for in turn (measured: 4.1 against 3.1 write requests per round at one
-//! consumption per round, 4.8 against 3.0–3.3 at 64 in flight;
+//! batch's manifest, so a batch costs more device writes, each waited for
+//! in turn (how many depends on the disk, file system and sled's version:
 //! docs/performance.md, "What a durable round asks of the disk"). Nothing
 //! needs a round to be atomic as a whole: every record is one key's, each
 //! key is written at most once per round, and nobody is answered before the
@@ -46,14 +45,14 @@
 //!
 //! fsync's answer alone is not enough: on ext4, an `fdatasync` that races the
 //! journal abort of a filesystem error can return success and the write is
-//! still lost (measured: 5 of 30 runs of an append + `fdatasync` loop lost
-//! the last write whose `fdatasync` returned 0 within ~20 ms of the error;
-//! `tests/disk.rs`). So after each `fdatasync` the writer changes the size
+//! still lost (reproduced by `tests/data/fsync_abort_race.py`; the trials
+//! and the kernel they ran on are in docs/operations.md, "fsync's answer is
+//! checked too"). So after each `fdatasync` the writer changes the size
 //! of a probe file in the ledger directory (0 ↔ 1 byte): a size change must
 //! start a journal transaction and reports its failure, and the journal is
 //! marked aborted before any such fsync returns. A failed probe fails the
-//! round like a failed fsync (fail-stop, nothing acknowledged). With the
-//! probe, 60 runs of the same loop lost nothing that was acknowledged.
+//! round like a failed fsync (fail-stop, nothing acknowledged); with the
+//! probe the same script loses nothing acknowledged (same section).
 
 use std::collections::{BTreeSet, HashMap};
 use std::fs::File;
