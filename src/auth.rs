@@ -195,9 +195,6 @@ impl Authenticator {
     pub fn authenticate<T>(&self, req: Request<T>) -> Result<Request<T>, Status> {
         let conn = conn_of(req.extensions());
         let result = self.identify(req);
-        if result.is_err() {
-            crate::metrics::METRICS.auth_failure();
-        }
         // What the connection's bounds go by (see `conns`): a connection
         // whose requests all fail authentication is closed.
         match (&result, conn) {

@@ -20,8 +20,8 @@ use crate::limits::TransportLimits;
 use crate::reload::read_files;
 use crate::sealer::{Limits, Sealer};
 use crate::server::ServeOptions;
-use crate::server::{TenantsInForce, TlsInForce};
-use crate::tls::TlsFiles;
+use crate::server::TenantsInForce;
+use crate::tls::{TlsFiles, TlsInForce};
 use arc_swap::ArcSwap;
 
 #[derive(Debug, Parser)]
@@ -481,8 +481,10 @@ impl ServeArgs {
                     path: paths[0].clone(),
                     source,
                 })?;
-                let config = files.load().map_err(ConfigError::Invalid)?;
-                Some((files, Arc::new(ArcSwap::new(config)), digest))
+                let loaded = files
+                    .load()
+                    .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+                Some(TlsInForce::new(files, loaded, digest))
             }
             None => None,
         };
@@ -584,13 +586,15 @@ impl ServeArgs {
                  it catches up (see docs/operations.md, Clocks)"
             );
         }
+        let metrics = Arc::new(crate::metrics::Metrics::new());
         let sealer = Sealer::new(
             Arc::new(KeyringHandle::new(ring)),
             ledger,
             Arc::new(SystemClock::new()),
             limits,
         )
-        .with_guard(guard);
+        .with_guard(guard)
+        .with_figures(metrics.clone());
         Ok(Prepared {
             sealer: Arc::new(sealer),
             options: ServeOptions {
@@ -603,6 +607,7 @@ impl ServeArgs {
                 reload_every: std::time::Duration::from_millis(self.reload_interval_ms.max(100)),
                 limits: self.transport_limits(),
                 gc_every: std::time::Duration::from_millis(self.gc_interval_ms.max(50)),
+                metrics,
                 ..ServeOptions::default()
             },
             keyset_path,

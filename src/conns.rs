@@ -50,6 +50,11 @@ pub struct ConnPolicy {
 /// them.
 #[derive(Debug, Default)]
 pub struct ConnStats {
+    /// Closed because their TLS handshake (or HTTP/2 preface) failed or
+    /// timed out.
+    pub handshakes_failed: AtomicU64,
+    /// Closed mid-handshake to make room for a newer one.
+    pub handshakes_evicted: AtomicU64,
     pub closed_idle: AtomicU64,
     pub evicted: AtomicU64,
     pub refused_per_ip: AtomicU64,
@@ -205,6 +210,11 @@ pub struct Conns {
 impl Conns {
     /// A registry counting into `stats`, and its sweeper (closing idle and
     /// unauthenticated connections) running until the registry is dropped.
+    /// The counters this registry's listener reports into.
+    pub fn stats(&self) -> &Arc<ConnStats> {
+        &self.stats
+    }
+
     pub fn new(policy: ConnPolicy, stats: Arc<ConnStats>) -> Arc<Self> {
         let conns = Arc::new(Conns {
             policy,

@@ -30,7 +30,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::transport::server::Connected;
 
-use crate::conns::{Closing, Conn, ConnInfo, Conns};
+use crate::conns::{Closing, Conn, ConnInfo, ConnStats, Conns};
 
 /// Every limit of the transport, with the defaults docs/configuration.md documents.
 #[derive(Clone, Debug)]
@@ -143,22 +143,13 @@ impl TransportLimits {
     }
 }
 
-/// Counters the metrics endpoint exposes.
+/// Refusals of the work bounds, for the metrics endpoint: one per server,
+/// shared by its request-byte budget and its canonicalization pool.
 #[derive(Debug, Default)]
 pub struct LimitStats {
     pub inflight_refused: AtomicU64,
     pub canon_refused: AtomicU64,
-    pub handshakes_failed: AtomicU64,
-    pub handshakes_evicted: AtomicU64,
 }
-
-/// The process-wide counters.
-pub static LIMIT_STATS: LimitStats = LimitStats {
-    inflight_refused: AtomicU64::new(0),
-    canon_refused: AtomicU64::new(0),
-    handshakes_failed: AtomicU64::new(0),
-    handshakes_evicted: AtomicU64::new(0),
-};
 
 // === connections ===
 
@@ -359,6 +350,8 @@ async fn preface_within(tcp: &TcpStream, limit: Duration) -> bool {
 #[derive(Debug)]
 pub struct HandshakeSlots {
     max: usize,
+    /// Where evictions are counted (the listener's connection counters).
+    stats: Arc<ConnStats>,
     next: AtomicU64,
     queue: Mutex<std::collections::VecDeque<(u64, tokio::sync::oneshot::Sender<()>)>>,
 }
@@ -379,9 +372,10 @@ impl Drop for HandshakeTicket {
 }
 
 impl HandshakeSlots {
-    pub fn new(max: usize) -> Arc<Self> {
+    pub fn new(max: usize, stats: Arc<ConnStats>) -> Arc<Self> {
         Arc::new(HandshakeSlots {
             max: max.max(1),
+            stats,
             next: AtomicU64::new(0),
             queue: Mutex::default(),
         })
@@ -392,7 +386,7 @@ impl HandshakeSlots {
         let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
         match q.pop_front() {
             Some((_, evict)) => {
-                LIMIT_STATS
+                self.stats
                     .handshakes_evicted
                     .fetch_add(1, Ordering::Relaxed);
                 let _ = evict.send(());
@@ -409,7 +403,7 @@ impl HandshakeSlots {
         let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
         while q.len() >= self.max {
             if let Some((_, evict)) = q.pop_front() {
-                LIMIT_STATS
+                self.stats
                     .handshakes_evicted
                     .fetch_add(1, Ordering::Relaxed);
                 let _ = evict.send(());
@@ -436,13 +430,14 @@ pub fn limited_incoming(
 ) -> tokio_stream::wrappers::ReceiverStream<std::io::Result<Counted<TcpStream>>> {
     let (tx, rx) = tokio::sync::mpsc::channel(16);
     let permits = Arc::new(Semaphore::new(max.max(1)));
-    let slots = HandshakeSlots::new(max_handshakes);
+    let slots = HandshakeSlots::new(max_handshakes, conns.stats().clone());
     tokio::spawn(async move {
         while let Some((tcp, _, permit, conn)) =
             accept_limited(&listener, &permits, Some(&slots), &conns).await
         {
             let conn_tx = tx.clone();
             let mut ticket = slots.admit();
+            let stats = conns.stats().clone();
             tokio::spawn(async move {
                 let ok = tokio::select! {
                     ok = preface_within(&tcp, handshake_timeout) => ok,
@@ -452,9 +447,7 @@ pub fn limited_incoming(
                 if ok {
                     let _ = conn_tx.send(Ok(Counted::new(tcp, permit, conn))).await;
                 } else {
-                    LIMIT_STATS
-                        .handshakes_failed
-                        .fetch_add(1, Ordering::Relaxed);
+                    stats.handshakes_failed.fetch_add(1, Ordering::Relaxed);
                 }
             });
             if tx.is_closed() {
@@ -467,11 +460,12 @@ pub fn limited_incoming(
 
 // === request bytes in flight ===
 
-/// The process-wide budget of request bytes in flight.
+/// The server's budget of request bytes in flight.
 #[derive(Debug)]
 struct Budget {
     used: AtomicUsize,
     max: usize,
+    stats: Arc<LimitStats>,
 }
 
 impl Budget {
@@ -517,11 +511,13 @@ pub struct InflightBytesLayer {
 }
 
 impl InflightBytesLayer {
-    pub fn new(max_bytes: usize) -> Self {
+    /// A budget of `max_bytes`, counting refusals into `stats`.
+    pub fn new(max_bytes: usize, stats: Arc<LimitStats>) -> Self {
         InflightBytesLayer {
             budget: Arc::new(Budget {
                 used: AtomicUsize::new(0),
                 max: max_bytes.max(64 * 1024),
+                stats,
             }),
         }
     }
@@ -619,7 +615,11 @@ impl HttpBody for Metered {
                 if let Some(data) = frame.data_ref() {
                     let n = data.len();
                     if !this.held.budget.take(n) {
-                        LIMIT_STATS.inflight_refused.fetch_add(1, Ordering::Relaxed);
+                        this.held
+                            .budget
+                            .stats
+                            .inflight_refused
+                            .fetch_add(1, Ordering::Relaxed);
                         return Poll::Ready(Some(Err(crate::error::Reject::Overloaded.into())));
                     }
                     this.held.bytes.fetch_add(n, Ordering::Relaxed);
@@ -647,6 +647,7 @@ pub struct CanonPool {
     running: Arc<Semaphore>,
     admitted: AtomicUsize,
     max_admitted: usize,
+    stats: Arc<LimitStats>,
 }
 
 /// Inputs up to this size are canonicalized inline: a few microseconds,
@@ -658,12 +659,15 @@ pub const INLINE_CANON_BYTES: usize = 4 * 1024;
 pub struct Busy;
 
 impl CanonPool {
-    pub fn new(running: usize, queue: usize) -> Self {
+    /// At most `running` at once and `queue` waiting; refusals counted
+    /// into `stats`.
+    pub fn new(running: usize, queue: usize, stats: Arc<LimitStats>) -> Self {
         let running = running.max(1);
         CanonPool {
             running: Arc::new(Semaphore::new(running)),
             admitted: AtomicUsize::new(0),
             max_admitted: running + queue,
+            stats,
         }
     }
 
@@ -679,7 +683,7 @@ impl CanonPool {
         }
         if self.admitted.fetch_add(1, Ordering::AcqRel) >= self.max_admitted {
             self.admitted.fetch_sub(1, Ordering::AcqRel);
-            LIMIT_STATS.canon_refused.fetch_add(1, Ordering::Relaxed);
+            self.stats.canon_refused.fetch_add(1, Ordering::Relaxed);
             return Err(Busy);
         }
         struct Admitted<'a>(&'a AtomicUsize);

@@ -13,7 +13,7 @@
 use std::borrow::Cow;
 use std::convert::Infallible;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -36,7 +36,7 @@ use tokio::net::TcpListener;
 
 use crate::error::Reject;
 use crate::keyring::KeyringHandle;
-use crate::ledger::sled::FlushStats;
+use crate::ledger::FlushStats;
 use crate::reload::ReloadStats;
 
 /// Upper bounds (seconds) of the latency buckets.
@@ -88,16 +88,34 @@ pub struct Metrics {
     ledger_failures: Counter,
     auth_failures: Counter,
     leases_lost: Counter,
+    ready: std::sync::atomic::AtomicBool,
 }
 
-/// Readiness as last reported (for `stateseal_ready`).
-pub static READY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
 
-/// The process-wide metrics.
-pub static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
+impl crate::sealer::LedgerFigures for Metrics {
+    fn ledger_round(&self, took: Duration, answered: bool, consumed: bool) {
+        self.ledger_consume(took, answered, consumed);
+    }
+    fn lease_lost(&self) {
+        self.lease_lost();
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
 
 impl Metrics {
-    fn new() -> Self {
+    /// The figures one server records; made once at the composition root
+    /// and handed to the parts that record.
+    pub fn new() -> Self {
         let requests = Family::<RequestLabels, Counter>::default();
         let request_counters = std::array::from_fn(|r| {
             std::array::from_fn(|i| {
@@ -123,7 +141,13 @@ impl Metrics {
             ledger_failures: Counter::default(),
             auth_failures: Counter::default(),
             leases_lost: Counter::default(),
+            ready: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Readiness as last reported to health (for `stateseal_ready`).
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::Relaxed);
     }
 
     /// Records a finished RPC: `None` = success.
@@ -165,7 +189,7 @@ impl Metrics {
     }
 }
 
-/// What the exposition reads besides the process-wide metrics.
+/// What the exposition reads besides the server's own metrics.
 #[derive(Clone)]
 pub struct Sources {
     pub keys: Arc<KeyringHandle>,
@@ -176,6 +200,12 @@ pub struct Sources {
     pub conns: Arc<crate::conns::ConnStats>,
     /// The clock guard: whether the wall clock agrees, and by how much.
     pub guard: Arc<crate::clock::guard::TimeGuard>,
+    /// The server's own figures (also registered as metrics).
+    pub metrics: Arc<Metrics>,
+    /// Refusals of the request-byte budget and the canonicalization pool.
+    pub limits: Arc<crate::limits::LimitStats>,
+    /// The expiry dates of the TLS material in force, with TLS.
+    pub tls: Option<Arc<crate::tls::TlsExpiry>>,
 }
 
 impl std::fmt::Debug for Sources {
@@ -186,10 +216,10 @@ impl std::fmt::Debug for Sources {
     }
 }
 
-/// The registry one metrics endpoint serves: the process-wide metrics, and
-/// a collector reading the values other parts own at each scrape.
+/// The registry one metrics endpoint serves: the server's metrics, and a
+/// collector reading the values other parts own at each scrape.
 pub fn registry(src: Sources) -> Registry {
-    let m = &*METRICS;
+    let m = src.metrics.clone();
     let mut r = Registry::default();
     r.register(
         "stateseal_requests",
@@ -304,7 +334,7 @@ impl Collector for Owned {
             "Wall clock minus the reference clock, at the last check.",
             src.guard.offset(),
         )?;
-        let l = &crate::limits::LIMIT_STATS;
+        let l = &src.limits;
         counter(
             &mut enc,
             "stateseal_inflight_bytes_refused",
@@ -317,12 +347,12 @@ impl Collector for Owned {
             "Requests refused because the canonicalization queue was full (OVERLOADED).",
             load(&l.canon_refused),
         )?;
-        counter(&mut enc, "stateseal_handshake_failures", "Connections closed because their TLS handshake (or HTTP/2 preface) failed or timed out.", load(&l.handshakes_failed))?;
+        counter(&mut enc, "stateseal_handshake_failures", "Connections closed because their TLS handshake (or HTTP/2 preface) failed or timed out.", load(&src.conns.handshakes_failed))?;
         counter(
             &mut enc,
             "stateseal_handshakes_evicted",
             "Connections closed mid-handshake to make room for a newer one (handshake slots full).",
-            load(&l.handshakes_evicted),
+            load(&src.conns.handshakes_evicted),
         )?;
         let c = &src.conns;
         counter(
@@ -370,23 +400,25 @@ impl Collector for Owned {
             &mut enc,
             "stateseal_ready",
             "1 while readiness reports SERVING.",
-            i64::from(READY.load(Ordering::Relaxed)),
+            i64::from(src.metrics.ready.load(Ordering::Relaxed)),
         )?;
-        for (name, help, v) in [
-            (
-                "stateseal_tls_certificate_expiry_timestamp_seconds",
-                "notAfter of the server certificate in force (Unix seconds).",
-                &crate::tls::CERT_NOT_AFTER,
-            ),
-            (
-                "stateseal_tls_client_ca_expiry_timestamp_seconds",
-                "Earliest notAfter of the client CA bundle in force (Unix seconds).",
-                &crate::tls::CLIENT_CA_NOT_AFTER,
-            ),
-        ] {
-            let v = v.load(Ordering::Relaxed);
-            if v > 0 {
-                gauge(&mut enc, name, help, v)?;
+        if let Some(tls) = &src.tls {
+            for (name, help, v) in [
+                (
+                    "stateseal_tls_certificate_expiry_timestamp_seconds",
+                    "notAfter of the server certificate in force (Unix seconds).",
+                    &tls.cert_not_after,
+                ),
+                (
+                    "stateseal_tls_client_ca_expiry_timestamp_seconds",
+                    "Earliest notAfter of the client CA bundle in force (Unix seconds).",
+                    &tls.client_ca_not_after,
+                ),
+            ] {
+                let v = v.load(Ordering::Relaxed);
+                if v > 0 {
+                    gauge(&mut enc, name, help, v)?;
+                }
             }
         }
         gauge(

@@ -13,7 +13,6 @@ use crate::keyring::{KeyId, KeyringHandle};
 use crate::ledger::{
     Consumed, Held, Lease, LeaseAsk, LeaseEnd, Ledger, LedgerKey, Reserved, TenantTag,
 };
-use crate::metrics::METRICS;
 use crate::token::{self, Header, ReservationClaims, UntrustedToken};
 
 /// Configured bounds. Every input is checked against these before any work
@@ -120,12 +119,33 @@ impl std::fmt::Debug for OpenedState {
     }
 }
 
+/// What the sealer reports of its ledger rounds. The metrics implement it
+/// and are handed down from the composition root, so the core names no
+/// registry.
+pub trait LedgerFigures: Send + Sync {
+    /// A consumption, reservation or commit round: how long the ledger
+    /// took, whether it answered, and whether a token was consumed.
+    fn ledger_round(&self, took: std::time::Duration, answered: bool, consumed: bool);
+    /// A Commit or Renew of a reservation that no longer held its token.
+    fn lease_lost(&self);
+}
+
+/// Reports nothing: for tools, tests and benches that keep no metrics.
+#[derive(Debug)]
+pub struct Unobserved;
+
+impl LedgerFigures for Unobserved {
+    fn ledger_round(&self, _: std::time::Duration, _: bool, _: bool) {}
+    fn lease_lost(&self) {}
+}
+
 pub struct Sealer {
     keys: Arc<KeyringHandle>,
     ledger: Arc<dyn Ledger>,
     clock: Arc<dyn Clock>,
     limits: Limits,
     guard: Arc<TimeGuard>,
+    figures: Arc<dyn LedgerFigures>,
 }
 
 impl std::fmt::Debug for Sealer {
@@ -150,7 +170,14 @@ impl Sealer {
             clock,
             limits,
             guard: TimeGuard::always_synced(),
+            figures: Arc::new(Unobserved),
         }
+    }
+
+    /// Reports ledger rounds and lost leases to `figures`.
+    pub fn with_figures(mut self, figures: Arc<dyn LedgerFigures>) -> Self {
+        self.figures = figures;
+        self
     }
 
     /// Refuses to seal and open while `guard` says the clock disagrees with
@@ -377,7 +404,7 @@ impl Sealer {
                     self.ledger.reserve(&key, ask, now).await.map(Err)
                 }
             };
-            METRICS.ledger_consume(
+            self.figures.ledger_round(
                 started.elapsed(),
                 outcome.is_ok(),
                 matches!(outcome, Ok(Ok(Consumed::Now))),
@@ -494,7 +521,7 @@ impl Sealer {
         let (c, key) = self.reservation(tenant, reservation)?;
         let started = std::time::Instant::now();
         let outcome = self.ledger.commit(&key, c.rid).await;
-        METRICS.ledger_consume(
+        self.figures.ledger_round(
             started.elapsed(),
             outcome.is_ok(),
             matches!(outcome, Ok(Held::Yes(_))),
@@ -542,7 +569,7 @@ impl Sealer {
         match outcome {
             Ok(Held::Yes(end)) => Ok(end),
             Ok(Held::Lost) => {
-                METRICS.lease_lost();
+                self.figures.lease_lost();
                 tracing::warn!(
                     tenant = tenant.as_str(),
                     rpc,

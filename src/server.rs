@@ -21,7 +21,7 @@ use crate::proto::request_state_server::RequestStateServer;
 use crate::reload::{keyset_applier, watch_file, ReloadStats};
 use crate::sealer::Sealer;
 use crate::service::RequestStateService;
-use crate::tls::{self, TlsFiles};
+use crate::tls::{self, TlsInForce};
 use arc_swap::ArcSwap;
 
 /// The fully-qualified service name, as health checks name it. Its status
@@ -34,7 +34,6 @@ pub const LIVENESS_NAME: &str = "stateseal.liveness";
 
 /// TLS files (watched), the configuration in force, and the digest of the
 /// file versions it was loaded from.
-pub type TlsInForce = (TlsFiles, Arc<ArcSwap<rustls::ServerConfig>>, [u8; 32]);
 /// The tenants file (watched), the tenants in force, and the digest of the
 /// version they were parsed from.
 pub type TenantsInForce = (PathBuf, Arc<ArcSwap<Tenants>>, [u8; 32]);
@@ -62,13 +61,16 @@ pub struct ServeOptions {
     pub reload_stats: Arc<ReloadStats>,
     /// Transport and work limits on every listener.
     pub limits: TransportLimits,
+    /// The server's figures, served on the metrics port (the sealer is
+    /// given the same, as its [`crate::sealer::LedgerFigures`]).
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl std::fmt::Debug for ServeOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ServeOptions")
             .field("auth", &self.auth)
-            .field("tls", &self.tls.as_ref().map(|(files, _, _)| files))
+            .field("tls", &self.tls.as_ref().map(|t| &t.files))
             .field("health_listener", &self.health_listener)
             .field("metrics_listener", &self.metrics_listener)
             .finish_non_exhaustive()
@@ -91,6 +93,7 @@ impl Default for ServeOptions {
             reload_every: Duration::from_secs(2),
             reload_stats: Arc::default(),
             limits: TransportLimits::default(),
+            metrics: Arc::default(),
         }
     }
 }
@@ -167,32 +170,42 @@ pub async fn run(
         tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
     };
+    let metrics = opts.metrics.clone();
     let reflection_v1 = behind_auth(
         reflection()
             .build_v1()?
             .max_decoding_message_size(AUX_MAX_MESSAGE),
         &auth,
+        &metrics,
     );
     let reflection_v1alpha = behind_auth(
         reflection()
             .build_v1alpha()?
             .max_decoding_message_size(AUX_MAX_MESSAGE),
         &auth,
+        &metrics,
     );
 
     let limit = max_message_size(&sealer);
+    let limit_stats = Arc::new(crate::limits::LimitStats::default());
     let canon = Arc::new(CanonPool::new(
         lim.max_canonicalizations,
         lim.max_canon_queue,
+        limit_stats.clone(),
     ));
     let service = behind_auth(
-        RequestStateServer::new(RequestStateService::new(sealer.clone(), canon))
-            .max_decoding_message_size(limit)
-            .max_encoding_message_size(limit),
+        RequestStateServer::new(RequestStateService::new(
+            sealer.clone(),
+            canon,
+            metrics.clone(),
+        ))
+        .max_decoding_message_size(limit)
+        .max_encoding_message_size(limit),
         &auth,
+        &metrics,
     );
     // One budget of request bytes in flight for every listener.
-    let inflight = InflightBytesLayer::new(lim.max_inflight_bytes);
+    let inflight = InflightBytesLayer::new(lim.max_inflight_bytes, limit_stats.clone());
 
     let ledger = sealer.ledger().clone();
     // Registered before the first request can arrive: a probe never sees
@@ -202,7 +215,7 @@ pub async fn run(
     health
         .set_service_status(LIVENESS_NAME, tonic_health::ServingStatus::Serving)
         .await;
-    set_health(&health, ready).await;
+    set_health(&health, &metrics, ready).await;
     if ready {
         tracing::info!(backend = ledger.backend(), "ledger ready: SERVING");
     } else {
@@ -213,6 +226,7 @@ pub async fn run(
             ledger.clone(),
             guard.clone(),
             health,
+            metrics.clone(),
             opts.health_every,
             Some(ready),
         )),
@@ -235,9 +249,9 @@ pub async fn run(
         let apply = keyset_applier(sealer.keys().clone());
         background.push(spawn_watch("keyset", vec![path], digest, &opts, apply));
     }
-    if let Some((files, config, digest)) = opts.tls.clone() {
-        let paths = files.paths();
-        let apply = move |_: &[u8]| files.load().map(|c| config.store(c));
+    if let Some(t) = opts.tls.clone() {
+        let (paths, digest) = (t.files.paths(), t.digest);
+        let apply = move |_: &[u8]| t.reload().map_err(|e| e.to_string());
         background.push(spawn_watch("tls", paths, digest, &opts, apply));
     }
     if let Some((path, tenants, digest)) = opts.tenants.clone() {
@@ -260,6 +274,9 @@ pub async fn run(
                 backend: ledger.backend(),
                 conns: conn_stats.clone(),
                 guard: sealer.guard().clone(),
+                metrics: metrics.clone(),
+                limits: limit_stats.clone(),
+                tls: opts.tls.as_ref().map(|t| t.expiry.clone()),
             },
         )));
     }
@@ -315,10 +332,10 @@ pub async fn run(
     );
     let serve = async {
         match &opts.tls {
-            Some((_, config, _)) => {
+            Some(t) => {
                 router
                     .serve_with_incoming_shutdown(
-                        tls::incoming(listener, config.clone(), &lim, conns),
+                        tls::incoming(listener, t.config.clone(), &lim, conns),
                         stop,
                     )
                     .await
@@ -402,13 +419,21 @@ pub async fn run(
 fn behind_auth<S>(
     svc: S,
     auth: &Authenticator,
+    metrics: &Arc<crate::metrics::Metrics>,
 ) -> InterceptedService<S, impl tonic::service::Interceptor + Clone> {
-    let auth = auth.clone();
-    InterceptedService::new(svc, move |req| auth.authenticate(req))
+    let (auth, metrics) = (auth.clone(), metrics.clone());
+    InterceptedService::new(svc, move |req| {
+        auth.authenticate(req)
+            .inspect_err(|_| metrics.auth_failure())
+    })
 }
 
-async fn set_health(health: &tonic_health::server::HealthReporter, ready: bool) {
-    crate::metrics::READY.store(ready, std::sync::atomic::Ordering::Relaxed);
+async fn set_health(
+    health: &tonic_health::server::HealthReporter,
+    metrics: &crate::metrics::Metrics,
+    ready: bool,
+) {
+    metrics.set_ready(ready);
     let status = if ready {
         tonic_health::ServingStatus::Serving
     } else {
@@ -447,13 +472,14 @@ async fn report_readiness(
     ledger: Arc<dyn crate::ledger::Ledger>,
     guard: Arc<crate::clock::guard::TimeGuard>,
     health: tonic_health::server::HealthReporter,
+    metrics: Arc<crate::metrics::Metrics>,
     every: Duration,
     mut last: Option<bool>,
 ) {
     loop {
         let ready = ledger.ready().await && guard.synced();
         if last != Some(ready) {
-            set_health(&health, ready).await;
+            set_health(&health, &metrics, ready).await;
             if ready {
                 tracing::info!(backend = ledger.backend(), "ledger ready: SERVING");
             } else {

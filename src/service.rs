@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::metrics::{Rpc, METRICS};
+use crate::metrics::{Metrics, Rpc};
 
 use tonic::{Request, Response, Status};
 
@@ -20,11 +20,16 @@ use crate::sealer::{OpenMode, Sealer};
 pub struct RequestStateService {
     sealer: Arc<Sealer>,
     canon: Arc<CanonPool>,
+    metrics: Arc<Metrics>,
 }
 
 impl RequestStateService {
-    pub fn new(sealer: Arc<Sealer>, canon: Arc<CanonPool>) -> Self {
-        RequestStateService { sealer, canon }
+    pub fn new(sealer: Arc<Sealer>, canon: Arc<CanonPool>, metrics: Arc<Metrics>) -> Self {
+        RequestStateService {
+            sealer,
+            canon,
+            metrics,
+        }
     }
 
     /// Checks a received binding and computes its params digest: the cheap
@@ -167,7 +172,8 @@ impl RequestState for RequestStateService {
             )
         }
         .await;
-        METRICS.request(Rpc::Seal, result.as_ref().err().copied(), started.elapsed());
+        self.metrics
+            .request(Rpc::Seal, result.as_ref().err().copied(), started.elapsed());
         match result {
             Ok(s) => {
                 tracing::debug!(
@@ -232,7 +238,8 @@ impl RequestState for RequestStateService {
             },
             (Err(e), _) | (_, Err(e)) => Err(e),
         };
-        METRICS.request(Rpc::Open, result.as_ref().err().copied(), started.elapsed());
+        self.metrics
+            .request(Rpc::Open, result.as_ref().err().copied(), started.elapsed());
         match result {
             Ok((mut o, (input_responses_json, dropped))) => {
                 tracing::debug!(
@@ -278,7 +285,7 @@ impl RequestState for RequestStateService {
             .sealer
             .commit(&tenant, &req.get_ref().reservation)
             .await;
-        METRICS.request(
+        self.metrics.request(
             Rpc::Commit,
             result.as_ref().err().copied(),
             started.elapsed(),
@@ -298,7 +305,7 @@ impl RequestState for RequestStateService {
             .sealer
             .renew(&tenant, &r.reservation, r.lease_seconds)
             .await;
-        METRICS.request(
+        self.metrics.request(
             Rpc::Renew,
             result.as_ref().err().copied(),
             started.elapsed(),
@@ -324,7 +331,7 @@ impl RequestState for RequestStateService {
             .sealer
             .release(&tenant, &req.get_ref().reservation)
             .await;
-        METRICS.request(
+        self.metrics.request(
             Rpc::Release,
             result.as_ref().err().copied(),
             started.elapsed(),

@@ -15,6 +15,7 @@
 //!   that expired before it, so a removed record can never be consumed
 //!   afresh, whatever a clock says later.
 
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -199,9 +200,36 @@ impl From<LedgerError> for ReferenceError {
     }
 }
 
-#[async_trait::async_trait]
+/// Figures of a ledger that writes in rounds of its own (sled): batch sizes
+/// show group commit at work; the record count against its bound. The
+/// metrics read them.
+#[derive(Debug, Default)]
+pub struct FlushStats {
+    pub flushes: AtomicU64,
+    pub flushed_waiters: AtomicU64,
+    pub max_batch: AtomicU64,
+    /// Records the ledger holds now (counted at open, then kept by the
+    /// writer: the only thread that adds or removes any).
+    pub records: AtomicU64,
+    /// The bound on `records` (`u64::MAX`: none).
+    pub max_records: AtomicU64,
+    /// Consumptions and reservations refused because the ledger was full.
+    pub refused_full: AtomicU64,
+    /// The bound on one tenant's records (`u64::MAX`: none).
+    pub max_tenant_records: AtomicU64,
+    /// The most records any one tenant holds (as of the last round).
+    pub top_tenant_records: AtomicU64,
+    /// Consumptions and reservations refused because their tenant held its
+    /// share (counted in `refused_full` too).
+    pub refused_tenant_full: AtomicU64,
+    /// Reservations whose lease ended and that nobody took over, removed
+    /// early by garbage collection.
+    pub collected_leases: AtomicU64,
+}
+
 /// A ledger is also the clock guard's [`Reference`]: the database's clock
 /// (PostgreSQL) or the high-water mark it keeps (sled).
+#[async_trait::async_trait]
 pub trait Ledger: Reference + Send + Sync + 'static {
     /// Records `key` if absent, with `attempt` (a keyed hash of the
     /// caller's attempt id, if any): the same attempt asking again gets
@@ -258,7 +286,7 @@ pub trait Ledger: Reference + Send + Sync + 'static {
     /// A short backend name for logs and metrics.
     fn backend(&self) -> &'static str;
     /// Group-commit figures, where the backend keeps them.
-    fn flush_stats(&self) -> Option<Arc<sled::FlushStats>> {
+    fn flush_stats(&self) -> Option<Arc<FlushStats>> {
         None
     }
     /// Whether the ledger failed in a way it cannot recover from in this

@@ -57,13 +57,14 @@
 use std::collections::{BTreeSet, HashMap};
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 
 use tokio::sync::oneshot;
 
 use super::{
-    Consumed, Held, Lease, LeaseAsk, LeaseEnd, Ledger, LedgerError, LedgerKey, Reserved, TenantTag,
+    Consumed, FlushStats, Held, Lease, LeaseAsk, LeaseEnd, Ledger, LedgerError, LedgerKey,
+    Reserved, TenantTag,
 };
 use crate::clock::guard::{Reference, ReferenceError};
 use crate::clock::{Clock, WallClock};
@@ -135,32 +136,6 @@ enum Job {
     },
     /// Record the clock's high-water mark (durable with the next flush).
     HighWater(u64),
-}
-
-/// Figures a caller may read (batch sizes show group commit at work; the
-/// record count against its bound).
-#[derive(Debug, Default)]
-pub struct FlushStats {
-    pub flushes: AtomicU64,
-    pub flushed_waiters: AtomicU64,
-    pub max_batch: AtomicU64,
-    /// Records the ledger holds now (counted at open, then kept by the
-    /// writer: the only thread that adds or removes any).
-    pub records: AtomicU64,
-    /// The bound on `records` (`u64::MAX`: none).
-    pub max_records: AtomicU64,
-    /// Consumptions and reservations refused because the ledger was full.
-    pub refused_full: AtomicU64,
-    /// The bound on one tenant's records (`u64::MAX`: none).
-    pub max_tenant_records: AtomicU64,
-    /// The most records any one tenant holds (as of the last round).
-    pub top_tenant_records: AtomicU64,
-    /// Consumptions and reservations refused because their tenant held its
-    /// share (counted in `refused_full` too).
-    pub refused_tenant_full: AtomicU64,
-    /// Reservations whose lease ended and that nobody took over, removed
-    /// early by garbage collection.
-    pub collected_leases: AtomicU64,
 }
 
 pub struct SledLedger {
