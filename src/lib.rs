@@ -24,15 +24,24 @@
 //!   logs never hold keys, state or tokens — only tenants, key ids, reasons
 //!   and counts. Errors carry fixed messages ([`error`], [`status`]).
 //!
-//! ## Map
-//! - [`token`]: wire format, seal, bounds-checked parse, open.
-//! - [`keyring`]: keyset file, rotation states, HKDF subkeys, reload handle.
-//! - [`binding`]: tenant, method, canonical (RFC 8785) params digest.
-//! - [`ledger`]: consume-if-absent trait; [`ledger::sled`] with group commit.
-//! - [`sealer`]: the domain core with limits and expiry.
-//! - [`service`], [`status`], [`auth`], [`tls`], [`server`]: the gRPC face.
-//! - [`reload`]: hot reload of mounted files (keyset, certificates, tenants).
-//! - [`config`]: command line and environment.
+//! ## Map, by layer (lowest first)
+//! A module names modules on its own layer or below, never above;
+//! `.ci/layers.py` checks it (no import cycle, no upward import).
+//! - Foundation: [`error`] (rejection reasons), [`canon`] (RFC 8785),
+//!   [`clock`] (injected time; the clock guard over a reference clock the
+//!   ledgers implement), [`conns`] (connection registry and counters),
+//!   [`status`], [`hardening`].
+//! - Binding and keys: [`binding`] (tenant, method, params digest),
+//!   [`manifest`], [`keyring`] (keyset file, rotation, HKDF subkeys).
+//! - Token format: [`token`] (seal, bounds-checked parse, open).
+//! - Ledgers: [`ledger`] (the trait; [`ledger::sled`], [`ledger::postgres`]).
+//! - Domain core: [`sealer`] (limits, expiry, single use; reports to a
+//!   `LedgerFigures` it is given).
+//! - Transport and callers: [`limits`], [`tls`], [`auth`], [`reload`].
+//! - Operations: [`metrics`] (one registry per server, handed down).
+//! - gRPC face: [`service`]; then [`server`] (listeners and background
+//!   tasks) and [`config`] (command line, environment, the composition
+//!   root).
 
 // No unsafe code ships. Only the unit tests that read a dropped key's
 // memory back (keyring/tests.rs) allow it, locally.

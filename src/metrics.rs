@@ -1,4 +1,5 @@
-//! Prometheus metrics, process-wide, served on their own port.
+//! Prometheus metrics: one registry per server, made at the composition root
+//! and handed to the parts that record; served on their own port.
 //!
 //! The registry and the exposition are `prometheus-client`'s (OpenMetrics
 //! 1.0 text when the scraper's `Accept` asks for it, the Prometheus text

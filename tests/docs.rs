@@ -49,3 +49,39 @@ fn every_serve_flag_is_documented() {
         );
     }
 }
+
+/// `proto/stateseal/v1/reasons.json` is the one source of the rejection
+/// reasons: the service's (reason, gRPC code, message) match it one for one,
+/// and the README's error table gives each its code. The client packages'
+/// tests check their tables against the same file.
+#[test]
+fn reasons_match_the_one_source() {
+    let src: serde_json::Value =
+        serde_json::from_str(&read("proto/stateseal/v1/reasons.json")).unwrap();
+    let listed = src["reasons"].as_array().unwrap();
+    assert_eq!(listed.len(), stateseal::error::Reject::ALL.len());
+    let screaming = |c: tonic::Code| {
+        let mut out = String::new();
+        for (i, ch) in format!("{c:?}").chars().enumerate() {
+            if ch.is_uppercase() && i > 0 {
+                out.push('_');
+            }
+            out.push(ch.to_ascii_uppercase());
+        }
+        out
+    };
+    let readme = read("README.md");
+    for (r, want) in stateseal::error::Reject::ALL.iter().zip(listed) {
+        assert_eq!(want["reason"], r.reason());
+        assert_eq!(want["code"], screaming(r.code()).as_str(), "{}", r.reason());
+        assert_eq!(want["message"], r.message(), "{}", r.reason());
+        let side = want["side"].as_str().unwrap();
+        assert!(side == "client" || side == "transient", "{side}");
+        let row = format!(
+            "| `{}` | `{}` |",
+            r.reason(),
+            want["code"].as_str().unwrap()
+        );
+        assert!(readme.contains(&row), "README row {row}");
+    }
+}

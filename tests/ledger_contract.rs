@@ -602,3 +602,77 @@ async fn postgres_collector_vacuums_when_autovacuum_is_off() {
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
 }
+
+/// The statement count of manual VACUUMs of the ledger table.
+async fn manual_vacuums(c: &tokio_postgres::Client) -> i64 {
+    c.query_one(
+        "SELECT coalesce((SELECT vacuum_count FROM pg_stat_user_tables
+                           WHERE relname = 'stateseal_consumed_v1'), 0)",
+        &[],
+    )
+    .await
+    .unwrap()
+    .get::<_, i64>(0)
+}
+
+/// Against private instances with autovacuum off and on (the shared
+/// database has one setting only): the collector vacuums the table itself
+/// exactly when autovacuum does not cover it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_collector_vacuums_itself_only_without_autovacuum() {
+    let bin = match crate::common::private_pg::available() {
+        Ok(b) => b,
+        Err(why) => return crate::common::skip::skipped("postgresql-private-vacuum", why),
+    };
+    for autovacuum in ["off", "on"] {
+        let pg = crate::common::private_pg::PrivatePg::start(
+            &bin,
+            None,
+            &format!("autovacuum = {autovacuum}\n"),
+        );
+        let url = format!("postgres://postgres@127.0.0.1:{}/postgres", pg.port);
+        let l = PgLedger::connect(
+            &url,
+            PgOptions {
+                skew: 0,
+                ..PgOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+        let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let before = manual_vacuums(&client).await;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        for _ in 0..20 {
+            assert_eq!(l.consume(&key(now + 1)).await.unwrap(), Consumed::Now);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(2200)).await;
+        // Nobody else collects on a private instance: all 20 go now.
+        assert_eq!(l.remove_expired(now + 2, 1000).await.unwrap(), 20);
+        // A vacuum runs inside the collection; its statistics arrive within
+        // a second or so of the session going idle.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        if autovacuum == "off" {
+            while manual_vacuums(&client).await <= before {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "autovacuum off: no VACUUM after collecting"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+        } else {
+            tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+            assert_eq!(
+                manual_vacuums(&client).await,
+                before,
+                "autovacuum on: the collector vacuumed the table itself"
+            );
+        }
+    }
+}

@@ -10,141 +10,16 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use common::pki::Ca;
+use common::private_pg::{pg_bin, PrivatePg};
 use rcgen::SanType;
 use stateseal::ledger::pgtls::{PgTlsFlags, SslMode};
 use stateseal::ledger::postgres::{PgLedger, PgOptions};
 use stateseal::ledger::{Consumed, Ledger, LedgerKey, TenantTag};
 
-fn pg_bin() -> Option<PathBuf> {
-    let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
-        .ok()?
-        .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
-        .filter(|p| p.join("initdb").exists())
-        .collect();
-    found.sort();
-    found.pop()
-}
-
 fn skip(why: &str) {
     crate::common::skip::skipped("tls-to-postgresql", why);
-}
-
-fn run(cmd: &mut Command) {
-    let out = cmd.output().unwrap();
-    assert!(
-        out.status.success(),
-        "{cmd:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn as_postgres(bin: &Path, tool: &str) -> Command {
-    let mut c = Command::new("runuser");
-    c.args(["-u", "postgres", "--"]).arg(bin.join(tool));
-    c
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A private PostgreSQL instance, stopped on drop.
-struct PrivatePg {
-    bin: PathBuf,
-    data: PathBuf,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl PrivatePg {
-    /// `tls`: (server cert PEM, key PEM, CA PEM for client certificates).
-    fn start(bin: &Path, tls: Option<(&str, &str, &str)>) -> PrivatePg {
-        let dir = tempfile::Builder::new()
-            .prefix("stateseal-pg-")
-            .tempdir()
-            .unwrap();
-        let data = dir.path().join("data");
-        run(Command::new("chown").arg("postgres").arg(dir.path()));
-        run(as_postgres(bin, "initdb")
-            .args(["-A", "trust", "-U", "postgres", "--no-sync", "-D"])
-            .arg(&data));
-        let port = free_port();
-        let mut conf = format!(
-            "port = {port}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\nfsync = off\n",
-            dir.path().display()
-        );
-        let mut hba = String::from("local all all trust\n");
-        match tls {
-            Some((cert, key, client_ca)) => {
-                for (name, pem) in [
-                    ("server.crt", cert),
-                    ("server.key", key),
-                    ("client_ca.crt", client_ca),
-                ] {
-                    let p = data.join(name);
-                    std::fs::write(&p, pem).unwrap();
-                    run(Command::new("chown").arg("postgres").arg(&p));
-                    run(Command::new("chmod").arg("0600").arg(&p));
-                }
-                conf.push_str(
-                    "ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\nssl_ca_file = 'client_ca.crt'\n",
-                );
-                hba.push_str("hostssl all certuser 127.0.0.1/32 cert\n");
-                hba.push_str("hostssl all postgres 127.0.0.1/32 trust\n");
-            }
-            None => {
-                conf.push_str("ssl = off\n");
-                hba.push_str("host all postgres 127.0.0.1/32 trust\n");
-            }
-        }
-        let mut pgconf = std::fs::read_to_string(data.join("postgresql.conf")).unwrap();
-        pgconf.push_str(&conf);
-        std::fs::write(data.join("postgresql.conf"), pgconf).unwrap();
-        std::fs::write(data.join("pg_hba.conf"), hba).unwrap();
-        run(as_postgres(bin, "pg_ctl")
-            .args(["-w", "-t", "60", "-D"])
-            .arg(&data)
-            .arg("-l")
-            .arg(dir.path().join("log"))
-            .arg("start"));
-        if tls.is_some() {
-            run(as_postgres(bin, "psql")
-                .args([
-                    "-h",
-                    &dir.path().display().to_string(),
-                    "-p",
-                    &port.to_string(),
-                    "-U",
-                    "postgres",
-                    "-c",
-                ])
-                .arg("CREATE ROLE certuser LOGIN SUPERUSER"));
-        }
-        PrivatePg {
-            bin: bin.to_owned(),
-            data,
-            port,
-            _dir: dir,
-        }
-    }
-}
-
-impl Drop for PrivatePg {
-    fn drop(&mut self) {
-        let _ = as_postgres(&self.bin, "pg_ctl")
-            .args(["-m", "immediate", "-D"])
-            .arg(&self.data)
-            .arg("stop")
-            .output();
-    }
 }
 
 fn write(dir: &Path, name: &str, pem: &str) -> PathBuf {
@@ -196,7 +71,7 @@ async fn tls_to_postgresql_libpq_modes() {
         "server",
         vec![SanType::DnsName("localhost".try_into().unwrap())],
     );
-    let pg = PrivatePg::start(&bin, Some((&cert, &key, &ca.pem())));
+    let pg = PrivatePg::start(&bin, Some((&cert, &key, &ca.pem())), "");
     let files = tempfile::tempdir().unwrap();
     let ca_file = write(files.path(), "ca.pem", &ca.pem());
     let other_file = write(files.path(), "other.pem", &other_ca.pem());
@@ -310,7 +185,7 @@ async fn tls_to_postgresql_libpq_modes() {
     assert!(e.starts_with("connect:"), "{e}");
 
     // A plaintext-only server.
-    let plain = PrivatePg::start(&bin, None);
+    let plain = PrivatePg::start(&bin, None, "");
     let purl = |mode: &str| {
         format!(
             "postgres://postgres@localhost:{}/postgres?sslmode={mode}",

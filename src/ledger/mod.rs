@@ -9,7 +9,7 @@
 //!   service turns that into `LEDGER_UNAVAILABLE`: it fails closed;
 //! - records are removed only after `expires_at + clock skew`, judged by
 //!   the reference clock (the database's for PostgreSQL; the guarded local
-//!   clock for sled, see `timeguard`);
+//!   clock for sled, see `clock::guard`);
 //! - before a record can be removed, the ledger raises its *horizon*
 //!   durably: from then on it answers [`Consumed::PastHorizon`] for any key
 //!   that expired before it, so a removed record can never be consumed

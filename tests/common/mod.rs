@@ -15,6 +15,7 @@ use stateseal::server::ServeOptions;
 use tonic::transport::Channel;
 
 pub mod pki;
+pub mod private_pg;
 pub mod process;
 pub mod skew;
 pub mod skip;
