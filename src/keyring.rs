@@ -154,6 +154,33 @@ pub struct KeyRecord {
     pub material: Option<KeyMaterial>,
 }
 
+/// What `keys list` shows (as a table, or this as JSON): each key's state
+/// and dates (RFC 3339), never its material.
+#[derive(Clone, Debug, Serialize)]
+pub struct KeyListing {
+    pub now: String,
+    pub keys: Vec<ListedKey>,
+}
+
+/// One key of a [`KeyListing`].
+#[derive(Clone, Debug, Serialize)]
+pub struct ListedKey {
+    pub id: u32,
+    pub state: KeyState,
+    pub created_at: String,
+    pub promoted_at: Option<String>,
+    pub demoted_at: Option<String>,
+    pub retired_at: Option<String>,
+    /// The primary's time in that state, in seconds.
+    pub primary_for_seconds: Option<u64>,
+    /// A demoted staged key's time since its demotion, in seconds.
+    pub demoted_for_seconds: Option<u64>,
+    /// When retiring it becomes safe (absent for a retired key, and for the
+    /// primary, which must be demoted first).
+    pub retire_after: Option<String>,
+    pub retirable_now: bool,
+}
+
 /// The keyset file (JSON).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -506,9 +533,9 @@ impl KeysetFile {
     /// The listing of `keys list`, as JSON values (never key material):
     /// per key its id, state, RFC 3339 times, how long it has been primary or
     /// demoted, and when it may be retired.
-    pub fn listing(&self, now: u64, policy: RetirePolicy) -> serde_json::Value {
+    pub fn listing(&self, now: u64, policy: RetirePolicy) -> KeyListing {
         let time = |t: Option<u64>| t.map(rfc3339);
-        let keys: Vec<serde_json::Value> = self
+        let keys = self
             .keys
             .iter()
             .map(|k| {
@@ -516,26 +543,38 @@ impl KeysetFile {
                     KeyState::Retired => None,
                     _ => self.safe_retire_at(k.id, policy),
                 };
-                serde_json::json!({
-                    "id": k.id,
-                    "state": k.state.to_string(),
-                    "created_at": rfc3339(k.created_at),
-                    "promoted_at": time(k.promoted_at),
-                    "demoted_at": time(k.demoted_at),
-                    "retired_at": time(k.retired_at),
-                    "primary_for_seconds": (k.state == KeyState::Primary)
-                        .then(|| k.promoted_at.map(|p| now.saturating_sub(p))).flatten(),
-                    "demoted_for_seconds": k.demoted_at.filter(|_| k.state == KeyState::Staged)
+                ListedKey {
+                    id: k.id,
+                    state: k.state,
+                    created_at: rfc3339(k.created_at),
+                    promoted_at: time(k.promoted_at),
+                    demoted_at: time(k.demoted_at),
+                    retired_at: time(k.retired_at),
+                    primary_for_seconds: (k.state == KeyState::Primary)
+                        .then(|| k.promoted_at.map(|p| now.saturating_sub(p)))
+                        .flatten(),
+                    demoted_for_seconds: k
+                        .demoted_at
+                        .filter(|_| k.state == KeyState::Staged)
                         .map(|d| now.saturating_sub(d)),
-                    "retire_after": retire_at.map(|t| if t == 0 { rfc3339(k.created_at) } else { rfc3339(t) }),
-                    "retirable_now": match (k.state, retire_at) {
+                    retire_after: retire_at.map(|t| {
+                        if t == 0 {
+                            rfc3339(k.created_at)
+                        } else {
+                            rfc3339(t)
+                        }
+                    }),
+                    retirable_now: match (k.state, retire_at) {
                         (KeyState::Staged, Some(t)) => now >= t,
                         _ => false,
                     },
-                })
+                }
             })
             .collect();
-        serde_json::json!({ "now": rfc3339(now), "keys": keys })
+        KeyListing {
+            now: rfc3339(now),
+            keys,
+        }
     }
 }
 

@@ -89,7 +89,7 @@ fn keys(cmd: KeysCommand) -> anyhow::Result<()> {
             if json {
                 println!("{}", serde_json::to_string_pretty(&listing)?);
             } else {
-                print_listing(&listing, now);
+                print_listing(&listing);
             }
         }
     }
@@ -97,38 +97,34 @@ fn keys(cmd: KeysCommand) -> anyhow::Result<()> {
 }
 
 /// The `keys list` table for people.
-fn print_listing(listing: &serde_json::Value, now: u64) {
-    use stateseal::keyring::human_age;
-    println!("now {}", stateseal::keyring::rfc3339(now));
+fn print_listing(listing: &stateseal::keyring::KeyListing) {
+    use stateseal::keyring::{human_age, KeyState};
+    println!("now {}", listing.now);
     println!(
         "{:>4}  {:<8}  {:<20}  {:<20}  {:<20}  {:<24}  retire after",
         "id", "state", "created", "promoted", "demoted", "age"
     );
-    let empty = Vec::new();
-    for k in listing["keys"].as_array().unwrap_or(&empty) {
-        let t = |f: &str| k[f].as_str().unwrap_or("-").to_owned();
-        let age = match (
-            k["primary_for_seconds"].as_u64(),
-            k["demoted_for_seconds"].as_u64(),
-        ) {
-            (Some(p), _) => format!("primary for {}", human_age(p)),
-            (_, Some(d)) => format!("demoted {} ago", human_age(d)),
-            _ if k["state"] == "retired" => format!("retired {}", t("retired_at")),
+    let or_dash = |t: &Option<String>| t.as_deref().unwrap_or("-").to_owned();
+    for k in &listing.keys {
+        let age = match (k.primary_for_seconds, k.demoted_for_seconds, k.state) {
+            (Some(p), _, _) => format!("primary for {}", human_age(p)),
+            (_, Some(d), _) => format!("demoted {} ago", human_age(d)),
+            (_, _, KeyState::Retired) => format!("retired {}", or_dash(&k.retired_at)),
             _ => "staged, never primary".to_owned(),
         };
-        let retire = match (k["retire_after"].as_str(), k["retirable_now"].as_bool()) {
-            (_, Some(true)) => "now".to_owned(),
-            (Some(at), _) => at.to_owned(),
-            (None, _) if k["state"] == "primary" => "(promote another key first)".to_owned(),
+        let retire = match (&k.retire_after, k.retirable_now, k.state) {
+            (_, true, _) => "now".to_owned(),
+            (Some(at), _, _) => at.clone(),
+            (None, _, KeyState::Primary) => "(promote another key first)".to_owned(),
             _ => "-".to_owned(),
         };
         println!(
             "{:>4}  {:<8}  {:<20}  {:<20}  {:<20}  {:<24}  {}",
-            k["id"].as_u64().unwrap_or_default(),
-            t("state"),
-            t("created_at"),
-            t("promoted_at"),
-            t("demoted_at"),
+            k.id,
+            k.state.to_string(),
+            k.created_at,
+            or_dash(&k.promoted_at),
+            or_dash(&k.demoted_at),
             age,
             retire
         );

@@ -274,7 +274,9 @@ fn rfc3339_and_listing() {
         clock_skew: 10,
         rollout: 5,
     };
-    let l = k.listing(2050, p);
+    // As `keys list --json` prints it.
+    let json = |l: KeyListing| serde_json::to_value(l).unwrap();
+    let l = json(k.listing(2050, p));
     let keys = l["keys"].as_array().unwrap();
     assert_eq!(keys[0]["state"], "staged");
     assert_eq!(keys[0]["demoted_for_seconds"], 50);
@@ -282,7 +284,7 @@ fn rfc3339_and_listing() {
     assert_eq!(keys[0]["retirable_now"], false);
     assert_eq!(keys[1]["primary_for_seconds"], 50);
     assert_eq!(keys[1]["retire_after"], serde_json::Value::Null);
-    assert!(k.listing(2115, p)["keys"][0]["retirable_now"]
+    assert!(json(k.listing(2115, p))["keys"][0]["retirable_now"]
         .as_bool()
         .unwrap());
     let text = l.to_string();
