@@ -353,6 +353,29 @@ async def test_a_failed_handler_does_not_burn_the_retry(stateseal):
             assert_already_used(e.value)
 
 
+async def test_an_at_most_once_target_spends_the_token_even_when_its_handler_fails(stateseal):
+    """The operator's choice (DESIGN guarantee 11): a target listed in
+    `at_most_once` is consumed before its handler runs, so a failed handler
+    costs the user's retry, where the default (reserve, above) gives it
+    back."""
+    FAIL_ONCE.clear()
+    FAIL_ONCE.add("pay")
+    async with deployment(stateseal, at_most_once=["pay"]) as (url, served):
+        async with Client(url, elicitation_callback=accept) as client:
+            r = await client.session.call_tool("pay", {"amount": 5}, allow_input_required=True)
+            assert isinstance(r, types.InputRequiredResult), r
+            failed = await client.session.call_tool(
+                "pay", {"amount": 5}, input_responses=answers(r), request_state=r.request_state
+            )
+            assert failed.is_error, failed
+            assert "pay" not in FAIL_ONCE, "the handler ran (and failed)"
+            with pytest.raises(MCPError) as e:
+                await client.session.call_tool(
+                    "pay", {"amount": 5}, input_responses=answers(r), request_state=r.request_state
+                )
+            assert_already_used(e.value)
+
+
 async def test_changed_arguments_or_modified_state_are_rejected(stateseal):
     async with deployment(stateseal) as (url, _):
         async with Client(url, elicitation_callback=accept) as client:

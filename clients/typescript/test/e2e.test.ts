@@ -97,6 +97,34 @@ test('a failed handler does not burn the retry', async () => {
   await client.close();
 });
 
+test('an at-most-once target spends the token even when its handler fails', async () => {
+  // The operator's choice (DESIGN guarantee 11): a target in `atMostOnce` is
+  // consumed before its handler runs, so a failed handler costs the user's
+  // retry, where the default (reserve, above) gives it back. One replica of
+  // its own, so that the choice is the only difference.
+  const c = new RequestStateClient(stateseal.addr);
+  const boundary = new StatesealBoundary(c, { audience: 'transfer-service', logger: quiet, atMostOnce: ['pay'] });
+  const own = await serveHttp(() => transferServer(boundary), 0);
+  try {
+    FAIL_ONCE.add('pay');
+    const client = await connectTo(`http://127.0.0.1:${port(own)}/mcp`);
+    const r = await call(client, 'pay', { amount: 6 });
+    const failed = await call(client, 'pay', { amount: 6 }, { inputResponses: yes(r), requestState: r.requestState });
+    assert.equal(failed.isError, true);
+    assert.equal(FAIL_ONCE.has('pay'), false, 'the handler ran (and failed)');
+    await assert.rejects(
+      call(client, 'pay', { amount: 6 }, { inputResponses: yes(r), requestState: r.requestState }),
+      rpcError(-32602, 'requestState already used', 'request_state_used'),
+      'consumed before the failed handler ran',
+    );
+    await client.close();
+  } finally {
+    FAIL_ONCE.delete('pay');
+    own.close();
+    c.close();
+  }
+});
+
 test('the manifest drops an unasked answer, and a wrongly typed one is asked again', async () => {
   const client = await connect();
   const r = await call(client, 'transfer', { amount: 3 });
