@@ -495,13 +495,14 @@ impl Sealer {
         tenant: &Tenant,
         r: &str,
     ) -> Result<(ReservationClaims, LedgerKey), Reject> {
-        let key_id = token::reservation_key_id(r)?;
+        // Decoded once: the key id picks the key, which opens the rest.
+        let sealed = token::SealedReservation::parse(r)?;
         let keys = {
             let ring = self.keys.current();
-            let key = ring.get(key_id).ok_or(Reject::UnknownKey)?;
+            let key = ring.get(sealed.key_id()).ok_or(Reject::UnknownKey)?;
             key.tenant_keys(tenant)
         };
-        let c = token::open_reservation(&keys, tenant.as_str(), r)?;
+        let c = sealed.open(&keys, tenant.as_str())?;
         let key = LedgerKey {
             expires_at: c.expires_at,
             id: c.ledger_id,

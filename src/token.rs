@@ -425,53 +425,71 @@ pub fn seal_reservation(
     Ok(URL_SAFE_NO_PAD.encode(&buf))
 }
 
-/// The key id a reservation string names (untrusted; to choose the key).
-pub fn reservation_key_id(s: &str) -> Result<KeyId, Reject> {
-    if s.len() != encoded_len(RESERVATION_LEN) {
-        return Err(Reject::Malformed);
-    }
-    let raw = URL_SAFE_NO_PAD.decode(s).map_err(|_| Reject::Malformed)?;
-    if raw.len() != RESERVATION_LEN || raw[0] != RESERVATION_FORMAT {
-        return Err(Reject::Malformed);
-    }
-    Ok(KeyId(u32::from_be_bytes([raw[1], raw[2], raw[3], raw[4]])))
+/// A reservation string decoded once: its key id is readable (to pick the
+/// key), the rest is sealed until [`SealedReservation::open`].
+pub struct SealedReservation {
+    key_id: KeyId,
+    /// The decoded bytes (room for base64's conservative length estimate;
+    /// exactly `RESERVATION_LEN` are used).
+    raw: Zeroizing<[u8; RESERVATION_LEN + 3]>,
 }
 
-/// Authenticates and decrypts a reservation string for `tenant`.
-pub fn open_reservation(
-    keys: &TenantKeys,
-    tenant: &str,
-    s: &str,
-) -> Result<ReservationClaims, Reject> {
-    let key_id = reservation_key_id(s)?;
-    let mut raw = Zeroizing::new(URL_SAFE_NO_PAD.decode(s).map_err(|_| Reject::Malformed)?);
-    let tag_at = RESERVATION_LEN - TAG_LEN;
-    let mut tag = [0u8; TAG_LEN];
-    tag.copy_from_slice(&raw[tag_at..]);
-    let mut nonce = [0u8; NONCE_LEN];
-    nonce.copy_from_slice(&raw[5..5 + NONCE_LEN]);
-    keys.aead
-        .decrypt_in_place_detached(
-            XNonce::from_slice(&nonce),
-            &reservation_aad(key_id, tenant),
-            &mut raw[5 + NONCE_LEN..tag_at],
-            (&tag).into(),
-        )
-        .map_err(|_| Reject::Rejected)?;
-    let p = &raw[5 + NONCE_LEN..tag_at];
-    let u64_at = |i: usize| {
-        let mut b = [0u8; 8];
-        b.copy_from_slice(&p[i..i + 8]);
-        u64::from_be_bytes(b)
-    };
-    let mut ledger_id = [0u8; 32];
-    ledger_id.copy_from_slice(&p[8..40]);
-    let mut rid = [0u8; 16];
-    rid.copy_from_slice(&p[40..56]);
-    Ok(ReservationClaims {
-        expires_at: u64_at(0),
-        ledger_id,
-        rid,
-        lease_until: u64_at(56),
-    })
+impl SealedReservation {
+    /// Decodes the string; `MALFORMED` unless it has the reservation
+    /// format's exact length and version byte.
+    pub fn parse(s: &str) -> Result<Self, Reject> {
+        if s.len() != encoded_len(RESERVATION_LEN) {
+            return Err(Reject::Malformed);
+        }
+        let mut raw = Zeroizing::new([0u8; RESERVATION_LEN + 3]);
+        match URL_SAFE_NO_PAD.decode_slice(s, &mut raw[..]) {
+            Ok(RESERVATION_LEN) => {}
+            _ => return Err(Reject::Malformed),
+        }
+        if raw[0] != RESERVATION_FORMAT {
+            return Err(Reject::Malformed);
+        }
+        let key_id = KeyId(u32::from_be_bytes([raw[1], raw[2], raw[3], raw[4]]));
+        Ok(SealedReservation { key_id, raw })
+    }
+
+    /// The key that sealed it.
+    pub fn key_id(&self) -> KeyId {
+        self.key_id
+    }
+
+    /// Authenticates and decrypts it for `tenant` (`REJECTED` if another
+    /// tenant's, changed, or sealed under another key).
+    pub fn open(mut self, keys: &TenantKeys, tenant: &str) -> Result<ReservationClaims, Reject> {
+        let raw = &mut self.raw[..RESERVATION_LEN];
+        let tag_at = RESERVATION_LEN - TAG_LEN;
+        let mut tag = [0u8; TAG_LEN];
+        tag.copy_from_slice(&raw[tag_at..]);
+        let mut nonce = [0u8; NONCE_LEN];
+        nonce.copy_from_slice(&raw[5..5 + NONCE_LEN]);
+        keys.aead
+            .decrypt_in_place_detached(
+                XNonce::from_slice(&nonce),
+                &reservation_aad(self.key_id, tenant),
+                &mut raw[5 + NONCE_LEN..tag_at],
+                (&tag).into(),
+            )
+            .map_err(|_| Reject::Rejected)?;
+        let p = &raw[5 + NONCE_LEN..tag_at];
+        let u64_at = |i: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&p[i..i + 8]);
+            u64::from_be_bytes(b)
+        };
+        let mut ledger_id = [0u8; 32];
+        ledger_id.copy_from_slice(&p[8..40]);
+        let mut rid = [0u8; 16];
+        rid.copy_from_slice(&p[40..56]);
+        Ok(ReservationClaims {
+            expires_at: u64_at(0),
+            ledger_id,
+            rid,
+            lease_until: u64_at(56),
+        })
+    }
 }

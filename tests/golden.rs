@@ -219,7 +219,7 @@ const INPUTS_V2: [InputV2; 3] = [
 fn generate_v2(reservation: Option<&Value>) -> Value {
     use stateseal::binding::{params_digest_for, BindingVersion};
     use stateseal::manifest::{CredentialPolicy, Manifest};
-    use stateseal::token::{open_reservation, seal_parts, seal_reservation, ReservationClaims};
+    use stateseal::token::{seal_parts, seal_reservation, ReservationClaims, SealedReservation};
     let ring = keyring_for(7);
     let tenant = Tenant::new("acme");
     let keys = ring.primary().tenant_keys(&tenant);
@@ -291,8 +291,9 @@ fn generate_v2(reservation: Option<&Value>) -> Value {
     let reservation = match reservation {
         // The stored string must still open to these claims.
         Some(Value::String(r)) => {
-            let c =
-                open_reservation(&keys, tenant.as_str(), r).expect("the stored reservation opens");
+            let c = SealedReservation::parse(r)
+                .and_then(|sealed| sealed.open(&keys, tenant.as_str()))
+                .expect("the stored reservation opens");
             assert_eq!(
                 (c.expires_at, c.ledger_id, c.rid, c.lease_until),
                 (

@@ -109,3 +109,46 @@ fn other_tenant_keys_do_not_open() {
         .unwrap();
     assert_eq!(&opened.state[..], b"x");
 }
+
+#[test]
+fn a_reservation_is_decoded_once_and_opens_only_as_sealed() {
+    let k = keys();
+    let c = ReservationClaims {
+        expires_at: 1_900_000_000,
+        ledger_id: [7; 32],
+        rid: [9; 16],
+        lease_until: 1_800_000_030,
+    };
+    let s = seal_reservation(&k, KeyId(1), "t", &c).unwrap();
+    let sealed = SealedReservation::parse(&s).unwrap();
+    assert_eq!(sealed.key_id(), KeyId(1));
+    assert_eq!(sealed.open(&k, "t").unwrap(), c);
+    // Another tenant, or one changed character: REJECTED.
+    let other = SealedReservation::parse(&s).unwrap().open(&k, "u");
+    assert_eq!(other.unwrap_err(), Reject::Rejected);
+    let mut changed = s.clone().into_bytes();
+    let last = changed.len() - 2;
+    changed[last] = if changed[last] == b'A' { b'B' } else { b'A' };
+    let changed = String::from_utf8(changed).unwrap();
+    let opened = SealedReservation::parse(&changed).and_then(|r| r.open(&k, "t"));
+    assert_eq!(opened.unwrap_err(), Reject::Rejected);
+    // Wrong length, not base64url, another format byte: MALFORMED.
+    for bad in [
+        &s[..s.len() - 1],
+        &format!("{s}A"),
+        &s.replace(&s[..2], "!!"),
+    ] {
+        assert_eq!(
+            SealedReservation::parse(bad).err(),
+            Some(Reject::Malformed),
+            "{bad}"
+        );
+    }
+    let mut raw = URL_SAFE_NO_PAD.decode(&s).unwrap();
+    raw[0] ^= 0xff;
+    let other_format = URL_SAFE_NO_PAD.encode(&raw);
+    assert_eq!(
+        SealedReservation::parse(&other_format).err(),
+        Some(Reject::Malformed)
+    );
+}
