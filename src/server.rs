@@ -221,43 +221,7 @@ pub async fn run(
     } else {
         tracing::warn!(backend = ledger.backend(), "ledger not ready: NOT_SERVING");
     }
-    let mut background = vec![
-        tokio::spawn(report_readiness(
-            ledger.clone(),
-            guard.clone(),
-            health,
-            metrics.clone(),
-            opts.health_every,
-            Some(ready),
-        )),
-        tokio::spawn(run_gc(
-            ledger.clone(),
-            sealer.clock().clone(),
-            sealer.guard().clone(),
-            sealer.limits().clock_skew,
-            opts.gc_every,
-            1000,
-        )),
-        tokio::spawn(crate::clock::guard::run(
-            sealer.guard().clone(),
-            ledger.clone(),
-            opts.health_every,
-            Duration::from_secs(10).min(opts.gc_every),
-        )),
-    ];
-    if let Some((path, digest)) = opts.keyset.clone() {
-        let apply = keyset_applier(sealer.keys().clone());
-        background.push(spawn_watch("keyset", vec![path], digest, &opts, apply));
-    }
-    if let Some(t) = opts.tls.clone() {
-        let (paths, digest) = (t.files.paths(), t.digest);
-        let apply = move |_: &[u8]| t.reload().map_err(|e| e.to_string());
-        background.push(spawn_watch("tls", paths, digest, &opts, apply));
-    }
-    if let Some((path, tenants, digest)) = opts.tenants.clone() {
-        let apply = move |bytes: &[u8]| Tenants::parse(bytes).map(|t| tenants.store(Arc::new(t)));
-        background.push(spawn_watch("tenants", vec![path], digest, &opts, apply));
-    }
+    let mut background = spawn_background(&sealer, &opts, health, ready);
     // Connection counters of the gRPC and health listeners, for the metrics.
     let conn_stats = Arc::new(crate::conns::ConnStats::default());
     if let Some(l) = opts.metrics_listener {
@@ -287,27 +251,14 @@ pub async fn run(
         let _ = rx.wait_for(|s| *s).await;
     };
     let health_server = opts.health_listener.map(|l| {
-        if let Ok(addr) = l.local_addr() {
-            tracing::info!(health_addr = %addr, "health port up (grpc.health.v1 only)");
-        }
-        let (reporter_service, stop) = (health_service.clone(), stopped(stop_rx.clone()));
-        let incoming = limited_incoming(
+        let stop = stopped(stop_rx.clone());
+        spawn_health_port(
             l,
-            lim.max_aux_connections,
-            lim.max_tls_handshakes,
-            lim.tls_handshake_timeout,
-            Conns::new(
-                lim.conn_policy(lim.max_aux_connections, false),
-                conn_stats.clone(),
-            ),
-        );
-        tokio::spawn(
-            lim.apply(Server::builder())
-                .max_concurrent_streams(AUX_MAX_STREAMS)
-                .layer(ConnActivityLayer)
-                .layer(inflight.clone())
-                .add_service(reporter_service)
-                .serve_with_incoming_shutdown(incoming, stop),
+            &lim,
+            health_service.clone(),
+            inflight.clone(),
+            &conn_stats,
+            stop,
         )
     });
 
@@ -387,6 +338,69 @@ pub async fn run(
             Ok(())
         }
     };
+    wind_down(health_server, background, ledger, failed).await?;
+    result?;
+    Ok(())
+}
+
+/// The tasks that run beside the listeners: readiness, garbage collection,
+/// the clock guard, and a watcher per mounted file. Aborted at shutdown.
+fn spawn_background(
+    sealer: &Arc<Sealer>,
+    opts: &ServeOptions,
+    health: tonic_health::server::HealthReporter,
+    ready: bool,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let ledger = sealer.ledger();
+    let mut background = vec![
+        tokio::spawn(report_readiness(
+            ledger.clone(),
+            sealer.guard().clone(),
+            health,
+            opts.metrics.clone(),
+            opts.health_every,
+            Some(ready),
+        )),
+        tokio::spawn(run_gc(
+            ledger.clone(),
+            sealer.clock().clone(),
+            sealer.guard().clone(),
+            sealer.limits().clock_skew,
+            opts.gc_every,
+            1000,
+        )),
+        tokio::spawn(crate::clock::guard::run(
+            sealer.guard().clone(),
+            ledger.clone(),
+            opts.health_every,
+            Duration::from_secs(10).min(opts.gc_every),
+        )),
+    ];
+    if let Some((path, digest)) = opts.keyset.clone() {
+        let apply = keyset_applier(sealer.keys().clone());
+        background.push(spawn_watch("keyset", vec![path], digest, opts, apply));
+    }
+    if let Some(t) = opts.tls.clone() {
+        let (paths, digest) = (t.files.paths(), t.digest);
+        let apply = move |_: &[u8]| t.reload().map_err(|e| e.to_string());
+        background.push(spawn_watch("tls", paths, digest, opts, apply));
+    }
+    if let Some((path, tenants, digest)) = opts.tenants.clone() {
+        let apply = move |bytes: &[u8]| Tenants::parse(bytes).map(|t| tenants.store(Arc::new(t)));
+        background.push(spawn_watch("tenants", vec![path], digest, opts, apply));
+    }
+    background
+}
+
+/// After the listeners stopped: gives the health port a second, stops the
+/// background tasks (so that they no longer hold the ledger), then flushes
+/// and closes the ledger — unless it failed for good.
+async fn wind_down(
+    health_server: Option<tokio::task::JoinHandle<Result<(), tonic::transport::Error>>>,
+    background: Vec<tokio::task::JoinHandle<()>>,
+    ledger: Arc<dyn crate::ledger::Ledger>,
+    failed: bool,
+) -> Result<(), ServeError> {
     if let Some(h) = health_server {
         if tokio::time::timeout(Duration::from_secs(1), h)
             .await
@@ -410,8 +424,52 @@ pub async fn run(
     }
     tracing::info!("server stopped; flushing ledger");
     ledger.close().await?;
-    result?;
     Ok(())
+}
+
+/// The health port: `grpc.health.v1` only, plaintext, its own connection
+/// and stream bounds, sharing the request-byte budget.
+fn spawn_health_port<H>(
+    l: TcpListener,
+    lim: &TransportLimits,
+    reporter_service: H,
+    inflight: InflightBytesLayer,
+    conn_stats: &Arc<crate::conns::ConnStats>,
+    stop: impl Future<Output = ()> + Send + 'static,
+) -> tokio::task::JoinHandle<Result<(), tonic::transport::Error>>
+where
+    H: tower_service::Service<
+            http::Request<tonic::body::Body>,
+            Response = http::Response<tonic::body::Body>,
+            Error = std::convert::Infallible,
+        > + tonic::server::NamedService
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    H::Future: Send + 'static,
+{
+    if let Ok(addr) = l.local_addr() {
+        tracing::info!(health_addr = %addr, "health port up (grpc.health.v1 only)");
+    }
+    let incoming = limited_incoming(
+        l,
+        lim.max_aux_connections,
+        lim.max_tls_handshakes,
+        lim.tls_handshake_timeout,
+        Conns::new(
+            lim.conn_policy(lim.max_aux_connections, false),
+            conn_stats.clone(),
+        ),
+    );
+    tokio::spawn(
+        lim.apply(Server::builder())
+            .max_concurrent_streams(AUX_MAX_STREAMS)
+            .layer(ConnActivityLayer)
+            .layer(inflight)
+            .add_service(reporter_service)
+            .serve_with_incoming_shutdown(incoming, stop),
+    )
 }
 
 /// `svc` with caller authentication in front: every request gets its tenant
