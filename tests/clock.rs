@@ -9,7 +9,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::process::spawn;
+use common::process::{http_get, metrics_addr, spawn};
 use common::skew::Skewed;
 use common::*;
 use stateseal::proto::SealRequest;
@@ -109,7 +109,9 @@ async fn forward_step_then_restart_on_sled_reopens_nothing() {
         return;
     };
     let data = tmp.path().join("data");
-    let s = clock.spawn(&data, &FAST_GC, &[]);
+    let mut args = FAST_GC.to_vec();
+    args.extend_from_slice(&["--metrics-listen", "127.0.0.1:0"]);
+    let s = clock.spawn(&data, &args, &[]);
     let mut c = connect(s.addr).await;
     let t1 = c
         .seal(seal_ttl(600))
@@ -120,6 +122,17 @@ async fn forward_step_then_restart_on_sled_reopens_nothing() {
     assert!(c.open(open_req(&t1)).await.unwrap().into_inner().consumed);
     clock.set(7200);
     wait_for(s.addr, ServingStatus::NotServing, "during the step").await;
+    // The metrics say so, and by how much: 2 h ahead of the reference.
+    let metrics = http_get(metrics_addr(&s), "/metrics");
+    assert!(metrics.contains("stateseal_clock_synced 0"), "{metrics}");
+    let offset: i64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("stateseal_clock_offset_seconds "))
+        .expect("the offset gauge")
+        .trim()
+        .parse()
+        .unwrap();
+    assert!((7100..=7300).contains(&offset), "offset {offset}");
     tokio::time::sleep(Duration::from_secs(2)).await;
     clock.set(0);
     wait_for(s.addr, ServingStatus::Serving, "after the step").await;

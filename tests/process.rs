@@ -6,7 +6,7 @@ mod common;
 
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use base64::Engine;
-use common::process::{command, spawn};
+use common::process::{command, http_get, http_request, metrics_addr, spawn};
 use common::*;
 use stateseal::keyring::KeysetFile;
 
@@ -148,46 +148,6 @@ fn assert_absent(haystack: &str, what: &str, secret: &str) {
         let s: String = w.iter().collect();
         assert!(!haystack.contains(&s), "part of {what} found in logs: {s}");
     }
-}
-
-fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
-    http_request(addr, "GET", path, "")
-}
-
-/// One HTTP/1.1 exchange; `headers` are extra header lines, each ending in
-/// CRLF. Returns the whole response (the server closes the connection). A
-/// server that refuses a request it cannot parse may close before it read
-/// all of it: the rest of the write then fails (broken pipe) and the kernel
-/// may turn the unread bytes into a reset. What arrived is the answer.
-fn http_request(addr: std::net::SocketAddr, method: &str, path: &str, headers: &str) -> String {
-    use std::io::{ErrorKind, Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    let request = format!("{method} {path} HTTP/1.1\r\nHost: x\r\n{headers}\r\n");
-    if let Err(e) = s.write_all(request.as_bytes()) {
-        assert!(
-            matches!(e.kind(), ErrorKind::BrokenPipe | ErrorKind::ConnectionReset),
-            "{e}"
-        );
-    }
-    let mut out = Vec::new();
-    if let Err(e) = s.read_to_end(&mut out) {
-        assert_eq!(e.kind(), ErrorKind::ConnectionReset, "{e}");
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-fn metrics_addr(p: &common::process::ServerProcess) -> std::net::SocketAddr {
-    let log = p.log.lock().unwrap();
-    let line = log
-        .iter()
-        .find(|l| l.contains("metrics_addr="))
-        .expect("metrics port logged")
-        .clone();
-    line.split_whitespace()
-        .find_map(|w| w.strip_prefix("metrics_addr="))
-        .unwrap()
-        .parse()
-        .unwrap()
 }
 
 fn split_response(resp: &str) -> (&str, &str) {
