@@ -120,8 +120,30 @@ async fn forward_step_then_restart_on_sled_reopens_nothing() {
         .into_inner()
         .request_state;
     assert!(c.open(open_req(&t1)).await.unwrap().into_inner().consumed);
+    // The guard logs transitions only: nothing while the clocks agree.
+    const DISAGREES: &str = "the wall clock disagrees with the reference clock";
+    const AGREES: &str = "the wall clock agrees with the reference again";
+    let logged = |what: &str| {
+        s.log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains(what))
+            .count()
+    };
+    // The log is read from the child's stderr on a thread of its own: a
+    // line may land a moment after the state it reports.
+    let logged_once = |what: &str| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while logged(what) == 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        logged(what)
+    };
+    assert_eq!((logged(DISAGREES), logged(AGREES)), (0, 0));
     clock.set(7200);
     wait_for(s.addr, ServingStatus::NotServing, "during the step").await;
+    assert_eq!(logged_once(DISAGREES), 1, "one error when the clocks part");
     // The metrics say so, and by how much: 2 h ahead of the reference.
     let metrics = http_get(metrics_addr(&s), "/metrics");
     assert!(metrics.contains("stateseal_clock_synced 0"), "{metrics}");
@@ -136,6 +158,8 @@ async fn forward_step_then_restart_on_sled_reopens_nothing() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     clock.set(0);
     wait_for(s.addr, ServingStatus::Serving, "after the step").await;
+    assert_eq!(logged(DISAGREES), 1, "no repeat while they stay apart");
+    assert_eq!(logged_once(AGREES), 1, "one line when they agree again");
     s.terminate();
 
     let s = clock.spawn(&data, &FAST_GC, &[]);
