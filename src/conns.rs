@@ -208,13 +208,13 @@ pub struct Conns {
 }
 
 impl Conns {
-    /// A registry counting into `stats`, and its sweeper (closing idle and
-    /// unauthenticated connections) running until the registry is dropped.
     /// The counters this registry's listener reports into.
     pub fn stats(&self) -> &Arc<ConnStats> {
         &self.stats
     }
 
+    /// A registry counting into `stats`, and its sweeper (closing idle and
+    /// unauthenticated connections) running until the registry is dropped.
     pub fn new(policy: ConnPolicy, stats: Arc<ConnStats>) -> Arc<Self> {
         let conns = Arc::new(Conns {
             policy,

@@ -32,8 +32,6 @@ pub const SERVICE_NAME: &str = "stateseal.v1.RequestState";
 /// all: use it for liveness (a database outage must not restart pods).
 pub const LIVENESS_NAME: &str = "stateseal.liveness";
 
-/// TLS files (watched), the configuration in force, and the digest of the
-/// file versions it was loaded from.
 /// The tenants file (watched), the tenants in force, and the digest of the
 /// version they were parsed from.
 pub type TenantsInForce = (PathBuf, Arc<ArcSwap<Tenants>>, [u8; 32]);

@@ -143,7 +143,15 @@ async fn forward_step_then_restart_on_sled_reopens_nothing() {
     assert_eq!((logged(DISAGREES), logged(AGREES)), (0, 0));
     clock.set(7200);
     wait_for(s.addr, ServingStatus::NotServing, "during the step").await;
-    assert_eq!(logged_once(DISAGREES), 1, "one error when the clocks part");
+    // One line each way. (Two tasks judge the clock, so a verdict read just
+    // before the step and stored just after another's can flip it once
+    // more: up to 3 lines; a guard that logged on every check would log
+    // several a second.)
+    let few = 1..=3;
+    assert!(
+        few.contains(&logged_once(DISAGREES)),
+        "an error when the clocks part"
+    );
     // The metrics say so, and by how much: 2 h ahead of the reference.
     let metrics = http_get(metrics_addr(&s), "/metrics");
     assert!(metrics.contains("stateseal_clock_synced 0"), "{metrics}");
@@ -158,8 +166,18 @@ async fn forward_step_then_restart_on_sled_reopens_nothing() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     clock.set(0);
     wait_for(s.addr, ServingStatus::Serving, "after the step").await;
-    assert_eq!(logged(DISAGREES), 1, "no repeat while they stay apart");
-    assert_eq!(logged_once(AGREES), 1, "one line when they agree again");
+    assert!(
+        few.contains(&logged_once(AGREES)),
+        "a line when they agree again"
+    );
+    // Time for a guard that logs on every check to show it (GC judges the
+    // clock every 200 ms here).
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        few.contains(&logged(DISAGREES)),
+        "no repeat while they stayed apart"
+    );
+    assert!(few.contains(&logged(AGREES)), "no repeat while they agree");
     s.terminate();
 
     let s = clock.spawn(&data, &FAST_GC, &[]);
