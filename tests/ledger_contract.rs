@@ -563,30 +563,13 @@ async fn postgres_collector_vacuums_when_autovacuum_is_off() {
     )
     .await
     .unwrap();
-    async fn vacuums(c: &tokio_postgres::Client) -> i64 {
-        c.query_one(
-            "SELECT vacuum_count FROM pg_stat_user_tables WHERE relname = 'stateseal_consumed_v1'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get::<_, i64>(0)
-    }
-    let before = vacuums(&client).await;
+    let before = manual_vacuums(&client).await;
     // This ledger must delete rows itself (its first deletion vacuums):
     // another test's collector on the same database may take them first,
     // or hold the collection lock, so insert and collect until it does.
     let mut deleted = 0;
     for _ in 0..10 {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_secs();
-        for _ in 0..20 {
-            assert_eq!(l.consume(&key(now + 3)).await.unwrap(), Consumed::Now);
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(4200)).await;
-        deleted += l.remove_expired(now + 4, 1000).await.unwrap();
+        deleted += consume_twenty_then_collect(&l).await;
         if deleted > 0 {
             break;
         }
@@ -594,13 +577,26 @@ async fn postgres_collector_vacuums_when_autovacuum_is_off() {
     assert!(deleted > 0, "this ledger never got to collect");
     // The statistics collector reports with a delay.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while vacuums(&client).await <= before {
+    while manual_vacuums(&client).await <= before {
         assert!(
             std::time::Instant::now() < deadline,
             "no VACUUM after collecting"
         );
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
+}
+
+/// Consumes 20 keys, waits until they expired, and collects: how many of
+/// them (or others) this ledger removed. They expire 3 s ahead: the database
+/// rounds its clock to whole seconds, and a slow machine may take a while
+/// over 20 consumptions.
+async fn consume_twenty_then_collect(l: &PgLedger) -> usize {
+    let now = wall_now();
+    for _ in 0..20 {
+        assert_eq!(l.consume(&key(now + 3)).await.unwrap(), Consumed::Now);
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(4200)).await;
+    l.remove_expired(now + 4, 1000).await.unwrap()
 }
 
 /// The statement count of manual VACUUMs of the ledger table.
@@ -645,18 +641,8 @@ async fn postgres_collector_vacuums_itself_only_without_autovacuum() {
             .unwrap();
         tokio::spawn(conn);
         let before = manual_vacuums(&client).await;
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_secs();
-        // Expiring 3 s ahead: the database rounds its clock to whole
-        // seconds, and a slow machine may take a while over 20 consumptions.
-        for _ in 0..20 {
-            assert_eq!(l.consume(&key(now + 3)).await.unwrap(), Consumed::Now);
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(4200)).await;
         // Nobody else collects on a private instance: all 20 go now.
-        assert_eq!(l.remove_expired(now + 4, 1000).await.unwrap(), 20);
+        assert_eq!(consume_twenty_then_collect(&l).await, 20);
         // A vacuum runs inside the collection; its statistics arrive within
         // a second or so of the session going idle.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
