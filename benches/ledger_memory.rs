@@ -20,8 +20,8 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use stateseal::ledger::sled::SledLedger;
-use stateseal::ledger::{Ledger, LedgerKey, TenantTag};
+use stateseal::internals::ledger::sled::SledLedger;
+use stateseal::internals::ledger::{Ledger, LedgerKey, TenantTag};
 
 mod support;
 

@@ -506,7 +506,7 @@ fn start_server(extra: &[String]) -> (Server, String) {
         .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
         .arg(dir.path())
         .args(extra)
-        .env("STATESEAL_LOG", "warn,stateseal::server=info")
+        .env("STATESEAL_LOG", "warn,stateseal::internals::server=info")
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("start stateseal");
@@ -543,8 +543,9 @@ impl stateseal::proto::request_state_server::RequestState for Echo {
         &self,
         req: tonic::Request<SealRequest>,
     ) -> Result<tonic::Response<stateseal::proto::SealResponse>, tonic::Status> {
-        let n =
-            stateseal::token::encoded_len(stateseal::token::OVERHEAD + req.get_ref().state.len());
+        let n = stateseal::internals::token::encoded_len(
+            stateseal::internals::token::OVERHEAD + req.get_ref().state.len(),
+        );
         Ok(tonic::Response::new(stateseal::proto::SealResponse {
             request_state: "A".repeat(n),
             expires_at_unix: 1_900_000_600,
@@ -566,7 +567,7 @@ impl stateseal::proto::request_state_server::RequestState for Echo {
         record[..n].copy_from_slice(&token.as_bytes()[..n]);
         journal.append(record).await?;
         // The state an Open of this token would return.
-        let state = (token.len() * 3 / 4).saturating_sub(stateseal::token::OVERHEAD);
+        let state = (token.len() * 3 / 4).saturating_sub(stateseal::internals::token::OVERHEAD);
         Ok(tonic::Response::new(stateseal::proto::OpenResponse {
             state: vec![0x5a; state],
             expires_at_unix: 1_900_000_600,
@@ -713,23 +714,26 @@ impl Journal {
 async fn start_echo(journal: Option<Journal>) -> String {
     // stateseal's own listener: the same connection limits, TCP_NODELAY
     // and write coalescing as the server it is the baseline for.
-    let lim = stateseal::limits::TransportLimits::default();
+    let lim = stateseal::internals::limits::TransportLimits::default();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind echo server");
     let addr = listener.local_addr().expect("echo addr");
-    let incoming = stateseal::limits::limited_incoming(
+    let incoming = stateseal::internals::limits::limited_incoming(
         listener,
         lim.max_connections,
         lim.max_tls_handshakes,
         lim.tls_handshake_timeout,
-        stateseal::conns::Conns::new(lim.conn_policy(lim.max_connections, false), Arc::default()),
+        stateseal::internals::conns::Conns::new(
+            lim.conn_policy(lim.max_connections, false),
+            Arc::default(),
+        ),
     );
     // A health service too, so that `--serve-echo` has its own no-op.
     let (_, health) = tonic_health::server::health_reporter();
     tokio::spawn(
         lim.apply(tonic::transport::Server::builder())
-            .layer(stateseal::conns::ConnActivityLayer)
+            .layer(stateseal::internals::conns::ConnActivityLayer)
             .add_service(health)
             .add_service(
                 stateseal::proto::request_state_server::RequestStateServer::new(Echo { journal }),
@@ -1077,13 +1081,14 @@ enum ClientIo {
 }
 
 /// A connector whose TCP connections are wrapped in stateseal's own
-/// [`stateseal::limits::Counted`], so the client writes exactly as the
+/// [`stateseal::internals::limits::Counted`], so the client writes exactly as the
 /// server's connections do (they report that they do not write vectored).
 #[derive(Clone, Copy)]
 struct Coalescing;
 
 impl tower_service::Service<http::Uri> for Coalescing {
-    type Response = hyper_util::rt::TokioIo<stateseal::limits::Counted<tokio::net::TcpStream>>;
+    type Response =
+        hyper_util::rt::TokioIo<stateseal::internals::limits::Counted<tokio::net::TcpStream>>;
     type Error = std::io::Error;
     type Future = std::pin::Pin<
         Box<dyn std::future::Future<Output = std::io::Result<Self::Response>> + Send>,
@@ -1114,8 +1119,8 @@ impl tower_service::Service<http::Uri> for Coalescing {
                 .map_err(std::io::Error::other)?;
             // Likewise a place of its own among connections, never closed
             // as idle.
-            let own = stateseal::conns::Conns::new(
-                stateseal::conns::ConnPolicy {
+            let own = stateseal::internals::conns::Conns::new(
+                stateseal::internals::conns::ConnPolicy {
                     idle_timeout: std::time::Duration::from_secs(86_400),
                     per_ip: usize::MAX,
                     auth_deadline: None,
@@ -1127,7 +1132,7 @@ impl tower_service::Service<http::Uri> for Coalescing {
                 .register(tcp.local_addr()?.ip())
                 .ok_or_else(|| std::io::Error::other("connection registry"))?;
             Ok(hyper_util::rt::TokioIo::new(
-                stateseal::limits::Counted::new(tcp, permit, conn),
+                stateseal::internals::limits::Counted::new(tcp, permit, conn),
             ))
         })
     }
@@ -1184,7 +1189,7 @@ async fn write_h2load_bodies(dir: &std::path::Path, addr: &str, state_size: usiz
 }
 
 fn reason(s: &tonic::Status) -> String {
-    stateseal::status::reason_of(s).unwrap_or_else(|| format!("{:?}", s.code()))
+    stateseal::internals::status::reason_of(s).unwrap_or_else(|| format!("{:?}", s.code()))
 }
 
 /// Tokens for the scenarios that open pre-sealed tokens.
@@ -1508,7 +1513,7 @@ fn main() {
     // "One write for many answers"), so switching it would move the
     // baseline rather than measure the server.
     let rt = if args.serve_echo {
-        stateseal::server::runtime()
+        stateseal::internals::server::runtime()
     } else {
         tokio::runtime::Builder::new_multi_thread()
             .enable_all()
@@ -1648,8 +1653,8 @@ fn main() {
             echo,
             redis: redis_cons,
             state: vec![0x5a; args.state_size],
-            echo_token: "A".repeat(stateseal::token::encoded_len(
-                stateseal::token::OVERHEAD + args.state_size,
+            echo_token: "A".repeat(stateseal::internals::token::encoded_len(
+                stateseal::internals::token::OVERHEAD + args.state_size,
             )),
         });
         let measure = Duration::from_secs_f64(args.duration);

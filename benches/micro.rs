@@ -9,11 +9,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use stateseal::binding::{params_digest, params_digest_v2, Binding, Method, ParamsDigest, Tenant};
-use stateseal::keyring::{Keyring, KeysetFile, TenantKeys};
-use stateseal::ledger::sled::SledLedger;
-use stateseal::ledger::{Ledger, LedgerKey, TenantTag};
-use stateseal::token::{self, Header, UntrustedToken};
+use stateseal::internals::binding::{
+    params_digest, params_digest_v2, Binding, Method, ParamsDigest, Tenant,
+};
+use stateseal::internals::keyring::{Keyring, KeysetFile, TenantKeys};
+use stateseal::internals::ledger::sled::SledLedger;
+use stateseal::internals::ledger::{Ledger, LedgerKey, TenantTag};
+use stateseal::internals::token::{self, Header, UntrustedToken};
 
 const SIZES: [usize; 3] = [64, 256, 4096];
 
@@ -31,7 +33,7 @@ impl Ours {
             subject: "bench-user".into(),
             method: Method::ToolsCall,
             params: ParamsDigest([7; 32]),
-            version: stateseal::binding::BindingVersion::V1,
+            version: stateseal::internals::binding::BindingVersion::V1,
         };
         Ours {
             keys: ring.primary().tenant_keys(&binding.tenant),
@@ -40,7 +42,7 @@ impl Ours {
                 key_id: ring.primary().id(),
                 expires_at: u32::MAX,
                 single_use: true,
-                binding: stateseal::binding::BindingVersion::V1,
+                binding: stateseal::internals::binding::BindingVersion::V1,
                 manifest: false,
             },
         }

@@ -13,35 +13,37 @@
 //! ## Guarantees
 //! - **Integrity and confidentiality**: XChaCha20-Poly1305 with random 192-bit
 //!   nonces under HKDF-SHA256 subkeys; any changed byte is rejected and the
-//!   token reveals nothing of the state ([`token`]).
+//!   token reveals nothing of the state (`domain::token`).
 //! - **Binding**: a token opens only for the tenant, subject, method and
-//!   params digest it was sealed for, and only before its expiry ([`binding`]).
+//!   params digest it was sealed for, and only before its expiry (`domain::binding`).
 //! - **Single use**: a single-use token is accepted at most once; the
 //!   consumption is durable before the answer, and a failing ledger fails
-//!   closed ([`ledger`]).
-//! - **Rotation**: staged → primary → retired keys ([`keyring`]).
+//!   closed (`ledger`).
+//! - **Rotation**: staged → primary → retired keys (`domain::keyring`).
 //! - **No secret leaks**: keys zeroize on drop and have no revealing `Debug`;
 //!   logs never hold keys, state or tokens — only tenants, key ids, reasons
-//!   and counts. Errors carry fixed messages ([`error`], [`status`]).
+//!   and counts. Errors carry fixed messages (`domain::error`, `grpc::status`).
 //!
 //! ## Map, by layer (lowest first)
 //! A module names modules on its own layer or below, never above;
 //! `.ci/layers.py` checks it (no import cycle, no upward import).
-//! - Foundation: [`error`] (rejection reasons), [`canon`] (RFC 8785),
-//!   [`clock`] (injected time; the clock guard over a reference clock the
-//!   ledgers implement), [`conns`] (connection registry and counters),
-//!   [`status`], [`hardening`].
-//! - Binding and keys: [`binding`] (tenant, method, params digest),
-//!   [`manifest`], [`keyring`] (keyset file, rotation, HKDF subkeys).
-//! - Token format: [`token`] (seal, bounds-checked parse, open).
-//! - Ledgers: [`ledger`] (the trait; [`ledger::sled`], [`ledger::postgres`]).
-//! - Domain core: [`sealer`] (limits, expiry, single use; reports to a
-//!   `LedgerFigures` it is given).
-//! - Transport and callers: [`limits`], [`tls`], [`auth`], [`reload`].
-//! - Operations: [`metrics`] (one registry per server, handed down).
-//! - gRPC face: [`service`]; then [`server`] (listeners and background
-//!   tasks) and [`config`] (command line, environment, the composition
-//!   root).
+//! - `clock/`: injected time; the clock guard over a reference clock the
+//!   ledgers implement.
+//! - `ledger/`: the single-use ledger trait and its sled and PostgreSQL
+//!   backends.
+//! - `domain/`: rejection reasons, RFC 8785, binding, manifest, keyring,
+//!   the token format and the sealer. No tonic, no clap, no statics.
+//! - `net/`: connection registry, listener and stream limits, TLS.
+//! - `ops/`: the metrics registry (one per server, handed down), keyset
+//!   reload, process hardening.
+//! - `grpc/`: the one proto ↔ core path, reasons as statuses, caller
+//!   authentication.
+//! - `app/`: the composition root (command line → prepared server) and the
+//!   server with its listeners and background tasks.
+//!
+//! The modules are private. The public surface is re-exported below;
+//! tests, benches and fuzz targets reach the rest through the hidden
+//! [`internals`] module, which is not a stable interface.
 
 // No unsafe code ships. Only the unit tests that read a dropped key's
 // memory back (keyring/tests.rs) allow it, locally.
@@ -49,26 +51,39 @@
 #![cfg_attr(test, deny(unsafe_code))]
 #![deny(clippy::mem_forget)]
 
-pub mod auth;
-pub mod binding;
-pub mod canon;
-pub mod clock;
-pub mod config;
-pub mod conns;
-pub mod error;
-pub mod hardening;
-pub mod keyring;
-pub mod ledger;
-pub mod limits;
-pub mod manifest;
-pub mod metrics;
-pub mod reload;
-pub mod sealer;
-pub mod server;
-pub mod service;
-pub mod status;
-pub mod tls;
-pub mod token;
+mod app;
+mod clock;
+mod domain;
+mod grpc;
+mod ledger;
+mod net;
+mod ops;
+
+pub use app::config::{Cli, Command, ConfigError, KeysCommand, LogFormat, Prepared, ServeArgs};
+pub use app::server::{run, runtime, ServeOptions};
+pub use clock::{Clock, SystemClock};
+pub use domain::error::Reject;
+pub use domain::keyring::{human_age, KeyListing, KeyState, KeysetFile};
+pub use ops::hardening::{disable_core_dumps, withhold_panic_details};
+
+/// The modules the tests, benches and fuzz targets drive directly. Not a
+/// stable interface.
+#[doc(hidden)]
+pub mod internals {
+    pub use crate::app::{config, server};
+    pub use crate::domain::{binding, canon, error, keyring, manifest, sealer, token};
+    pub use crate::grpc::{auth, status};
+    pub use crate::net::{conns, limits};
+    pub use crate::ops::hardening;
+    /// The clock and the clock guard.
+    pub mod clock {
+        pub use crate::clock::*;
+    }
+    /// The ledger trait and its backends.
+    pub mod ledger {
+        pub use crate::ledger::*;
+    }
+}
 
 /// Generated from `proto/stateseal/v1/stateseal.proto`.
 #[allow(clippy::all, missing_docs)]

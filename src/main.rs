@@ -2,9 +2,9 @@
 
 use anyhow::Context;
 use clap::Parser;
-use stateseal::clock::{Clock, SystemClock};
-use stateseal::config::{Cli, Command, KeysCommand, LogFormat};
-use stateseal::keyring::KeysetFile;
+use stateseal::KeysetFile;
+use stateseal::{Cli, Command, KeysCommand, LogFormat};
+use stateseal::{Clock, SystemClock};
 
 /// Errors end the process with exit code 1 and one line: the error and its
 /// causes, never a backtrace (whatever RUST_BACKTRACE says).
@@ -19,7 +19,7 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run() -> anyhow::Result<()> {
-    stateseal::hardening::withhold_panic_details();
+    stateseal::withhold_panic_details();
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => {
@@ -27,10 +27,10 @@ fn run() -> anyhow::Result<()> {
             if args.allow_core_dumps {
                 tracing::warn!("--allow-core-dumps: a crash may write keys and state to disk");
             } else {
-                stateseal::hardening::disable_core_dumps()
+                stateseal::disable_core_dumps()
                     .context("cannot disable core dumps (pass --allow-core-dumps to run anyway)")?;
             }
-            let runtime = stateseal::server::runtime().context("cannot start the async runtime")?;
+            let runtime = stateseal::runtime().context("cannot start the async runtime")?;
             runtime.block_on(async move {
                 // Installed before the server says it is listening, so that a
                 // SIGTERM right after start is a graceful stop, not a kill.
@@ -39,8 +39,7 @@ fn run() -> anyhow::Result<()> {
                 let listener = tokio::net::TcpListener::bind(args.listen)
                     .await
                     .with_context(|| format!("cannot listen on {}", args.listen))?;
-                stateseal::server::run(listener, prepared.sealer, prepared.options, shutdown)
-                    .await?;
+                stateseal::run(listener, prepared.sealer, prepared.options, shutdown).await?;
                 Ok(())
             })
         }
@@ -97,8 +96,8 @@ fn keys(cmd: KeysCommand) -> anyhow::Result<()> {
 }
 
 /// The `keys list` table for people.
-fn print_listing(listing: &stateseal::keyring::KeyListing) {
-    use stateseal::keyring::{human_age, KeyState};
+fn print_listing(listing: &stateseal::KeyListing) {
+    use stateseal::{human_age, KeyState};
     println!("now {}", listing.now);
     println!(
         "{:>4}  {:<8}  {:<20}  {:<20}  {:<20}  {:<24}  retire after",

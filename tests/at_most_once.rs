@@ -384,19 +384,21 @@ async fn randomized_interleavings_on_sled_complete_each_token_at_most_once() {
 /// ran it again (found by review). Opens and Seals stay refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commit_renew_and_release_work_while_the_clock_guard_disagrees() {
-    use stateseal::binding::{BindingVersion, Tenant};
-    use stateseal::clock::guard::TimeGuard;
-    use stateseal::error::Reject;
-    use stateseal::keyring::{Keyring, KeyringHandle, KeysetFile};
-    use stateseal::ledger::sled::SledLedger;
-    use stateseal::sealer::{BindingInput, Limits, OpenMode as Mode, ParamsInput, Sealer};
+    use stateseal::internals::binding::{BindingVersion, Tenant};
+    use stateseal::internals::clock::guard::TimeGuard;
+    use stateseal::internals::error::Reject;
+    use stateseal::internals::keyring::{Keyring, KeyringHandle, KeysetFile};
+    use stateseal::internals::ledger::sled::SledLedger;
+    use stateseal::internals::sealer::{
+        BindingInput, Limits, OpenMode as Mode, ParamsInput, Sealer,
+    };
 
     let dir = tempfile::tempdir().unwrap();
     let keys = Arc::new(KeyringHandle::new(
         Keyring::from_file(&KeysetFile::generate(T0)).unwrap(),
     ));
     let ledger = Arc::new(SledLedger::open(&dir.path().join("ledger")).unwrap());
-    let clock = Arc::new(stateseal::clock::WallClock);
+    let clock = Arc::new(stateseal::internals::clock::WallClock);
     let synced = Sealer::new(
         keys.clone(),
         ledger.clone(),

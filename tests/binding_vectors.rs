@@ -7,7 +7,7 @@
 //! of one value always agree.
 #![allow(clippy::unwrap_used)]
 
-use stateseal::binding::{params_digest_v2, Method};
+use stateseal::internals::binding::{params_digest_v2, Method};
 
 /// (method, params text, what it shows)
 const CASES: &[(&str, &str, &str)] = &[

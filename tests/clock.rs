@@ -59,7 +59,7 @@ async fn forward_step_on_one_postgres_replica_reopens_nothing() {
         return;
     };
     let ks = tmp.path().join("keyset.json");
-    stateseal::keyring::KeysetFile::generate(1)
+    stateseal::internals::keyring::KeysetFile::generate(1)
         .write(&ks, true)
         .unwrap();
     let mut args = vec!["--ledger", "postgres", "--keyset", ks.to_str().unwrap()];
@@ -259,10 +259,12 @@ async fn backward_step_then_restart_reopens_nothing() {
 /// record is collected meanwhile, then the ledger decides. Refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_consumption_is_not_accepted_after_collection() {
-    use stateseal::ledger::sled::SledLedger;
-    use stateseal::ledger::{Consumed, Held, LeaseAsk, Ledger, LedgerError, LedgerKey, Reserved};
-    use stateseal::sealer::Limits;
-    use stateseal::server::ServeOptions;
+    use stateseal::internals::ledger::sled::SledLedger;
+    use stateseal::internals::ledger::{
+        Consumed, Held, LeaseAsk, Ledger, LedgerError, LedgerKey, Reserved,
+    };
+    use stateseal::internals::sealer::Limits;
+    use stateseal::internals::server::ServeOptions;
 
     /// Holds every consume after the first until released.
     struct Stalling {
@@ -271,7 +273,7 @@ async fn a_stalled_consumption_is_not_accepted_after_collection() {
         release: tokio::sync::Notify,
     }
     /// No clock of its own: the guard's monotonic anchor.
-    impl stateseal::clock::guard::Reference for Stalling {}
+    impl stateseal::internals::clock::guard::Reference for Stalling {}
 
     #[async_trait::async_trait]
     impl Ledger for Stalling {
@@ -330,7 +332,7 @@ async fn a_stalled_consumption_is_not_accepted_after_collection() {
         calls: Default::default(),
         release: tokio::sync::Notify::new(),
     });
-    let manual = Arc::new(stateseal::clock::ManualClock::new(T0));
+    let manual = Arc::new(stateseal::internals::clock::ManualClock::new(T0));
     let limits = Limits {
         clock_skew: 0,
         ..Limits::default()
@@ -342,7 +344,7 @@ async fn a_stalled_consumption_is_not_accepted_after_collection() {
     };
     let s = start_custom(
         dir,
-        stateseal::keyring::KeysetFile::generate(T0),
+        stateseal::internals::keyring::KeysetFile::generate(T0),
         limits,
         opts,
         sled.clone(),
@@ -378,7 +380,7 @@ async fn a_stalled_consumption_is_not_accepted_after_collection() {
     s.stop().await;
 }
 
-fn manual_now(c: &stateseal::clock::ManualClock) -> u64 {
-    use stateseal::clock::Clock;
+fn manual_now(c: &stateseal::internals::clock::ManualClock) -> u64 {
+    use stateseal::internals::clock::Clock;
     c.now_unix()
 }

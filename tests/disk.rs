@@ -353,8 +353,8 @@ async fn a_filesystem_gone_read_only_fails_stop_and_loses_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sled_writer_dead_on_a_read_only_filesystem_is_not_ready() {
     use rand::RngCore;
-    use stateseal::ledger::sled::SledLedger;
-    use stateseal::ledger::{Consumed, Ledger, LedgerKey, TenantTag};
+    use stateseal::internals::ledger::sled::SledLedger;
+    use stateseal::internals::ledger::{Consumed, Ledger, LedgerKey, TenantTag};
     let base = tempfile::tempdir().unwrap();
     let dir = base.path().join("mnt");
     std::fs::create_dir(&dir).unwrap();

@@ -11,7 +11,7 @@ fn read(p: &str) -> String {
 #[test]
 fn every_reason_is_in_the_readme_error_table() {
     let readme = read("README.md");
-    for r in stateseal::error::Reject::ALL {
+    for r in stateseal::internals::error::Reject::ALL {
         let row = format!("| `{}` | `", r.reason());
         assert!(
             readme.contains(&row),
@@ -59,7 +59,7 @@ fn reasons_match_the_one_source() {
     let src: serde_json::Value =
         serde_json::from_str(&read("proto/stateseal/v1/reasons.json")).unwrap();
     let listed = src["reasons"].as_array().unwrap();
-    assert_eq!(listed.len(), stateseal::error::Reject::ALL.len());
+    assert_eq!(listed.len(), stateseal::internals::error::Reject::ALL.len());
     let screaming = |c: tonic::Code| {
         let mut out = String::new();
         for (i, ch) in format!("{c:?}").chars().enumerate() {
@@ -71,7 +71,7 @@ fn reasons_match_the_one_source() {
         out
     };
     let readme = read("README.md");
-    for (r, want) in stateseal::error::Reject::ALL.iter().zip(listed) {
+    for (r, want) in stateseal::internals::error::Reject::ALL.iter().zip(listed) {
         assert_eq!(want["reason"], r.reason());
         assert_eq!(want["code"], screaming(r.code()).as_str(), "{}", r.reason());
         assert_eq!(want["message"], r.message(), "{}", r.reason());

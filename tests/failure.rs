@@ -16,13 +16,15 @@ use std::time::{Duration, Instant};
 use common::process::spawn;
 use common::*;
 use rand::Rng;
-use stateseal::clock::{Clock, ManualClock};
-use stateseal::keyring::KeysetFile;
-use stateseal::ledger::sled::SledLedger;
-use stateseal::ledger::{Consumed, Held, LeaseAsk, Ledger, LedgerError, LedgerKey, Reserved};
+use stateseal::internals::clock::{Clock, ManualClock};
+use stateseal::internals::keyring::KeysetFile;
+use stateseal::internals::ledger::sled::SledLedger;
+use stateseal::internals::ledger::{
+    Consumed, Held, LeaseAsk, Ledger, LedgerError, LedgerKey, Reserved,
+};
+use stateseal::internals::sealer::Limits;
+use stateseal::internals::server::ServeOptions;
 use stateseal::proto::SealRequest;
-use stateseal::sealer::Limits;
-use stateseal::server::ServeOptions;
 use tonic_health::pb::health_check_response::ServingStatus;
 
 /// Wraps a real ledger; while `broken`, every call fails as a full or
@@ -42,7 +44,7 @@ impl Faulty {
 }
 
 /// No clock of its own: the guard's monotonic anchor.
-impl stateseal::clock::guard::Reference for Faulty {}
+impl stateseal::internals::clock::guard::Reference for Faulty {}
 
 #[async_trait::async_trait]
 impl Ledger for Faulty {

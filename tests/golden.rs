@@ -5,9 +5,11 @@
 #![allow(clippy::unwrap_used)]
 
 use serde_json::{json, Value};
-use stateseal::binding::{params_digest, Binding, Method, Tenant};
-use stateseal::keyring::{KeyMaterial, KeyRecord, KeyState, Keyring, KeysetFile, KEYSET_FORMAT};
-use stateseal::token::{seal_with_nonce, Header, UntrustedToken};
+use stateseal::internals::binding::{params_digest, Binding, Method, Tenant};
+use stateseal::internals::keyring::{
+    KeyMaterial, KeyRecord, KeyState, Keyring, KeysetFile, KEYSET_FORMAT,
+};
+use stateseal::internals::token::{seal_with_nonce, Header, UntrustedToken};
 
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
@@ -115,7 +117,7 @@ fn generate() -> Value {
                 subject: v.subject.into(),
                 method: v.method,
                 params: digest,
-                version: stateseal::binding::BindingVersion::V1,
+                version: stateseal::internals::binding::BindingVersion::V1,
             };
             let ring = keyring_for(v.key_id);
             let keys = ring.primary().tenant_keys(&binding.tenant);
@@ -123,7 +125,7 @@ fn generate() -> Value {
                 key_id: ring.primary().id(),
                 expires_at: v.expires_at,
                 single_use: v.single_use,
-                binding: stateseal::binding::BindingVersion::V1,
+                binding: stateseal::internals::binding::BindingVersion::V1,
                 manifest: false,
             };
             let token = seal_with_nonce(&keys, header, &binding, v.state, &nonce(i)).unwrap();
@@ -217,9 +219,11 @@ const INPUTS_V2: [InputV2; 3] = [
 ];
 
 fn generate_v2(reservation: Option<&Value>) -> Value {
-    use stateseal::binding::{params_digest_for, BindingVersion};
-    use stateseal::manifest::{CredentialPolicy, Manifest};
-    use stateseal::token::{seal_parts, seal_reservation, ReservationClaims, SealedReservation};
+    use stateseal::internals::binding::{params_digest_for, BindingVersion};
+    use stateseal::internals::manifest::{CredentialPolicy, Manifest};
+    use stateseal::internals::token::{
+        seal_parts, seal_reservation, ReservationClaims, SealedReservation,
+    };
     let ring = keyring_for(7);
     let tenant = Tenant::new("acme");
     let keys = ring.primary().tenant_keys(&tenant);

@@ -8,9 +8,9 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use common::*;
 use sha2::{Digest, Sha256};
+use stateseal::internals::sealer::Limits;
+use stateseal::internals::server::ServeOptions;
 use stateseal::proto::{binding::Params, Binding, OpenRequest, SealRequest};
-use stateseal::sealer::Limits;
-use stateseal::server::ServeOptions;
 use tonic::Code;
 
 #[tokio::test]
@@ -26,7 +26,7 @@ async fn round_trip_returns_the_state_and_metadata() {
     assert_eq!(sealed.key_id, "1");
     assert_eq!(
         sealed.request_state.len(),
-        stateseal::token::encoded_len(49 + 7)
+        stateseal::internals::token::encoded_len(49 + 7)
     );
     let opened = s
         .client
@@ -174,7 +174,7 @@ async fn wrong_subject_method_or_params_is_rejected_and_does_not_burn() {
 async fn a_caller_digest_and_params_json_bind_the_same() {
     let mut s = start().await;
     let params = r#"{"name":"transfer","arguments":{"amount":42}}"#;
-    let canonical = stateseal::binding::canonical_json(params).unwrap();
+    let canonical = stateseal::internals::binding::canonical_json(params).unwrap();
     let digest = Sha256::digest(&canonical).to_vec();
     let by_digest = Binding {
         subject: "alice".into(),
@@ -364,7 +364,7 @@ async fn concurrent_consumptions_share_flushes() {
 #[tokio::test]
 async fn a_consumed_token_stays_consumed_after_restart_on_the_same_dir() {
     let s = start().await;
-    let keyset = stateseal::keyring::KeysetFile::generate(T0);
+    let keyset = stateseal::internals::keyring::KeysetFile::generate(T0);
     let dir = s.stop().await;
     let mut s = start_in(
         dir,
@@ -418,7 +418,9 @@ async fn garbage_truncated_and_oversized_inputs_get_the_documented_reasons() {
         // Longer than a token with the largest state and manifest.
         (
             "A".repeat(
-                stateseal::token::encoded_len(49 + stateseal::token::MANIFEST_ROOM + 1024) + 4,
+                stateseal::internals::token::encoded_len(
+                    49 + stateseal::internals::token::MANIFEST_ROOM + 1024,
+                ) + 4,
             ),
             "TOO_LARGE",
         ),
@@ -627,7 +629,7 @@ async fn binding_v2_is_exact_and_v1_tokens_still_open() {
 
     // A v1 token: sealed by a caller's v1 digest (binding_version 0).
     let params = r#"{"name":"transfer","arguments":{"amount":42},"x":1}"#;
-    let v1 = stateseal::binding::params_digest(params).unwrap();
+    let v1 = stateseal::internals::binding::params_digest(params).unwrap();
     let t = s
         .client
         .seal(SealRequest {
@@ -678,7 +680,7 @@ async fn binding_v2_is_exact_and_v1_tokens_still_open() {
 /// ignore the mode; a forged reservation is refused.
 #[tokio::test]
 async fn reserve_commit_release_through_the_service() {
-    use stateseal::clock::Clock;
+    use stateseal::internals::clock::Clock;
     use stateseal::proto::{CommitRequest, OpenMode, ReleaseRequest, RenewRequest};
     let mut s = start().await;
     let reserve = |t: &str, lease: u32| OpenRequest {

@@ -11,10 +11,10 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use common::process::spawn;
 use common::*;
-use stateseal::binding::{params_digest, Binding, Method, Tenant};
-use stateseal::keyring::{Keyring, KeysetFile};
+use stateseal::internals::binding::{params_digest, Binding, Method, Tenant};
+use stateseal::internals::keyring::{Keyring, KeysetFile};
+use stateseal::internals::token::UntrustedToken;
 use stateseal::proto;
-use stateseal::token::UntrustedToken;
 
 const MARK: &str = "SECRET-MARKER-5d1e";
 
@@ -114,16 +114,16 @@ fn debug_never_shows_state_tokens_subjects_or_params() {
         subject: "s".into(),
         method: Method::ToolsCall,
         params: params_digest("{}").unwrap(),
-        version: stateseal::binding::BindingVersion::V1,
+        version: stateseal::internals::binding::BindingVersion::V1,
     };
-    let header = stateseal::token::Header {
+    let header = stateseal::internals::token::Header {
         key_id: ring.primary().id(),
         expires_at: u32::MAX,
         single_use: true,
-        binding: stateseal::binding::BindingVersion::V1,
+        binding: stateseal::internals::binding::BindingVersion::V1,
         manifest: false,
     };
-    let t = stateseal::token::seal(&keys, header, &binding, MARK.as_bytes()).unwrap();
+    let t = stateseal::internals::token::seal(&keys, header, &binding, MARK.as_bytes()).unwrap();
     let untrusted = UntrustedToken::parse(&t, 1 << 16).unwrap();
     assert_hidden("UntrustedToken", format!("{untrusted:?}"));
     let opened = untrusted.open(&keys, &binding).unwrap();
@@ -184,8 +184,9 @@ async fn postgres_trace_logs_hold_no_ledger_ids() {
         tenant: Tenant::new(Tenant::DEFAULT),
         subject: call_binding().subject,
         method: Method::ToolsCall,
-        params: stateseal::binding::params_digest_v2(Method::ToolsCall, &params).unwrap(),
-        version: stateseal::binding::BindingVersion::V2,
+        params: stateseal::internals::binding::params_digest_v2(Method::ToolsCall, &params)
+            .unwrap(),
+        version: stateseal::internals::binding::BindingVersion::V2,
     };
     let id = UntrustedToken::parse(&t, 1 << 16)
         .unwrap()

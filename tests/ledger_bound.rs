@@ -11,12 +11,12 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use stateseal::keyring::KeysetFile;
-use stateseal::ledger::sled::SledLedger;
-use stateseal::ledger::Ledger;
+use stateseal::internals::keyring::KeysetFile;
+use stateseal::internals::ledger::sled::SledLedger;
+use stateseal::internals::ledger::Ledger;
+use stateseal::internals::sealer::Limits;
+use stateseal::internals::server::ServeOptions;
 use stateseal::proto::{OpenMode, OpenRequest};
-use stateseal::sealer::Limits;
-use stateseal::server::ServeOptions;
 use tonic::Code;
 
 async fn server(dir: tempfile::TempDir, keyset: KeysetFile, max: u64) -> TestServer {
@@ -149,17 +149,17 @@ async fn concurrent_consumptions_never_pass_the_bound() {
 /// a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_tenant_at_its_bound_does_not_block_another() {
-    use stateseal::binding::{BindingVersion, Tenant};
-    use stateseal::clock::Clock;
-    use stateseal::error::Reject;
-    use stateseal::keyring::{Keyring, KeyringHandle};
-    use stateseal::sealer::{BindingInput, OpenMode as Mode, ParamsInput, Sealer};
+    use stateseal::internals::binding::{BindingVersion, Tenant};
+    use stateseal::internals::clock::Clock;
+    use stateseal::internals::error::Reject;
+    use stateseal::internals::keyring::{Keyring, KeyringHandle};
+    use stateseal::internals::sealer::{BindingInput, OpenMode as Mode, ParamsInput, Sealer};
 
     let dir = tempfile::tempdir().unwrap();
     let keys = Arc::new(KeyringHandle::new(
         Keyring::from_file(&KeysetFile::generate(T0)).unwrap(),
     ));
-    let clock = Arc::new(stateseal::clock::ManualClock::new(T0));
+    let clock = Arc::new(stateseal::internals::clock::ManualClock::new(T0));
     let limits = Limits {
         clock_skew: 5,
         ..Limits::default()
@@ -238,7 +238,7 @@ async fn one_tenant_at_its_bound_does_not_block_another() {
 /// refused every new token until a restart).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_ending_with_its_token_is_collected_once() {
-    use stateseal::ledger::{LeaseAsk, LedgerKey, Reserved, TenantTag};
+    use stateseal::internals::ledger::{LeaseAsk, LedgerKey, Reserved, TenantTag};
     let dir = tempfile::tempdir().unwrap();
     let sled = SledLedger::open(&dir.path().join("ledger"))
         .unwrap()
@@ -268,7 +268,7 @@ async fn a_lease_ending_with_its_token_is_collected_once() {
     };
     assert_eq!(
         sled.consume(&live).await.unwrap(),
-        stateseal::ledger::Consumed::Now
+        stateseal::internals::ledger::Consumed::Now
     );
     assert_eq!(sled.records(), 4);
     assert_eq!(sled.remove_expired(now + 31, 100).await.unwrap(), 3);

@@ -8,9 +8,11 @@ mod common;
 use std::sync::Arc;
 
 use rand::RngCore;
-use stateseal::ledger::postgres::{PgLedger, PgOptions};
-use stateseal::ledger::sled::SledLedger;
-use stateseal::ledger::{Consumed, Held, Lease, LeaseAsk, Ledger, LedgerKey, Reserved, TenantTag};
+use stateseal::internals::ledger::postgres::{PgLedger, PgOptions};
+use stateseal::internals::ledger::sled::SledLedger;
+use stateseal::internals::ledger::{
+    Consumed, Held, Lease, LeaseAsk, Ledger, LedgerKey, Reserved, TenantTag,
+};
 
 pub fn database_url() -> Option<String> {
     std::env::var("STATESEAL_TEST_DATABASE_URL")

@@ -7,10 +7,10 @@ mod common;
 
 use common::*;
 use serde_json::{json, Value};
-use stateseal::manifest::CredentialPolicy;
+use stateseal::internals::manifest::CredentialPolicy;
+use stateseal::internals::sealer::Limits;
+use stateseal::internals::server::ServeOptions;
 use stateseal::proto::{OpenRequest, SealRequest};
-use stateseal::sealer::Limits;
-use stateseal::server::ServeOptions;
 use tonic::Code;
 
 /// Every kind of question the 2026-07-28 schema allows.
@@ -553,7 +553,8 @@ async fn manifest_size_cost() {
         .into_inner()
         .request_state;
     let (m, _) =
-        stateseal::manifest::Manifest::build(&q.to_string(), CredentialPolicy::Deny).unwrap();
+        stateseal::internals::manifest::Manifest::build(&q.to_string(), CredentialPolicy::Deny)
+            .unwrap();
     let encoded = m.encode().unwrap();
     assert_eq!(
         std::str::from_utf8(&encoded).unwrap(),
@@ -561,9 +562,12 @@ async fn manifest_size_cost() {
     );
     assert_eq!(
         with.len(),
-        stateseal::token::encoded_len(49 + 2 + encoded.len() + 1)
+        stateseal::internals::token::encoded_len(49 + 2 + encoded.len() + 1)
     );
-    assert_eq!(without.len(), stateseal::token::encoded_len(49 + 1));
+    assert_eq!(
+        without.len(),
+        stateseal::internals::token::encoded_len(49 + 1)
+    );
     assert_eq!(with.len() - without.len(), 87);
 }
 

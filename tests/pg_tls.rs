@@ -14,9 +14,9 @@ use std::path::{Path, PathBuf};
 use common::pki::Ca;
 use common::private_pg::{pg_bin, PrivatePg};
 use rcgen::SanType;
-use stateseal::ledger::pgtls::{PgTlsFlags, SslMode};
-use stateseal::ledger::postgres::{PgLedger, PgOptions};
-use stateseal::ledger::{Consumed, Ledger, LedgerKey, TenantTag};
+use stateseal::internals::ledger::pgtls::{PgTlsFlags, SslMode};
+use stateseal::internals::ledger::postgres::{PgLedger, PgOptions};
+use stateseal::internals::ledger::{Consumed, Ledger, LedgerKey, TenantTag};
 
 fn skip(why: &str) {
     crate::common::skip::skipped("tls-to-postgresql", why);

@@ -8,7 +8,7 @@ use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use base64::Engine;
 use common::process::{command, http_get, http_request, metrics_addr, spawn};
 use common::*;
-use stateseal::keyring::KeysetFile;
+use stateseal::internals::keyring::KeysetFile;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consumed_tokens_stay_consumed_across_kill_9_and_restart() {
@@ -367,7 +367,7 @@ fn panicking_child_for_the_panic_hook_test() {
     if std::env::var_os("STATESEAL_PANIC_CHILD").is_none() {
         return;
     }
-    stateseal::hardening::withhold_panic_details();
+    stateseal::internals::hardening::withhold_panic_details();
     let key = "PANIC-SECRET-5e1d0c";
     panic!("tripped on key material {key}");
 }

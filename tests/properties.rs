@@ -7,9 +7,9 @@
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use proptest::prelude::*;
-use stateseal::binding::{params_digest, Binding, Method, ParamsDigest, Tenant};
-use stateseal::keyring::{KeyId, Keyring, KeysetFile, TenantKeys};
-use stateseal::token::{self, Header, UntrustedToken};
+use stateseal::internals::binding::{params_digest, Binding, Method, ParamsDigest, Tenant};
+use stateseal::internals::keyring::{KeyId, Keyring, KeysetFile, TenantKeys};
+use stateseal::internals::token::{self, Header, UntrustedToken};
 use std::sync::{Arc, OnceLock};
 
 fn ring() -> &'static Keyring {
@@ -39,7 +39,7 @@ fn binding() -> impl Strategy<Value = Binding> {
         subject: s,
         method: m,
         params: ParamsDigest(d),
-        version: stateseal::binding::BindingVersion::V1,
+        version: stateseal::internals::binding::BindingVersion::V1,
     })
 }
 
@@ -106,7 +106,7 @@ proptest! {
     #[test]
     fn splicing_two_tokens_is_rejected((b, _s, _h, t1) in sealed(), state2 in proptest::collection::vec(any::<u8>(), 0..512),
                                        at in any::<prop::sample::Index>()) {
-        let header = Header { key_id: KeyId(1), expires_at: 7, single_use: false, binding: stateseal::binding::BindingVersion::V1, manifest: false };
+        let header = Header { key_id: KeyId(1), expires_at: 7, single_use: false, binding: stateseal::internals::binding::BindingVersion::V1, manifest: false };
         let t2 = token::seal(&keys(b.tenant.as_str()), header, &b, &state2).unwrap();
         let (r1, r2) = (URL_SAFE_NO_PAD.decode(&t1).unwrap(), URL_SAFE_NO_PAD.decode(&t2).unwrap());
         let i = at.index(r1.len().min(r2.len()));
@@ -159,10 +159,10 @@ proptest! {
     fn canonical_form_matches_an_independent_implementation(v in wide_json_value()) {
         let text = serde_json::to_string_pretty(&v).unwrap();
         let theirs = serde_json_canonicalizer::to_vec(&v).unwrap();
-        let ours = stateseal::binding::canonical_json(&text).unwrap();
+        let ours = stateseal::internals::binding::canonical_json(&text).unwrap();
         prop_assert_eq!(&ours, &theirs, "input {}", text);
         // Idempotent: the canonical form is its own canonical form.
-        let again = stateseal::binding::canonical_json(std::str::from_utf8(&ours).unwrap()).unwrap();
+        let again = stateseal::internals::binding::canonical_json(std::str::from_utf8(&ours).unwrap()).unwrap();
         prop_assert_eq!(again, ours);
     }
 }
@@ -213,23 +213,24 @@ fn json_value() -> impl Strategy<Value = serde_json::Value> {
 
 fn sealer() -> &'static (
     tokio::runtime::Runtime,
-    stateseal::sealer::Sealer,
+    stateseal::internals::sealer::Sealer,
     tempfile::TempDir,
 ) {
     static S: OnceLock<(
         tokio::runtime::Runtime,
-        stateseal::sealer::Sealer,
+        stateseal::internals::sealer::Sealer,
         tempfile::TempDir,
     )> = OnceLock::new();
     S.get_or_init(|| {
         let dir = tempfile::tempdir().unwrap();
-        let ledger = Arc::new(stateseal::ledger::sled::SledLedger::open(dir.path()).unwrap());
+        let ledger =
+            Arc::new(stateseal::internals::ledger::sled::SledLedger::open(dir.path()).unwrap());
         let ring = Keyring::from_file(&KeysetFile::generate(0)).unwrap();
-        let s = stateseal::sealer::Sealer::new(
-            Arc::new(stateseal::keyring::KeyringHandle::new(ring)),
+        let s = stateseal::internals::sealer::Sealer::new(
+            Arc::new(stateseal::internals::keyring::KeyringHandle::new(ring)),
             ledger,
-            Arc::new(stateseal::clock::ManualClock::new(1_900_000_000)),
-            stateseal::sealer::Limits::default(),
+            Arc::new(stateseal::internals::clock::ManualClock::new(1_900_000_000)),
+            stateseal::internals::sealer::Limits::default(),
         );
         (
             tokio::runtime::Builder::new_current_thread()
@@ -265,7 +266,7 @@ proptest! {
     fn arbitrary_requests_never_panic(raw in proptest::collection::vec(any::<u8>(), 0..800)) {
         use prost::Message;
         use stateseal::proto::{binding::Params, OpenRequest, SealRequest};
-        use stateseal::sealer::{BindingInput, ParamsInput};
+        use stateseal::internals::sealer::{BindingInput, ParamsInput};
         let (rt, s, _) = sealer();
         let tenant = Tenant::new("t");
         let input = |b: &stateseal::proto::Binding| {
@@ -273,7 +274,7 @@ proptest! {
                 Params::ParamsDigest(d) => ParamsInput::Digest(d),
                 Params::ParamsJson(j) => ParamsInput::Json(j),
             });
-            s.binding(&tenant, BindingInput { subject: &b.subject, method: &b.method, params, version: stateseal::binding::BindingVersion::V2 })
+            s.binding(&tenant, BindingInput { subject: &b.subject, method: &b.method, params, version: stateseal::internals::binding::BindingVersion::V2 })
         };
         if let Ok(req) = SealRequest::decode(&raw[..]) {
             if let Some(Ok(b)) = req.binding.as_ref().map(input) {
@@ -293,8 +294,8 @@ fn key_types_zeroize_on_drop() {
     // Checked through the types: every holder of key bytes is ZeroizeOnDrop,
     // so a keyring replaced on reload wipes its keys when its last user drops it.
     fn zeroize_on_drop<T: zeroize::ZeroizeOnDrop>() {}
-    zeroize_on_drop::<stateseal::keyring::KeyMaterial>();
-    zeroize_on_drop::<stateseal::keyring::TenantKeys>();
+    zeroize_on_drop::<stateseal::internals::keyring::KeyMaterial>();
+    zeroize_on_drop::<stateseal::internals::keyring::TenantKeys>();
     zeroize_on_drop::<chacha20poly1305::XChaCha20Poly1305>();
     zeroize_on_drop::<zeroize::Zeroizing<[u8; 32]>>();
 }

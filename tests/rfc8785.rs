@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used)]
 
 use sha2::{Digest, Sha256};
-use stateseal::binding::{canonical_json, params_digest};
+use stateseal::internals::binding::{canonical_json, params_digest};
 
 const NAMES: [&str; 6] = [
     "arrays",

@@ -250,7 +250,9 @@ async fn full_rotation_under_load_fails_no_open() {
         c.output().unwrap()
     };
     let demoted_at = {
-        let file = stateseal::keyring::KeysetFile::parse(&std::fs::read(&master).unwrap()).unwrap();
+        let file =
+            stateseal::internals::keyring::KeysetFile::parse(&std::fs::read(&master).unwrap())
+                .unwrap();
         let k1 = file.keys.iter().find(|k| k.id == 1).unwrap();
         k1.demoted_at.expect("key 1 was demoted by the promotion")
     };
@@ -285,8 +287,8 @@ async fn full_rotation_under_load_fails_no_open() {
         .unwrap()
         .iter()
         .filter(|(t, _, _)| {
-            stateseal::token::UntrustedToken::parse(t, 1 << 16)
-                .is_ok_and(|u| u.header().key_id == stateseal::keyring::KeyId(1))
+            stateseal::internals::token::UntrustedToken::parse(t, 1 << 16)
+                .is_ok_and(|u| u.header().key_id == stateseal::internals::keyring::KeyId(1))
         })
         .map(|(t, _, _)| t.clone())
         .collect();

@@ -7,7 +7,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use stateseal::canon::{canonicalize, object_members, NumberMode};
+use stateseal::internals::canon::{canonicalize, object_members, NumberMode};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {

@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use stateseal::keyring::{Keyring, KeysetFile};
+use stateseal::internals::keyring::{Keyring, KeysetFile};
 
 fuzz_target!(|data: &[u8]| {
     match KeysetFile::parse(data) {

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use libfuzzer_sys::fuzz_target;
 use serde_json::value::RawValue;
-use stateseal::manifest::{Answers, CredentialPolicy, DropReason, Manifest};
+use stateseal::internals::manifest::{Answers, CredentialPolicy, DropReason, Manifest};
 
 /// One JSON object, member texts kept raw: answers may hold numbers no
 /// double can (kept verbatim by design), which a `Value` cannot.

@@ -8,12 +8,12 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
-use stateseal::binding::Tenant;
-use stateseal::clock::ManualClock;
-use stateseal::keyring::{Keyring, KeyringHandle, KeysetFile};
-use stateseal::ledger::{Consumed, Held, LeaseAsk, Ledger, LedgerError, LedgerKey, Reserved};
+use stateseal::internals::binding::Tenant;
+use stateseal::internals::clock::ManualClock;
+use stateseal::internals::keyring::{Keyring, KeyringHandle, KeysetFile};
+use stateseal::internals::ledger::{Consumed, Held, LeaseAsk, Ledger, LedgerError, LedgerKey, Reserved};
 use stateseal::proto::{binding::Params, OpenRequest, SealRequest};
-use stateseal::sealer::{BindingInput, Limits, ParamsInput, Sealer};
+use stateseal::internals::sealer::{BindingInput, Limits, ParamsInput, Sealer};
 
 /// An in-memory ledger, emptied at the start of every fuzz input (never in
 /// the middle of one: that would make a consumed key consumable again).
@@ -27,7 +27,7 @@ impl MemLedger {
 }
 
 /// No clock of its own: the guard's monotonic anchor.
-impl stateseal::clock::guard::Reference for MemLedger {}
+impl stateseal::internals::clock::guard::Reference for MemLedger {}
 
 #[async_trait::async_trait]
 impl Ledger for MemLedger {
@@ -104,7 +104,7 @@ fn world() -> &'static World {
 fn input(b: &Option<stateseal::proto::Binding>) -> Option<BindingInput<'_>> {
     let b = b.as_ref()?;
     Some(BindingInput {
-        version: stateseal::binding::BindingVersion::from_wire(b.binding_version).ok()?,
+        version: stateseal::internals::binding::BindingVersion::from_wire(b.binding_version).ok()?,
         subject: &b.subject,
         method: &b.method,
         params: b.params.as_ref().map(|p| match p {

@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use stateseal::auth::Tenants;
+use stateseal::internals::auth::Tenants;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(t) = Tenants::parse(data) {

@@ -4,14 +4,14 @@
 
 use std::sync::Arc;
 
-use stateseal::clock::ManualClock;
-use stateseal::keyring::{Keyring, KeyringHandle, KeysetFile};
-use stateseal::ledger::sled::SledLedger;
-use stateseal::ledger::Ledger;
+use stateseal::internals::clock::ManualClock;
+use stateseal::internals::keyring::{Keyring, KeyringHandle, KeysetFile};
+use stateseal::internals::ledger::sled::SledLedger;
+use stateseal::internals::ledger::Ledger;
+use stateseal::internals::sealer::{Limits, Sealer};
+use stateseal::internals::server::ServeOptions;
 use stateseal::proto::request_state_client::RequestStateClient;
 use stateseal::proto::{binding::Params, Binding, OpenRequest, SealRequest};
-use stateseal::sealer::{Limits, Sealer};
-use stateseal::server::ServeOptions;
 use tonic::transport::Channel;
 
 pub mod pki;
@@ -86,7 +86,7 @@ pub async fn start_custom(
     sled: Arc<SledLedger>,
     ledger: Arc<dyn Ledger>,
     manual: Arc<ManualClock>,
-    clock: Arc<dyn stateseal::clock::Clock>,
+    clock: Arc<dyn stateseal::internals::clock::Clock>,
 ) -> TestServer {
     let keys = Arc::new(KeyringHandle::new(
         Keyring::from_file(&keyset).expect("keyring"),
@@ -99,7 +99,7 @@ pub async fn start_custom(
     let addr = listener.local_addr().expect("addr");
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let handle = tokio::spawn(async move {
-        stateseal::server::run(listener, sealer, opts, async {
+        stateseal::internals::server::run(listener, sealer, opts, async {
             let _ = rx.await;
         })
         .await
@@ -182,7 +182,8 @@ pub fn open_req(token: &str) -> OpenRequest {
 
 /// The stateseal reason of an error status.
 pub fn reason(s: &tonic::Status) -> String {
-    stateseal::status::reason_of(s).unwrap_or_else(|| format!("<no reason: {:?}>", s.code()))
+    stateseal::internals::status::reason_of(s)
+        .unwrap_or_else(|| format!("<no reason: {:?}>", s.code()))
 }
 
 /// Seals a single-use token of the standard binding and consumes it;

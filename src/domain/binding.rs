@@ -22,9 +22,9 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
-use crate::canon::{self, NumberMode};
+use crate::domain::canon::{self, NumberMode};
 
-use crate::error::Reject;
+use crate::domain::error::Reject;
 
 /// Top-level params members that belong to the round trip, not to the request.
 pub const EXCLUDED_PARAMS: [&str; 3] = ["inputResponses", "requestState", "_meta"];

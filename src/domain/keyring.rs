@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 use zeroize::Zeroizing;
 
-use crate::binding::Tenant;
+use crate::domain::binding::Tenant;
 
 /// Every HKDF label, in one place. Changing one is a format change.
 pub mod labels {

@@ -23,8 +23,8 @@ use std::sync::atomic::{AtomicI64, Ordering};
 
 use tokio::sync::Semaphore;
 
-use crate::conns::{CertIdentity, ConnInfo, Conns, PeerIdentity};
-use crate::limits::{accept_limited, Counted, HandshakeSlots, TransportLimits};
+use crate::net::conns::{CertIdentity, ConnInfo, Conns, PeerIdentity};
+use crate::net::limits::{accept_limited, Counted, HandshakeSlots, TransportLimits};
 
 /// Where the TLS material lives (mounted files; re-read on change).
 #[derive(Clone, Debug)]

@@ -35,8 +35,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use crate::canon::{canonicalize, ExactNumber, NumberMode};
-use crate::error::Reject;
+use crate::domain::canon::{canonicalize, ExactNumber, NumberMode};
+use crate::domain::error::Reject;
 
 /// Largest compact manifest, in bytes (sealed inside the token).
 pub const MAX_MANIFEST: usize = 16 * 1024;

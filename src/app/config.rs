@@ -7,21 +7,21 @@ use std::sync::Arc;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use zeroize::Zeroizing;
 
-use crate::auth::Authenticator;
-use crate::auth::Tenants;
-use crate::binding::Tenant;
+use crate::app::server::ServeOptions;
+use crate::app::server::TenantsInForce;
 use crate::clock::guard::TimeGuard;
 use crate::clock::{Clock, SystemClock};
-use crate::keyring::{Keyring, KeyringHandle, KeysetError, KeysetFile, RetirePolicy};
+use crate::domain::binding::Tenant;
+use crate::domain::keyring::{Keyring, KeyringHandle, KeysetError, KeysetFile, RetirePolicy};
+use crate::domain::sealer::{Limits, Sealer};
+use crate::grpc::auth::Authenticator;
+use crate::grpc::auth::Tenants;
 use crate::ledger::postgres::{PgLedger, PgOptions};
 use crate::ledger::sled::SledLedger;
 use crate::ledger::{Ledger, LedgerError};
-use crate::limits::TransportLimits;
-use crate::reload::read_files;
-use crate::sealer::{Limits, Sealer};
-use crate::server::ServeOptions;
-use crate::server::TenantsInForce;
-use crate::tls::{TlsFiles, TlsInForce};
+use crate::net::limits::TransportLimits;
+use crate::net::tls::{TlsFiles, TlsInForce};
+use crate::ops::reload::read_files;
 use arc_swap::ArcSwap;
 
 #[derive(Debug, Parser)]
@@ -266,7 +266,7 @@ pub struct ServeArgs {
         value_enum,
         default_value = "deny"
     )]
-    pub credential_fields: crate::manifest::CredentialPolicy,
+    pub credential_fields: crate::domain::manifest::CredentialPolicy,
     /// How often expired ledger records are collected, in milliseconds.
     #[arg(long, env = "STATESEAL_GC_INTERVAL_MS", default_value_t = 30_000)]
     pub gc_interval_ms: u64,
@@ -586,7 +586,7 @@ impl ServeArgs {
                  it catches up (see docs/operations.md, Clocks)"
             );
         }
-        let metrics = Arc::new(crate::metrics::Metrics::new());
+        let metrics = Arc::new(crate::ops::metrics::Metrics::new());
         let sealer = Sealer::new(
             Arc::new(KeyringHandle::new(ring)),
             ledger,

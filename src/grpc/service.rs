@@ -4,17 +4,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::metrics::{Metrics, Rpc};
+use crate::ops::metrics::{Metrics, Rpc};
 
 use tonic::{Request, Response, Status};
 
-use crate::binding::{params_digest_for, Binding, BindingVersion, ParamsDigest, Tenant};
-use crate::error::Reject;
-use crate::limits::CanonPool;
-use crate::manifest::{Answers, Manifest};
+use crate::domain::binding::{params_digest_for, Binding, BindingVersion, ParamsDigest, Tenant};
+use crate::domain::error::Reject;
+use crate::domain::manifest::{Answers, Manifest};
+use crate::domain::sealer::{OpenMode, Sealer};
+use crate::net::limits::CanonPool;
 use crate::proto::request_state_server::RequestState;
 use crate::proto::{self, binding::Params};
-use crate::sealer::{OpenMode, Sealer};
 
 #[derive(Debug, Clone)]
 pub struct RequestStateService {

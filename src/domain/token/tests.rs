@@ -1,6 +1,6 @@
 use super::*;
-use crate::binding::{Method, ParamsDigest, Tenant};
-use crate::keyring::{Keyring, KeysetFile};
+use crate::domain::binding::{Method, ParamsDigest, Tenant};
+use crate::domain::keyring::{Keyring, KeysetFile};
 
 fn keys() -> std::sync::Arc<TenantKeys> {
     let ring = Keyring::from_file(&KeysetFile::generate(0)).unwrap();
@@ -13,7 +13,7 @@ fn binding() -> Binding {
         subject: "s".into(),
         method: Method::ToolsCall,
         params: ParamsDigest([7; 32]),
-        version: crate::binding::BindingVersion::V1,
+        version: crate::domain::binding::BindingVersion::V1,
     }
 }
 
@@ -21,7 +21,7 @@ const H: Header = Header {
     key_id: KeyId(1),
     expires_at: 100,
     single_use: true,
-    binding: crate::binding::BindingVersion::V1,
+    binding: crate::domain::binding::BindingVersion::V1,
     manifest: false,
 };
 
@@ -44,7 +44,7 @@ fn header_round_trip_and_reserved_bits() {
             ..H
         },
         Header {
-            binding: crate::binding::BindingVersion::V2,
+            binding: crate::domain::binding::BindingVersion::V2,
             ..H
         },
         Header {

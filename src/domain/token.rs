@@ -29,9 +29,9 @@ use chacha20poly1305::XNonce;
 use hmac::Mac;
 use zeroize::Zeroizing;
 
-use crate::binding::{Binding, BindingVersion};
-use crate::error::Reject;
-use crate::keyring::{KeyId, TenantKeys, Wiped};
+use crate::domain::binding::{Binding, BindingVersion};
+use crate::domain::error::Reject;
+use crate::domain::keyring::{KeyId, TenantKeys, Wiped};
 
 pub const VERSION: u8 = 1;
 /// The format of a token whose plaintext starts with a manifest.
@@ -42,7 +42,7 @@ pub const TAG_LEN: usize = 16;
 /// Bytes a token adds to the state before base64.
 pub const OVERHEAD: usize = HEADER_LEN + NONCE_LEN + TAG_LEN;
 /// The most a manifest adds (its length prefix and itself).
-pub const MANIFEST_ROOM: usize = 2 + crate::manifest::MAX_MANIFEST;
+pub const MANIFEST_ROOM: usize = 2 + crate::domain::manifest::MAX_MANIFEST;
 
 const FLAG_SINGLE_USE: u8 = 0x01;
 const BINDING_SHIFT: u8 = 1;
@@ -134,7 +134,7 @@ pub fn seal_with_nonce(
 }
 
 /// Seals `state`, and `manifest` when given (format 2; at most
-/// [`MAX_MANIFEST`](crate::manifest::MAX_MANIFEST) bytes).
+/// [`MAX_MANIFEST`](crate::domain::manifest::MAX_MANIFEST) bytes).
 pub fn seal_parts(
     keys: &TenantKeys,
     header: Header,
@@ -158,7 +158,7 @@ pub fn seal_parts(
     if let Some(m) = manifest {
         let len = u16::try_from(m.len())
             .ok()
-            .filter(|&n| usize::from(n) <= crate::manifest::MAX_MANIFEST)
+            .filter(|&n| usize::from(n) <= crate::domain::manifest::MAX_MANIFEST)
             .ok_or(Reject::TooLarge)?;
         buf.extend_from_slice(&len.to_be_bytes());
         buf.extend_from_slice(m);

@@ -35,10 +35,10 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 
-use crate::error::Reject;
-use crate::keyring::KeyringHandle;
+use crate::domain::error::Reject;
+use crate::domain::keyring::KeyringHandle;
 use crate::ledger::FlushStats;
-use crate::reload::ReloadStats;
+use crate::ops::reload::ReloadStats;
 
 /// Upper bounds (seconds) of the latency buckets.
 const BUCKETS: [f64; 14] = [
@@ -98,7 +98,7 @@ impl std::fmt::Debug for Metrics {
     }
 }
 
-impl crate::sealer::LedgerFigures for Metrics {
+impl crate::domain::sealer::LedgerFigures for Metrics {
     fn ledger_round(&self, took: Duration, answered: bool, consumed: bool) {
         self.ledger_consume(took, answered, consumed);
     }
@@ -198,15 +198,15 @@ pub struct Sources {
     pub flush: Option<Arc<FlushStats>>,
     pub backend: &'static str,
     /// The gRPC and health listeners' connection counters.
-    pub conns: Arc<crate::conns::ConnStats>,
+    pub conns: Arc<crate::net::conns::ConnStats>,
     /// The clock guard: whether the wall clock agrees, and by how much.
     pub guard: Arc<crate::clock::guard::TimeGuard>,
     /// The server's own figures (also registered as metrics).
     pub metrics: Arc<Metrics>,
     /// Refusals of the request-byte budget and the canonicalization pool.
-    pub limits: Arc<crate::limits::LimitStats>,
+    pub limits: Arc<crate::net::limits::LimitStats>,
     /// The expiry dates of the TLS material in force, with TLS.
-    pub tls: Option<Arc<crate::tls::TlsExpiry>>,
+    pub tls: Option<Arc<crate::net::tls::TlsExpiry>>,
 }
 
 impl std::fmt::Debug for Sources {
@@ -501,8 +501,8 @@ pub async fn serve(listener: TcpListener, max_connections: usize, src: Sources) 
     let permits = Arc::new(tokio::sync::Semaphore::new(max_connections.max(1)));
     // One request per connection, the whole exchange bounded in time: no
     // connection is idle for long, so none is evicted or closed as idle.
-    let conns = crate::conns::Conns::new(
-        crate::conns::ConnPolicy {
+    let conns = crate::net::conns::Conns::new(
+        crate::net::conns::ConnPolicy {
             idle_timeout: Duration::from_secs(3600),
             per_ip: usize::MAX,
             auth_deadline: None,
@@ -511,7 +511,7 @@ pub async fn serve(listener: TcpListener, max_connections: usize, src: Sources) 
         Arc::default(),
     );
     while let Some((sock, _, permit, conn)) =
-        crate::limits::accept_limited(&listener, &permits, None, &conns).await
+        crate::net::limits::accept_limited(&listener, &permits, None, &conns).await
     {
         let registry = registry.clone();
         tokio::spawn(async move {

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
-use crate::error::Reject;
+use crate::domain::error::Reject;
 
 /// The `google.rpc.ErrorInfo.domain` of every rejection.
 pub const DOMAIN: &str = "stateseal";

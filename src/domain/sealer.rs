@@ -5,15 +5,17 @@ use std::sync::Arc;
 
 use zeroize::Zeroizing;
 
-use crate::binding::{params_digest_for, Binding, BindingVersion, Method, ParamsDigest, Tenant};
 use crate::clock::guard::TimeGuard;
 use crate::clock::Clock;
-use crate::error::Reject;
-use crate::keyring::{KeyId, KeyringHandle};
+use crate::domain::binding::{
+    params_digest_for, Binding, BindingVersion, Method, ParamsDigest, Tenant,
+};
+use crate::domain::error::Reject;
+use crate::domain::keyring::{KeyId, KeyringHandle};
+use crate::domain::token::{self, Header, ReservationClaims, UntrustedToken};
 use crate::ledger::{
     Consumed, Held, Lease, LeaseAsk, LeaseEnd, Ledger, LedgerKey, Reserved, TenantTag,
 };
-use crate::token::{self, Header, ReservationClaims, UntrustedToken};
 
 /// Configured bounds. Every input is checked against these before any work
 /// proportional to its size.
@@ -38,7 +40,7 @@ pub struct Limits {
     /// Largest `input_requests_json` / `input_responses_json`, in bytes.
     pub max_input_json: usize,
     /// What Seal does with a form field that asks for a credential.
-    pub credential_policy: crate::manifest::CredentialPolicy,
+    pub credential_policy: crate::domain::manifest::CredentialPolicy,
 }
 
 impl Default for Limits {
@@ -53,7 +55,7 @@ impl Default for Limits {
             default_lease: 30,
             max_lease: 300,
             max_input_json: 256 * 1024,
-            credential_policy: crate::manifest::CredentialPolicy::Deny,
+            credential_policy: crate::domain::manifest::CredentialPolicy::Deny,
         }
     }
 }
@@ -473,7 +475,7 @@ impl Sealer {
     /// The reservation string of `lease` on `key`, and the lease.
     fn reservation_string(
         &self,
-        tenant_keys: &crate::keyring::TenantKeys,
+        tenant_keys: &crate::domain::keyring::TenantKeys,
         key_id: KeyId,
         binding: &Binding,
         key: &LedgerKey,

@@ -16,7 +16,7 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 use zeroize::Zeroizing;
 
-use crate::keyring::{Keyring, KeyringHandle, KeysetFile};
+use crate::domain::keyring::{Keyring, KeyringHandle, KeysetFile};
 
 /// Reload outcomes, for metrics and tests.
 #[derive(Debug, Default)]

@@ -12,16 +12,16 @@ use tokio::net::TcpListener;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Server;
 
-use crate::auth::Authenticator;
-use crate::auth::Tenants;
-use crate::conns::{ConnActivityLayer, Conns};
+use crate::domain::sealer::Sealer;
+use crate::grpc::auth::Authenticator;
+use crate::grpc::auth::Tenants;
+use crate::grpc::service::RequestStateService;
 use crate::ledger::run_gc;
-use crate::limits::{limited_incoming, CanonPool, InflightBytesLayer, TransportLimits};
+use crate::net::conns::{ConnActivityLayer, Conns};
+use crate::net::limits::{limited_incoming, CanonPool, InflightBytesLayer, TransportLimits};
+use crate::net::tls::{self, TlsInForce};
+use crate::ops::reload::{keyset_applier, watch_file, ReloadStats};
 use crate::proto::request_state_server::RequestStateServer;
-use crate::reload::{keyset_applier, watch_file, ReloadStats};
-use crate::sealer::Sealer;
-use crate::service::RequestStateService;
-use crate::tls::{self, TlsInForce};
 use arc_swap::ArcSwap;
 
 /// The fully-qualified service name, as health checks name it. Its status
@@ -60,8 +60,8 @@ pub struct ServeOptions {
     /// Transport and work limits on every listener.
     pub limits: TransportLimits,
     /// The server's figures, served on the metrics port (the sealer is
-    /// given the same, as its [`crate::sealer::LedgerFigures`]).
-    pub metrics: Arc<crate::metrics::Metrics>,
+    /// given the same, as its [`crate::domain::sealer::LedgerFigures`]).
+    pub metrics: Arc<crate::ops::metrics::Metrics>,
 }
 
 impl std::fmt::Debug for ServeOptions {
@@ -78,8 +78,8 @@ impl std::fmt::Debug for ServeOptions {
 impl Default for ServeOptions {
     fn default() -> Self {
         ServeOptions {
-            auth: Authenticator::Implicit(crate::binding::Tenant::new(
-                crate::binding::Tenant::DEFAULT,
+            auth: Authenticator::Implicit(crate::domain::binding::Tenant::new(
+                crate::domain::binding::Tenant::DEFAULT,
             )),
             health_every: Duration::from_secs(1),
             gc_every: Duration::from_secs(30),
@@ -134,7 +134,7 @@ fn runtime_builder() -> tokio::runtime::Builder {
 /// requests or responses. Bigger messages are refused by the transport
 /// (tonic answers OUT_OF_RANGE) before any of our checks.
 pub fn max_message_size(sealer: &Sealer) -> usize {
-    use crate::token::{encoded_len, MANIFEST_ROOM, OVERHEAD};
+    use crate::domain::token::{encoded_len, MANIFEST_ROOM, OVERHEAD};
     let l = sealer.limits();
     l.max_params_json
         + encoded_len(OVERHEAD + MANIFEST_ROOM + l.max_state)
@@ -185,7 +185,7 @@ pub async fn run(
     );
 
     let limit = max_message_size(&sealer);
-    let limit_stats = Arc::new(crate::limits::LimitStats::default());
+    let limit_stats = Arc::new(crate::net::limits::LimitStats::default());
     let canon = Arc::new(CanonPool::new(
         lim.max_canonicalizations,
         lim.max_canon_queue,
@@ -221,15 +221,15 @@ pub async fn run(
     }
     let mut background = spawn_background(&sealer, &opts, health, ready);
     // Connection counters of the gRPC and health listeners, for the metrics.
-    let conn_stats = Arc::new(crate::conns::ConnStats::default());
+    let conn_stats = Arc::new(crate::net::conns::ConnStats::default());
     if let Some(l) = opts.metrics_listener {
         if let Ok(addr) = l.local_addr() {
             tracing::info!(metrics_addr = %addr, "metrics at /metrics");
         }
-        background.push(tokio::spawn(crate::metrics::serve(
+        background.push(tokio::spawn(crate::ops::metrics::serve(
             l,
             lim.max_aux_connections,
-            crate::metrics::Sources {
+            crate::ops::metrics::Sources {
                 keys: sealer.keys().clone(),
                 reload: opts.reload_stats.clone(),
                 flush: ledger.flush_stats(),
@@ -432,7 +432,7 @@ fn spawn_health_port<H>(
     lim: &TransportLimits,
     reporter_service: H,
     inflight: InflightBytesLayer,
-    conn_stats: &Arc<crate::conns::ConnStats>,
+    conn_stats: &Arc<crate::net::conns::ConnStats>,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> tokio::task::JoinHandle<Result<(), tonic::transport::Error>>
 where
@@ -475,7 +475,7 @@ where
 fn behind_auth<S>(
     svc: S,
     auth: &Authenticator,
-    metrics: &Arc<crate::metrics::Metrics>,
+    metrics: &Arc<crate::ops::metrics::Metrics>,
 ) -> InterceptedService<S, impl tonic::service::Interceptor + Clone> {
     let (auth, metrics) = (auth.clone(), metrics.clone());
     InterceptedService::new(svc, move |req| {
@@ -486,7 +486,7 @@ fn behind_auth<S>(
 
 async fn set_health(
     health: &tonic_health::server::HealthReporter,
-    metrics: &crate::metrics::Metrics,
+    metrics: &crate::ops::metrics::Metrics,
     ready: bool,
 ) {
     metrics.set_ready(ready);
@@ -528,7 +528,7 @@ async fn report_readiness(
     ledger: Arc<dyn crate::ledger::Ledger>,
     guard: Arc<crate::clock::guard::TimeGuard>,
     health: tonic_health::server::HealthReporter,
-    metrics: Arc<crate::metrics::Metrics>,
+    metrics: Arc<crate::ops::metrics::Metrics>,
     every: Duration,
     mut last: Option<bool>,
 ) {

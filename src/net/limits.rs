@@ -30,7 +30,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::transport::server::Connected;
 
-use crate::conns::{Closing, Conn, ConnInfo, ConnStats, Conns};
+use crate::net::conns::{Closing, Conn, ConnInfo, ConnStats, Conns};
 
 /// Every limit of the transport, with the defaults docs/configuration.md documents.
 #[derive(Clone, Debug)]
@@ -70,7 +70,7 @@ pub struct TransportLimits {
     /// cut and the process exits (ledger flushed).
     pub shutdown_grace: Duration,
     /// Connections per source address on each gRPC listener (0: a quarter
-    /// of the listener's cap); see [`crate::conns`].
+    /// of the listener's cap); see [`crate::net::conns`].
     pub max_connections_per_ip: usize,
     /// A connection with no open stream for this long is closed.
     pub idle_timeout: Duration,
@@ -112,8 +112,8 @@ impl Default for TransportLimits {
 impl TransportLimits {
     /// The connection policy of a listener capped at `cap` connections;
     /// `bearer`: callers authenticate per request with a bearer secret.
-    pub fn conn_policy(&self, cap: usize, bearer: bool) -> crate::conns::ConnPolicy {
-        crate::conns::ConnPolicy {
+    pub fn conn_policy(&self, cap: usize, bearer: bool) -> crate::net::conns::ConnPolicy {
+        crate::net::conns::ConnPolicy {
             idle_timeout: self.idle_timeout,
             per_ip: match self.max_connections_per_ip {
                 0 => (cap / 4).max(1),
@@ -154,7 +154,7 @@ pub struct LimitStats {
 // === connections ===
 
 /// A connection that holds one of its listener's permits while it is open,
-/// its place among the listener's connections (see [`crate::conns`]), and
+/// its place among the listener's connections (see [`crate::net::conns`]), and
 /// what its handshake established about the peer (`P`).
 pub struct Counted<IO, P = ()> {
     inner: IO,
@@ -620,7 +620,9 @@ impl HttpBody for Metered {
                             .stats
                             .inflight_refused
                             .fetch_add(1, Ordering::Relaxed);
-                        return Poll::Ready(Some(Err(crate::error::Reject::Overloaded.into())));
+                        return Poll::Ready(Some(Err(
+                            crate::domain::error::Reject::Overloaded.into()
+                        )));
                     }
                     this.held.bytes.fetch_add(n, Ordering::Relaxed);
                 }

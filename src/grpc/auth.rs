@@ -22,8 +22,8 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use tonic::{Request, Status};
 
-use crate::binding::Tenant;
-use crate::conns::{conn_of, ConnInfo, PeerIdentity};
+use crate::domain::binding::Tenant;
+use crate::net::conns::{conn_of, ConnInfo, PeerIdentity};
 
 /// One tenant and the identities that map to it.
 #[derive(Clone, Deserialize)]

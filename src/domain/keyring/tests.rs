@@ -227,7 +227,7 @@ fn subkeys_differ_by_tenant_and_key() {
     let b1 = ring.get(KeyId(1)).unwrap().tenant_keys(&Tenant::new("b"));
     let a2 = ring.get(KeyId(2)).unwrap().tenant_keys(&Tenant::new("a"));
     let n = [7u8; 24];
-    let id = |k: &TenantKeys| crate::token::ledger_id(k, &n);
+    let id = |k: &TenantKeys| crate::domain::token::ledger_id(k, &n);
     assert_ne!(id(&a1), id(&b1));
     assert_ne!(id(&a1), id(&a2));
     // Cached: the same Arc comes back.
