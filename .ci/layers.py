@@ -20,10 +20,11 @@ LAYERS = [
     ("clock", None),
     ("ledger", None),
     ("domain", [["error", "canon"], ["binding", "manifest"], ["keyring"], ["token"], ["sealer"]]),
-    ("net", [["conns"], ["limits"], ["tls"]]),
+    ("net", [["conns"], ["limits"], ["accept", "budget"], ["tls"]]),
     ("ops", [["hardening"], ["reload"], ["metrics"]]),
-    ("grpc", [["status"], ["auth"], ["service"]]),
-    ("app", [["server"], ["config"]]),
+    ("grpc", [["status"], ["auth", "canon_pool"], ["service"]]),
+    ("cli", None),
+    ("app", [["server"], ["build"]]),
 ]
 RANK = {}
 for i, (folder, subs) in enumerate(LAYERS):

@@ -719,7 +719,7 @@ async fn start_echo(journal: Option<Journal>) -> String {
         .await
         .expect("bind echo server");
     let addr = listener.local_addr().expect("echo addr");
-    let incoming = stateseal::internals::limits::limited_incoming(
+    let incoming = stateseal::internals::accept::limited_incoming(
         listener,
         lim.max_connections,
         lim.max_tls_handshakes,
@@ -1081,14 +1081,14 @@ enum ClientIo {
 }
 
 /// A connector whose TCP connections are wrapped in stateseal's own
-/// [`stateseal::internals::limits::Counted`], so the client writes exactly as the
+/// [`stateseal::internals::accept::Counted`], so the client writes exactly as the
 /// server's connections do (they report that they do not write vectored).
 #[derive(Clone, Copy)]
 struct Coalescing;
 
 impl tower_service::Service<http::Uri> for Coalescing {
     type Response =
-        hyper_util::rt::TokioIo<stateseal::internals::limits::Counted<tokio::net::TcpStream>>;
+        hyper_util::rt::TokioIo<stateseal::internals::accept::Counted<tokio::net::TcpStream>>;
     type Error = std::io::Error;
     type Future = std::pin::Pin<
         Box<dyn std::future::Future<Output = std::io::Result<Self::Response>> + Send>,
@@ -1132,7 +1132,7 @@ impl tower_service::Service<http::Uri> for Coalescing {
                 .register(tcp.local_addr()?.ip())
                 .ok_or_else(|| std::io::Error::other("connection registry"))?;
             Ok(hyper_util::rt::TokioIo::new(
-                stateseal::internals::limits::Counted::new(tcp, permit, conn),
+                stateseal::internals::accept::Counted::new(tcp, permit, conn),
             ))
         })
     }

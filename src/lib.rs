@@ -38,8 +38,9 @@
 //!   reload, process hardening.
 //! - `grpc/`: the one proto ↔ core path, reasons as statuses, caller
 //!   authentication.
-//! - `app/`: the composition root (command line → prepared server) and the
-//!   server with its listeners and background tasks.
+//! - `cli/`: the command line and environment, clap types only.
+//! - `app/`: the composition root (`build`: arguments → prepared server)
+//!   and the server with its listeners and background tasks.
 //!
 //! The modules are private. The public surface is re-exported below;
 //! tests, benches and fuzz targets reach the rest through the hidden
@@ -52,6 +53,7 @@
 #![deny(clippy::mem_forget)]
 
 mod app;
+mod cli;
 mod clock;
 mod domain;
 mod grpc;
@@ -59,8 +61,9 @@ mod ledger;
 mod net;
 mod ops;
 
-pub use app::config::{Cli, Command, ConfigError, KeysCommand, LogFormat, Prepared, ServeArgs};
+pub use app::build::{ConfigError, Prepared};
 pub use app::server::{run, runtime, ServeOptions};
+pub use cli::{Cli, Command, KeysCommand, LogFormat, ServeArgs};
 pub use clock::{Clock, SystemClock};
 pub use domain::error::Reject;
 pub use domain::keyring::{human_age, KeyListing, KeyState, KeysetFile};
@@ -70,10 +73,10 @@ pub use ops::hardening::{disable_core_dumps, withhold_panic_details};
 /// stable interface.
 #[doc(hidden)]
 pub mod internals {
-    pub use crate::app::{config, server};
+    pub use crate::app::{build, server};
     pub use crate::domain::{binding, canon, error, keyring, manifest, sealer, token};
     pub use crate::grpc::{auth, status};
-    pub use crate::net::{conns, limits};
+    pub use crate::net::{accept, conns, limits};
     pub use crate::ops::hardening;
     /// The clock and the clock guard.
     pub mod clock {

@@ -1,6 +1,6 @@
-//! The composition root: the command line and environment ([`config`])
-//! become a [`Prepared`](config::Prepared) server, which [`server`] runs
-//! with its listeners and background tasks.
+//! The composition root: [`build`] turns the parsed command line
+//! ([`crate::cli`]) into a [`Prepared`](build::Prepared) server, which
+//! [`server`] runs with its listeners and background tasks.
 
-pub mod config;
+pub mod build;
 pub mod server;

@@ -12,7 +12,7 @@ use crate::domain::binding::{params_digest_for, Binding, BindingVersion, ParamsD
 use crate::domain::error::Reject;
 use crate::domain::manifest::{Answers, Manifest};
 use crate::domain::sealer::{OpenMode, Sealer};
-use crate::net::limits::CanonPool;
+use crate::grpc::canon_pool::CanonPool;
 use crate::proto::request_state_server::RequestState;
 use crate::proto::{self, binding::Params};
 

@@ -23,8 +23,9 @@ use std::sync::atomic::{AtomicI64, Ordering};
 
 use tokio::sync::Semaphore;
 
+use crate::net::accept::{accept_limited, Counted, HandshakeSlots};
 use crate::net::conns::{CertIdentity, ConnInfo, Conns, PeerIdentity};
-use crate::net::limits::{accept_limited, Counted, HandshakeSlots, TransportLimits};
+use crate::net::limits::TransportLimits;
 
 /// Where the TLS material lives (mounted files; re-read on change).
 #[derive(Clone, Debug)]

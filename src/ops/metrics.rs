@@ -511,7 +511,7 @@ pub async fn serve(listener: TcpListener, max_connections: usize, src: Sources) 
         Arc::default(),
     );
     while let Some((sock, _, permit, conn)) =
-        crate::net::limits::accept_limited(&listener, &permits, None, &conns).await
+        crate::net::accept::accept_limited(&listener, &permits, None, &conns).await
     {
         let registry = registry.clone();
         tokio::spawn(async move {

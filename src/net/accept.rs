@@ -1,0 +1,364 @@
+//! Accepting connections under the limits: each listener takes a permit
+//! *before* `accept`, so at most `max_connections` are open; over that, new
+//! connections wait in the kernel's backlog instead of costing memory here,
+//! or evict a connection still in its handshake, or the idlest one.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tonic::transport::server::Connected;
+
+use crate::net::conns::{Closing, Conn, ConnInfo, ConnStats, Conns};
+
+/// A connection that holds one of its listener's permits while it is open,
+/// its place among the listener's connections (see [`crate::net::conns`]), and
+/// what its handshake established about the peer (`P`).
+pub struct Counted<IO, P = ()> {
+    inner: IO,
+    peer: P,
+    conn: Arc<Conn>,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl<IO> Counted<IO> {
+    /// An established connection (its handshake is over).
+    pub fn new(inner: IO, permit: OwnedSemaphorePermit, conn: Arc<Conn>) -> Self {
+        conn.established();
+        Counted {
+            inner,
+            peer: (),
+            conn,
+            _permit: permit,
+        }
+    }
+}
+
+impl<IO, P> Counted<IO, P> {
+    pub fn with_peer<Q>(self, peer: Q) -> Counted<IO, Q> {
+        Counted {
+            inner: self.inner,
+            peer,
+            conn: self.conn,
+            _permit: self._permit,
+        }
+    }
+    pub fn peer(&self) -> &P {
+        &self.peer
+    }
+    pub fn conn(&self) -> &Arc<Conn> {
+        &self.conn
+    }
+}
+
+impl Connected for Counted<TcpStream> {
+    type ConnectInfo = ConnInfo<()>;
+    fn connect_info(&self) -> ConnInfo<()> {
+        ConnInfo {
+            peer: (),
+            conn: self.conn.clone(),
+        }
+    }
+}
+
+impl<IO: AsyncRead + Unpin, P: Unpin> AsyncRead for Counted<IO, P> {
+    /// End of stream once the connection is marked to be closed (idle too
+    /// long, evicted, or unauthenticated): the HTTP/2 server then drops it.
+    /// An idle or evicted connection is closed only when nothing waits to
+    /// be read: bytes already sent (a request that crossed the close) are
+    /// read and served first, and a stream they open calls the close off.
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.conn.poll_closing(cx) {
+            Closing::No => Pin::new(&mut self.inner).poll_read(cx, buf),
+            Closing::Now => Poll::Ready(Ok(())),
+            Closing::WhenQuiet => match Pin::new(&mut self.inner).poll_read(cx, buf) {
+                Poll::Pending => Poll::Ready(Ok(())),
+                other => other,
+            },
+        }
+    }
+}
+
+impl<IO: AsyncWrite + Unpin, P: Unpin> AsyncWrite for Counted<IO, P> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+    /// Reported as not vectored, whatever the socket can do. h2 then
+    /// copies a DATA frame under 1 KiB into its write buffer with the
+    /// frames around it, and answers to many streams leave in one write.
+    /// Over vectored I/O it keeps every DATA payload of 256 B or more as a
+    /// buffer of its own and writes it out before it takes the next frame:
+    /// each Seal answer (a ~420-character token) and each Open answer of a
+    /// few hundred bytes cost a system call and a TCP segment of their own.
+    /// Measured in docs/performance.md ("Coalesced writes").
+    fn is_write_vectored(&self) -> bool {
+        false
+    }
+}
+
+/// Accepts one connection once a permit is free (the permit is taken
+/// first: a full listener stops accepting). Sets TCP_NODELAY: without it, a
+/// response written in more than one segment waits for the peer's delayed
+/// ACK (~40 ms).
+///
+/// With `handshakes`: when every permit is taken, the oldest connection
+/// still in its handshake is evicted to make room, so connections that say
+/// nothing cannot keep the listener from accepting; then the established
+/// connection idle longest. Only when every connection has a stream open
+/// does the listener wait. A connection from an address at its cap
+/// evicts that address's idlest connection, or is refused.
+pub async fn accept_limited(
+    listener: &TcpListener,
+    permits: &Arc<Semaphore>,
+    handshakes: Option<&Arc<HandshakeSlots>>,
+    conns: &Arc<Conns>,
+) -> Option<(
+    TcpStream,
+    std::net::SocketAddr,
+    OwnedSemaphorePermit,
+    Arc<Conn>,
+)> {
+    let permit = loop {
+        match permits.clone().try_acquire_owned() {
+            Ok(p) => break p,
+            Err(tokio::sync::TryAcquireError::Closed) => return None,
+            Err(tokio::sync::TryAcquireError::NoPermits) => {}
+        }
+        if handshakes.is_some_and(|h| h.evict_oldest()) || conns.evict_idlest(None) {
+            // The evicted connection's task drops it (and its permit) soon.
+            let waited =
+                tokio::time::timeout(Duration::from_millis(200), permits.clone().acquire_owned())
+                    .await;
+            match waited {
+                Ok(Ok(p)) => break p,
+                Ok(Err(_)) => return None,
+                Err(_) => continue,
+            }
+        }
+        // Every permit belongs to a connection with a stream open: wait.
+        break permits.clone().acquire_owned().await.ok()?;
+    };
+    loop {
+        match listener.accept().await {
+            Ok((tcp, addr)) => {
+                let Some(conn) = conns.register(addr.ip()) else {
+                    // Its address is at its cap with every connection busy.
+                    drop(tcp);
+                    continue;
+                };
+                let _ = tcp.set_nodelay(true);
+                return Some((tcp, addr, permit, conn));
+            }
+            Err(e) => {
+                // EMFILE and friends: back off instead of spinning.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// The HTTP/2 client connection preface (RFC 9113 §3.4).
+const PREFACE_LEN: usize = 24;
+
+/// Waits until the peer has sent the 24-byte HTTP/2 preface (peeked, not
+/// read), for at most `limit`. A connection that sends nothing, or a byte at
+/// a time, is dropped instead of holding a connection slot.
+async fn preface_within(tcp: &TcpStream, limit: Duration) -> bool {
+    let mut buf = [0u8; PREFACE_LEN];
+    tokio::time::timeout(limit, async {
+        loop {
+            match tcp.peek(&mut buf).await {
+                Ok(n) if n >= PREFACE_LEN => return true,
+                Ok(0) | Err(_) => return false, // closed
+                Ok(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
+    })
+    .await
+    .unwrap_or(false)
+}
+
+/// Connections still in their handshake (TLS, or the HTTP/2 preface in
+/// plaintext). At most `max` at once; when a new one arrives and all slots
+/// are taken, the *oldest* is evicted. A flood of peers that connect and say
+/// nothing therefore cannot lock out a real client, which completes its
+/// handshake within a round trip of connecting.
+#[derive(Debug)]
+pub struct HandshakeSlots {
+    max: usize,
+    /// Where evictions are counted (the listener's connection counters).
+    stats: Arc<ConnStats>,
+    next: AtomicU64,
+    queue: Mutex<std::collections::VecDeque<(u64, tokio::sync::oneshot::Sender<()>)>>,
+}
+
+/// A connection's place among the handshakes; leaves on drop.
+pub struct HandshakeTicket {
+    id: u64,
+    slots: Arc<HandshakeSlots>,
+    /// Completes when this handshake is evicted.
+    pub evicted: tokio::sync::oneshot::Receiver<()>,
+}
+
+impl Drop for HandshakeTicket {
+    fn drop(&mut self) {
+        let mut q = self.slots.queue.lock().unwrap_or_else(|e| e.into_inner());
+        q.retain(|(id, _)| *id != self.id);
+    }
+}
+
+impl HandshakeSlots {
+    pub fn new(max: usize, stats: Arc<ConnStats>) -> Arc<Self> {
+        Arc::new(HandshakeSlots {
+            max: max.max(1),
+            stats,
+            next: AtomicU64::new(0),
+            queue: Mutex::default(),
+        })
+    }
+
+    /// Evicts the oldest handshake in progress; false if there is none.
+    pub fn evict_oldest(&self) -> bool {
+        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        match q.pop_front() {
+            Some((_, evict)) => {
+                self.stats
+                    .handshakes_evicted
+                    .fetch_add(1, Ordering::Relaxed);
+                let _ = evict.send(());
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Takes a slot, evicting the oldest handshake if all are taken.
+    pub fn admit(self: &Arc<Self>) -> HandshakeTicket {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        while q.len() >= self.max {
+            if let Some((_, evict)) = q.pop_front() {
+                self.stats
+                    .handshakes_evicted
+                    .fetch_add(1, Ordering::Relaxed);
+                let _ = evict.send(());
+            }
+        }
+        q.push_back((id, tx));
+        HandshakeTicket {
+            id,
+            slots: self.clone(),
+            evicted: rx,
+        }
+    }
+}
+
+/// Plaintext connections from `listener`, at most `max` open at once; each
+/// must send the HTTP/2 preface within `handshake_timeout`, and at most
+/// `max_handshakes` may be waiting to (see [`HandshakeSlots`]).
+pub fn limited_incoming(
+    listener: TcpListener,
+    max: usize,
+    max_handshakes: usize,
+    handshake_timeout: Duration,
+    conns: Arc<Conns>,
+) -> tokio_stream::wrappers::ReceiverStream<std::io::Result<Counted<TcpStream>>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    let permits = Arc::new(Semaphore::new(max.max(1)));
+    let slots = HandshakeSlots::new(max_handshakes, conns.stats().clone());
+    tokio::spawn(async move {
+        while let Some((tcp, _, permit, conn)) =
+            accept_limited(&listener, &permits, Some(&slots), &conns).await
+        {
+            let conn_tx = tx.clone();
+            let mut ticket = slots.admit();
+            let stats = conns.stats().clone();
+            tokio::spawn(async move {
+                let ok = tokio::select! {
+                    ok = preface_within(&tcp, handshake_timeout) => ok,
+                    _ = &mut ticket.evicted => false,
+                };
+                drop(ticket);
+                if ok {
+                    let _ = conn_tx.send(Ok(Counted::new(tcp, permit, conn))).await;
+                } else {
+                    stats.handshakes_failed.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+            if tx.is_closed() {
+                return; // the server stopped
+            }
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::net::limits::TransportLimits;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A connection says it does not write vectored (so h2 coalesces
+    /// answers under 1 KiB, docs/performance.md "Coalesced writes"), and a
+    /// vectored write through it still delivers every byte, in order.
+    #[tokio::test]
+    async fn connections_coalesce_and_still_write_every_slice() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let client = tokio::spawn(async move {
+            let mut s = TcpStream::connect(addr).await.unwrap();
+            let mut got = Vec::new();
+            s.read_to_end(&mut got).await.unwrap();
+            got
+        });
+        let (tcp, peer) = listener.accept().await.unwrap();
+        assert!(tcp.is_write_vectored(), "the socket itself writes vectored");
+        let permit = Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap();
+        let registry = Conns::new(
+            TransportLimits::default().conn_policy(4, false),
+            Arc::default(),
+        );
+        let mut conn = Counted::new(tcp, permit, registry.register(peer.ip()).unwrap());
+        assert!(!conn.is_write_vectored());
+        let (a, b) = (vec![1u8; 300], vec![2u8; 700]);
+        let mut slices = [std::io::IoSlice::new(&a), std::io::IoSlice::new(&b)];
+        let mut slices = &mut slices[..];
+        while !slices.is_empty() {
+            let n = conn.write_vectored(slices).await.unwrap();
+            std::io::IoSlice::advance_slices(&mut slices, n);
+        }
+        conn.shutdown().await.unwrap();
+        drop(conn);
+        let got = client.await.unwrap();
+        assert_eq!(got, [a, b].concat());
+    }
+}
