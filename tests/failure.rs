@@ -37,7 +37,10 @@ struct Faulty {
 impl Faulty {
     fn check(&self) -> Result<(), LedgerError> {
         if self.broken.load(Ordering::SeqCst) {
-            return Err(LedgerError("injected: no space left on device".into()));
+            return Err(LedgerError::Storage {
+                step: "injected write",
+                detail: "no space left on device".into(),
+            });
         }
         Ok(())
     }
@@ -54,7 +57,10 @@ impl Ledger for Faulty {
         attempt: Option<[u8; 16]>,
     ) -> Result<Consumed, LedgerError> {
         if self.broken.load(Ordering::SeqCst) {
-            return Err(LedgerError("injected: no space left on device".into()));
+            return Err(LedgerError::Storage {
+                step: "injected write",
+                detail: "no space left on device".into(),
+            });
         }
         self.inner.consume_as(key, attempt).await
     }
@@ -91,7 +97,10 @@ impl Ledger for Faulty {
     }
     async fn remove_expired(&self, before: u64, limit: usize) -> Result<usize, LedgerError> {
         if self.broken.load(Ordering::SeqCst) {
-            return Err(LedgerError("injected".into()));
+            return Err(LedgerError::Storage {
+                step: "injected collect",
+                detail: "failure".into(),
+            });
         }
         self.inner.remove_expired(before, limit).await
     }

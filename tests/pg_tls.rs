@@ -39,7 +39,7 @@ async fn connect(url: &str, tls: PgTlsFlags) -> Result<PgLedger, String> {
         },
     )
     .await
-    .map_err(|e| e.0)
+    .map_err(|e| e.to_string())
 }
 
 async fn consumes(l: &PgLedger) {
@@ -120,7 +120,7 @@ async fn tls_to_postgresql_libpq_modes() {
     .unwrap_err();
     assert_eq!(
         e,
-        "connect: the PostgreSQL server's certificate failed verification (sslmode=verify-full)"
+        "ledger unavailable: connect: the PostgreSQL server's certificate failed verification (sslmode=verify-full)"
     );
     // The wrong host name: verify-full refuses, verify-ca (chain only) works.
     let e = connect(
@@ -134,7 +134,7 @@ async fn tls_to_postgresql_libpq_modes() {
     .unwrap_err();
     assert_eq!(
         e,
-        "connect: the PostgreSQL server's certificate failed verification (sslmode=verify-full)"
+        "ledger unavailable: connect: the PostgreSQL server's certificate failed verification (sslmode=verify-full)"
     );
     let l = connect(
         &url(
@@ -182,7 +182,7 @@ async fn tls_to_postgresql_libpq_modes() {
     )
     .await
     .unwrap_err();
-    assert!(e.starts_with("connect:"), "{e}");
+    assert!(e.starts_with("ledger unavailable: connect:"), "{e}");
 
     // A plaintext-only server.
     let plain = PrivatePg::start(&bin, None, "");
@@ -204,7 +204,7 @@ async fn tls_to_postgresql_libpq_modes() {
         assert_eq!(
             e,
             format!(
-                "connect: the PostgreSQL server does not offer TLS, which sslmode={mode} requires"
+                "ledger unavailable: connect: the PostgreSQL server does not offer TLS, which sslmode={mode} requires"
             )
         );
     }

@@ -37,6 +37,8 @@ pub enum ConfigError {
     Keyset(#[from] KeysetError),
     #[error(transparent)]
     Ledger(#[from] LedgerError),
+    #[error(transparent)]
+    Tenants(#[from] crate::grpc::auth::TenantsError),
 }
 
 /// Everything `server::run` needs, built from the arguments.
@@ -121,7 +123,7 @@ impl ServeArgs {
                         path: p.clone(),
                         source,
                     })?;
-                let t = Tenants::parse(&contents[0]).map_err(ConfigError::Invalid)?;
+                let t = Tenants::parse(&contents[0])?;
                 Some((p.clone(), Arc::new(ArcSwap::from_pointee(t)), digest))
             }
             None => None,

@@ -383,11 +383,15 @@ fn spawn_background(
     }
     if let Some(t) = opts.tls.clone() {
         let (paths, digest) = (t.files.paths(), t.digest);
-        let apply = move |_: &[u8]| t.reload().map_err(|e| e.to_string());
+        let apply = move |_: &[u8]| t.reload().map_err(crate::ops::reload::ApplyError::from);
         background.push(spawn_watch("tls", paths, digest, opts, apply));
     }
     if let Some((path, tenants, digest)) = opts.tenants.clone() {
-        let apply = move |bytes: &[u8]| Tenants::parse(bytes).map(|t| tenants.store(Arc::new(t)));
+        let apply = move |bytes: &[u8]| {
+            Tenants::parse(bytes)
+                .map(|t| tenants.store(Arc::new(t)))
+                .map_err(crate::ops::reload::ApplyError::from)
+        };
         background.push(spawn_watch("tenants", vec![path], digest, opts, apply));
     }
     background
@@ -419,9 +423,9 @@ async fn wind_down(
         let _ = task.await;
     }
     if failed {
-        return Err(ServeError::Ledger(crate::ledger::LedgerError(
-            "failed for good (see the error above); restart the process".into(),
-        )));
+        return Err(ServeError::Ledger(
+            crate::ledger::LedgerError::FailedForGood,
+        ));
     }
     tracing::info!("server stopped; flushing ledger");
     ledger.close().await?;
@@ -513,7 +517,7 @@ fn spawn_watch<F>(
     apply: F,
 ) -> tokio::task::JoinHandle<()>
 where
-    F: Fn(&[u8]) -> Result<(), String> + Send + 'static,
+    F: Fn(&[u8]) -> Result<(), crate::ops::reload::ApplyError> + Send + 'static,
 {
     tokio::spawn(watch_file(
         what,

@@ -88,53 +88,66 @@ pub struct Tenants {
     pub tenants: Vec<TenantEntry>,
 }
 
+/// Why a tenants file is refused. Fixed words with at most a position and
+/// a tenant name: never a digest or another value of the file.
+#[derive(Debug, thiserror::Error)]
+pub enum TenantsError {
+    #[error("tenants file: not valid (at line {line}, column {column}: {what})")]
+    Invalid {
+        line: usize,
+        column: usize,
+        what: &'static str,
+    },
+    #[error("tenants file: a name must have 1 to 256 bytes")]
+    BadName,
+    #[error("tenants file: duplicate tenant {0:?}")]
+    Duplicate(String),
+    #[error("tenants file: tenant {0:?} has no identity")]
+    NoIdentity(String),
+    #[error("tenants file: tenant {tenant:?} repeats a {kind} identity of an earlier tenant")]
+    RepeatedIdentity { tenant: String, kind: &'static str },
+}
+
 impl Tenants {
     /// Parses and validates a tenants file. Errors are fixed messages with at
     /// most a position and a tenant name: never a digest or other value.
-    pub fn parse(bytes: &[u8]) -> Result<Self, String> {
-        let t: Tenants = serde_json::from_slice(bytes).map_err(|e| {
-            format!(
-                "tenants file: not valid (at line {}, column {}: {})",
-                e.line(),
-                e.column(),
-                match e.classify() {
-                    serde_json::error::Category::Syntax | serde_json::error::Category::Eof =>
-                        "invalid JSON",
-                    _ => "unexpected member or value",
+    pub fn parse(bytes: &[u8]) -> Result<Self, TenantsError> {
+        let t: Tenants = serde_json::from_slice(bytes).map_err(|e| TenantsError::Invalid {
+            line: e.line(),
+            column: e.column(),
+            what: match e.classify() {
+                serde_json::error::Category::Syntax | serde_json::error::Category::Eof => {
+                    "invalid JSON"
                 }
-            )
+                _ => "unexpected member or value",
+            },
         })?;
         let mut names = std::collections::HashSet::new();
         let mut identities = std::collections::HashSet::new();
         for e in &t.tenants {
             if e.name.is_empty() || e.name.len() > 256 {
-                return Err("tenants file: a name must have 1 to 256 bytes".into());
+                return Err(TenantsError::BadName);
             }
             if !names.insert(e.name.as_str()) {
-                return Err(format!("tenants file: duplicate tenant {:?}", e.name));
+                return Err(TenantsError::Duplicate(e.name.clone()));
             }
             if e.uri.is_none() && e.dns.is_none() && e.bearer_sha256.is_none() {
-                return Err(format!("tenants file: tenant {:?} has no identity", e.name));
+                return Err(TenantsError::NoIdentity(e.name.clone()));
             }
             // Every identity maps to exactly one tenant: a second entry with
             // the same digest or SAN would silently remap a caller.
             let ids = [
-                e.uri.as_ref().map(|u| format!("uri:{u}")),
-                e.dns.as_ref().map(|d| format!("dns:{d}")),
-                e.bearer_sha256.map(|h| {
-                    format!(
-                        "bearer:{}",
-                        h.iter().map(|b| format!("{b:02x}")).collect::<String>()
-                    )
-                }),
+                e.uri.as_ref().map(|u| ("uri", u.as_bytes().to_vec())),
+                e.dns.as_ref().map(|d| ("dns", d.as_bytes().to_vec())),
+                e.bearer_sha256.map(|h| ("bearer", h.to_vec())),
             ];
             for id in ids.into_iter().flatten() {
-                if !identities.insert(id.clone()) {
-                    let kind = id.split(':').next().unwrap_or("identity");
-                    return Err(format!(
-                        "tenants file: tenant {:?} repeats a {kind} identity of an earlier tenant",
-                        e.name
-                    ));
+                let kind = id.0;
+                if !identities.insert(id) {
+                    return Err(TenantsError::RepeatedIdentity {
+                        tenant: e.name.clone(),
+                        kind,
+                    });
                 }
             }
         }
@@ -342,7 +355,7 @@ mod tests {
                 .to_string(),
             r#"{"tenants":[{"name":"a","dns":"x.svc"},{"name":"b","dns":"x.svc"}]}"#.to_string(),
         ] {
-            let err = Tenants::parse(dup.as_bytes()).unwrap_err();
+            let err = Tenants::parse(dup.as_bytes()).unwrap_err().to_string();
             assert!(err.contains("repeats"), "{err}");
             assert!(!err.contains(&a), "{err}");
         }
@@ -357,7 +370,7 @@ mod tests {
             format!(r#"{{"tenants":[{{"name":"a","{secret}":1}}]}}"#),
             format!(r#"{{"tenants":[{{"name":{{"{secret}":1}}}}]}}"#),
         ] {
-            let err = Tenants::parse(bad.as_bytes()).unwrap_err();
+            let err = Tenants::parse(bad.as_bytes()).unwrap_err().to_string();
             assert!(!err.contains("secret-looking"), "{err}");
         }
     }

@@ -189,10 +189,97 @@ pub enum Held {
 }
 
 /// The ledger could not answer. The detail is for logs only (it never holds
-/// token or key bytes) and never reaches a client.
-#[derive(Debug, thiserror::Error)]
-#[error("ledger unavailable: {0}")]
-pub struct LedgerError(pub String);
+/// token, key or URL bytes) and never reaches a client. `Clone`: one
+/// failed round answers every caller it held.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum LedgerError {
+    /// The local store (sled, the file system) failed a step; the detail is
+    /// the storage engine's or the operating system's own words.
+    #[error("ledger unavailable: {step} failed: {detail}")]
+    Storage { step: &'static str, detail: String },
+    /// The database failed or refused a statement; the detail is the
+    /// database's message and SQLSTATE, or the client library's words.
+    #[error("ledger unavailable: {step}: {detail}")]
+    Database { step: &'static str, detail: String },
+    /// No answer within the limit.
+    #[error("ledger unavailable: {step}: timed out after {limit:?}")]
+    Timeout {
+        step: &'static str,
+        limit: std::time::Duration,
+    },
+    /// The ledger's writer (sled) or batcher (PostgreSQL) has stopped: the
+    /// ledger failed for good, or is shutting down.
+    #[error("ledger unavailable: the {0} stopped")]
+    Stopped(&'static str),
+    /// An earlier write failed and the ledger stopped for good, rather than
+    /// answer from a state it cannot vouch for.
+    #[error("ledger unavailable: stopped after an I/O failure; restart the process")]
+    FailedForGood,
+    /// Bytes read back are not what this version writes.
+    #[error("ledger unavailable: corrupt data: {0}")]
+    Corrupt(&'static str),
+    /// TLS to the database failed when connecting.
+    #[error("ledger unavailable: connect: {0}")]
+    Tls(pgtls::TlsFailure),
+    /// A setting of the ledger (URL, TLS files, session settings) cannot
+    /// work.
+    #[error("ledger unavailable: {0}")]
+    Config(ConfigFault),
+}
+
+/// Why a ledger's settings cannot work.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum ConfigFault {
+    #[error("invalid database URL (not shown)")]
+    InvalidUrl,
+    #[error("invalid sslmode (disable, prefer, require, verify-ca or verify-full)")]
+    InvalidSslMode,
+    #[error("sslmode={} needs sslrootcert (the CA that signed the server's certificate)", .0.as_str())]
+    NeedsRootCert(pgtls::SslMode),
+    #[error("TLS to PostgreSQL: no usable protocol version")]
+    NoProtocolVersion,
+    #[error("sslrootcert holds no usable CA certificate")]
+    NoUsableCa,
+    #[error("sslrootcert holds an unusable certificate")]
+    UnusableCertificate,
+    #[error("sslcert and sslkey do not form a usable client certificate")]
+    UnusableClientCertificate,
+    #[error("sslcert and sslkey go together")]
+    CertWithoutKey,
+    #[error("{what}: cannot read PEM certificates from {}", .path.display())]
+    UnreadableCertificates {
+        what: &'static str,
+        path: std::path::PathBuf,
+    },
+    #[error("{what}: no certificate in {}", .path.display())]
+    NoCertificate {
+        what: &'static str,
+        path: std::path::PathBuf,
+    },
+    #[error("sslkey: cannot read a PEM private key from {}", .0.display())]
+    UnreadableKey(std::path::PathBuf),
+    #[error(
+        "PostgreSQL sessions run with synchronous_commit = {0}; stateseal needs on (or \
+         remote_apply) so that a consumption is durable before its answer. Connect without \
+         a pooler that drops startup options, or allow the role to set synchronous_commit"
+    )]
+    SynchronousCommitOff(String),
+    #[error(
+        "PostgreSQL sessions ignore the statement_timeout stateseal sets; connect without a \
+         pooler that drops startup options"
+    )]
+    StatementTimeoutIgnored,
+}
+
+impl LedgerError {
+    /// A failed step of the local store.
+    pub fn storage(step: &'static str, e: impl std::fmt::Display) -> Self {
+        LedgerError::Storage {
+            step,
+            detail: e.to_string(),
+        }
+    }
+}
 
 impl From<LedgerError> for ReferenceError {
     fn from(e: LedgerError) -> Self {

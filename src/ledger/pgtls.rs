@@ -21,7 +21,7 @@ use rustls::client::WebPkiServerVerifier;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{CertificateError, DigitallySignedStruct, RootCertStore, SignatureScheme};
 
-use super::LedgerError;
+use super::{ConfigFault, LedgerError};
 
 /// libpq's `sslmode`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -42,11 +42,7 @@ impl SslMode {
             "require" => SslMode::Require,
             "verify-ca" => SslMode::VerifyCa,
             "verify-full" => SslMode::VerifyFull,
-            _ => {
-                return Err(LedgerError(
-                    "invalid sslmode (disable, prefer, require, verify-ca or verify-full)".into(),
-                ))
-            }
+            _ => return Err(LedgerError::Config(ConfigFault::InvalidSslMode)),
         })
     }
 
@@ -73,7 +69,7 @@ pub struct PgTls {
 const OURS: [&str; 4] = ["sslmode", "sslrootcert", "sslcert", "sslkey"];
 
 fn percent_decode(s: &str) -> Result<String, LedgerError> {
-    let bad = || LedgerError("invalid database URL (not shown)".into());
+    let bad = || LedgerError::Config(ConfigFault::InvalidUrl);
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
@@ -200,10 +196,7 @@ impl PgTls {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let verify = match (self.mode, &self.root_cert) {
             (SslMode::VerifyCa | SslMode::VerifyFull, None) => {
-                return Err(LedgerError(format!(
-                    "sslmode={} needs sslrootcert (the CA that signed the server's certificate)",
-                    self.mode.as_str()
-                )))
+                return Err(LedgerError::Config(ConfigFault::NeedsRootCert(self.mode)))
             }
             (SslMode::VerifyFull, Some(ca)) => Verify::Full(ca),
             (SslMode::VerifyCa | SslMode::Require, Some(ca)) => Verify::Chain(ca),
@@ -211,7 +204,7 @@ impl PgTls {
         };
         let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
-            .map_err(|_| LedgerError("TLS to PostgreSQL: no usable protocol version".into()))?;
+            .map_err(|_| LedgerError::Config(ConfigFault::NoProtocolVersion))?;
         let builder = match verify {
             Verify::Nothing => builder
                 .dangerous()
@@ -221,9 +214,7 @@ impl PgTls {
                 let inner =
                     WebPkiServerVerifier::builder_with_provider(Arc::new(roots(ca)?), provider)
                         .build()
-                        .map_err(|_| {
-                            LedgerError("sslrootcert holds no usable CA certificate".into())
-                        })?;
+                        .map_err(|_| LedgerError::Config(ConfigFault::NoUsableCa))?;
                 builder
                     .dangerous()
                     .with_custom_certificate_verifier(Arc::new(ChainOnly(inner)))
@@ -233,12 +224,12 @@ impl PgTls {
             (Some(cert), Some(key)) => {
                 let chain = read_certs(cert, "sslcert")?;
                 let key = read_key(key)?;
-                builder.with_client_auth_cert(chain, key).map_err(|_| {
-                    LedgerError("sslcert and sslkey do not form a usable client certificate".into())
-                })
+                builder
+                    .with_client_auth_cert(chain, key)
+                    .map_err(|_| LedgerError::Config(ConfigFault::UnusableClientCertificate))
             }
             (None, None) => Ok(builder.with_no_client_auth()),
-            _ => Err(LedgerError("sslcert and sslkey go together".into())),
+            _ => Err(LedgerError::Config(ConfigFault::CertWithoutKey)),
         }
     }
 
@@ -265,21 +256,24 @@ enum Verify<'a> {
     Full(&'a Path),
 }
 
-fn read_certs(path: &Path, what: &str) -> Result<Vec<CertificateDer<'static>>, LedgerError> {
+fn read_certs(
+    path: &Path,
+    what: &'static str,
+) -> Result<Vec<CertificateDer<'static>>, LedgerError> {
     use rustls::pki_types::pem::PemObject;
     let certs = CertificateDer::pem_file_iter(path)
         .and_then(|it| it.collect::<Result<Vec<_>, _>>())
         .map_err(|_| {
-            LedgerError(format!(
-                "{what}: cannot read PEM certificates from {}",
-                path.display()
-            ))
+            LedgerError::Config(ConfigFault::UnreadableCertificates {
+                what,
+                path: path.to_owned(),
+            })
         })?;
     if certs.is_empty() {
-        return Err(LedgerError(format!(
-            "{what}: no certificate in {}",
-            path.display()
-        )));
+        return Err(LedgerError::Config(ConfigFault::NoCertificate {
+            what,
+            path: path.to_owned(),
+        }));
     }
     Ok(certs)
 }
@@ -287,12 +281,8 @@ fn read_certs(path: &Path, what: &str) -> Result<Vec<CertificateDer<'static>>, L
 fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, LedgerError> {
     use rustls::pki_types::pem::PemObject;
     // Never the key's bytes in an error.
-    PrivateKeyDer::from_pem_file(path).map_err(|_| {
-        LedgerError(format!(
-            "sslkey: cannot read a PEM private key from {}",
-            path.display()
-        ))
-    })
+    PrivateKeyDer::from_pem_file(path)
+        .map_err(|_| LedgerError::Config(ConfigFault::UnreadableKey(path.to_owned())))
 }
 
 fn roots(ca: &Path) -> Result<RootCertStore, LedgerError> {
@@ -300,7 +290,7 @@ fn roots(ca: &Path) -> Result<RootCertStore, LedgerError> {
     for c in read_certs(ca, "sslrootcert")? {
         store
             .add(c)
-            .map_err(|_| LedgerError("sslrootcert holds an unusable certificate".into()))?;
+            .map_err(|_| LedgerError::Config(ConfigFault::UnusableCertificate))?;
     }
     Ok(store)
 }
@@ -398,26 +388,29 @@ impl ServerCertVerifier for AnyCertificate {
     }
 }
 
-/// A fixed description of a connection failure caused by TLS, if it was.
-pub fn tls_failure(e: &(dyn std::error::Error + 'static), mode: SslMode) -> Option<String> {
+/// Why TLS to PostgreSQL failed, in fixed words.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TlsFailure {
+    /// The server answered the TLS request with `N`.
+    #[error("the PostgreSQL server does not offer TLS, which sslmode={} requires", .0.as_str())]
+    NotOffered(SslMode),
+    /// The server's certificate did not verify.
+    #[error("the PostgreSQL server's certificate failed verification (sslmode={})", .0.as_str())]
+    BadCertificate(SslMode),
+    /// Any other TLS error.
+    #[error("TLS handshake with PostgreSQL failed (sslmode={})", .0.as_str())]
+    Handshake(SslMode),
+}
+
+/// The TLS failure behind a connection error, found by its type: a rustls
+/// error anywhere in the chain of sources.
+pub fn tls_failure(e: &(dyn std::error::Error + 'static), mode: SslMode) -> Option<TlsFailure> {
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(err) = cur {
-        if err.to_string().contains("server does not support TLS") {
-            return Some(format!(
-                "the PostgreSQL server does not offer TLS, which sslmode={} requires",
-                mode.as_str()
-            ));
-        }
         if let Some(r) = err.downcast_ref::<rustls::Error>() {
             return Some(match r {
-                rustls::Error::InvalidCertificate(_) => format!(
-                    "the PostgreSQL server's certificate failed verification (sslmode={})",
-                    mode.as_str()
-                ),
-                _ => format!(
-                    "TLS handshake with PostgreSQL failed (sslmode={})",
-                    mode.as_str()
-                ),
+                rustls::Error::InvalidCertificate(_) => TlsFailure::BadCertificate(mode),
+                _ => TlsFailure::Handshake(mode),
             });
         }
         if let Some(io) = err.downcast_ref::<std::io::Error>() {
@@ -430,6 +423,38 @@ pub fn tls_failure(e: &(dyn std::error::Error + 'static), mode: SslMode) -> Opti
         cur = err.source();
     }
     None
+}
+
+/// Asks the server at the first host and port of `cfg` whether it offers
+/// TLS, as libpq does: the protocol's `SSLRequest` message, answered by
+/// one byte, `S` or `N`. `None` when it cannot tell
+/// (no answer in `limit`, no TCP host, any other byte).
+pub async fn server_offers_tls(
+    cfg: &tokio_postgres::Config,
+    limit: std::time::Duration,
+) -> Option<bool> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const SSL_REQUEST: [u8; 8] = [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f];
+    let host = match cfg.get_hosts().first()? {
+        tokio_postgres::config::Host::Tcp(h) => h.clone(),
+        #[cfg(unix)]
+        tokio_postgres::config::Host::Unix(_) => return None,
+    };
+    let port = cfg.get_ports().first().copied().unwrap_or(5432);
+    let ask = async {
+        let mut tcp = tokio::net::TcpStream::connect((host.as_str(), port))
+            .await
+            .ok()?;
+        tcp.write_all(&SSL_REQUEST).await.ok()?;
+        let mut answer = [0u8; 1];
+        tcp.read_exact(&mut answer).await.ok()?;
+        match answer[0] {
+            b'S' => Some(true),
+            b'N' => Some(false),
+            _ => None,
+        }
+    };
+    tokio::time::timeout(limit, ask).await.ok().flatten()
 }
 
 #[cfg(test)]
@@ -468,7 +493,10 @@ mod tests {
             }
             .client_config()
             .unwrap_err();
-            assert!(e.0.contains("needs sslrootcert"), "{}", e.0);
+            assert!(
+                matches!(e, LedgerError::Config(ConfigFault::NeedsRootCert(_))),
+                "{e}"
+            );
         }
     }
 }

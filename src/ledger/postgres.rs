@@ -36,7 +36,10 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::pgtls::{self, PgTls, PgTlsFlags};
 
-use super::{Consumed, Held, Lease, LeaseAsk, LeaseEnd, Ledger, LedgerError, LedgerKey, Reserved};
+use super::{
+    ConfigFault, Consumed, Held, Lease, LeaseAsk, LeaseEnd, Ledger, LedgerError, LedgerKey,
+    Reserved,
+};
 use crate::clock::guard::{Reference, ReferenceError};
 
 /// The table; the suffix is the schema version.
@@ -106,7 +109,7 @@ impl std::fmt::Debug for PgLedger {
 /// that a password in it never reaches a log.
 pub fn parse_url(url: &str) -> Result<tokio_postgres::Config, LedgerError> {
     url.parse::<tokio_postgres::Config>()
-        .map_err(|_| LedgerError("invalid database URL (not shown)".into()))
+        .map_err(|_| LedgerError::Config(ConfigFault::InvalidUrl))
 }
 
 impl PgLedger {
@@ -136,6 +139,7 @@ impl PgLedger {
             _ => session,
         };
         cfg.options(&options);
+        let cfg_probe = cfg.clone();
         let mgr = Manager::from_config(
             cfg,
             connector.clone(),
@@ -151,23 +155,35 @@ impl PgLedger {
             .recycle_timeout(Some(opts.timeout))
             .runtime(Runtime::Tokio1)
             .build()
-            .map_err(|e| LedgerError(format!("cannot build the connection pool: {e}")))?;
+            .map_err(|e| LedgerError::Database {
+                step: "build the connection pool",
+                detail: e.to_string(),
+            })?;
         // The first connection tells TLS failures apart, in fixed words.
         match tokio::time::timeout(opts.timeout, pool.get()).await {
             Ok(Ok(client)) => drop(client),
             Ok(Err(e)) => {
                 if let deadpool_postgres::PoolError::Backend(be) = &e {
-                    if let Some(msg) = pgtls::tls_failure(be, tls.mode) {
-                        return Err(LedgerError(format!("connect: {msg}")));
+                    if let Some(failure) = pgtls::tls_failure(be, tls.mode) {
+                        return Err(LedgerError::Tls(failure));
                     }
+                }
+                // A server that answers the TLS request with `N` fails the
+                // connection before any TLS runs: ask it the same question.
+                let requires_tls =
+                    !matches!(tls.mode, pgtls::SslMode::Disable | pgtls::SslMode::Prefer);
+                if requires_tls
+                    && pgtls::server_offers_tls(&cfg_probe, opts.timeout).await == Some(false)
+                {
+                    return Err(LedgerError::Tls(pgtls::TlsFailure::NotOffered(tls.mode)));
                 }
                 return Err(db_err("connect", e));
             }
             Err(_) => {
-                return Err(LedgerError(format!(
-                    "connect: timed out after {:?}",
-                    opts.timeout
-                )))
+                return Err(LedgerError::Timeout {
+                    step: "connect",
+                    limit: opts.timeout,
+                })
             }
         }
         if tls.mode == pgtls::SslMode::Disable {
@@ -240,20 +256,23 @@ fn describe(e: &tokio_postgres::Error) -> String {
     }
 }
 
-fn db_err(what: &str, e: impl std::fmt::Display) -> LedgerError {
+fn db_err(step: &'static str, e: impl std::fmt::Display) -> LedgerError {
     // tokio-postgres and deadpool errors name the failure, not the URL.
-    LedgerError(format!("{what}: {e}"))
+    LedgerError::Database {
+        step,
+        detail: e.to_string(),
+    }
 }
 
 async fn timed<T, E: std::fmt::Display>(
-    what: &str,
+    what: &'static str,
     limit: Duration,
     f: impl std::future::Future<Output = Result<T, E>>,
 ) -> Result<T, LedgerError> {
     match tokio::time::timeout(limit, f).await {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => Err(db_err(what, e)),
-        Err(_) => Err(LedgerError(format!("{what}: timed out after {limit:?}"))),
+        Err(_) => Err(LedgerError::Timeout { step: what, limit }),
     }
 }
 
@@ -327,18 +346,10 @@ async fn check_session(pool: &Pool, limit: Duration) -> Result<(), LedgerError> 
     let sync: String = row.get(0);
     let stmt: String = row.get(1);
     if !matches!(sync.as_str(), "on" | "remote_apply") {
-        return Err(LedgerError(format!(
-            "PostgreSQL sessions run with synchronous_commit = {sync}; stateseal needs on (or \
-             remote_apply) so that a consumption is durable before its answer. Connect without \
-             a pooler that drops startup options, or allow the role to set synchronous_commit"
-        )));
+        return Err(LedgerError::Config(ConfigFault::SynchronousCommitOff(sync)));
     }
     if stmt == "0" {
-        return Err(LedgerError(
-            "PostgreSQL sessions ignore the statement_timeout stateseal sets; connect without a \
-             pooler that drops startup options"
-                .into(),
-        ));
+        return Err(LedgerError::Config(ConfigFault::StatementTimeoutIgnored));
     }
     Ok(())
 }
@@ -405,7 +416,7 @@ async fn run_batcher(
                 }
                 Err(e) => {
                     for (_, _, reply) in batch {
-                        let _ = reply.send(Err(LedgerError(e.0.clone())));
+                        let _ = reply.send(Err(e.clone()));
                     }
                 }
             }
@@ -481,7 +492,10 @@ async fn insert_batch(
             Ok(Err(e)) => return Err(db_err("insert", describe(&e))),
             Err(_) => {
                 abandon(client, tls);
-                return Err(LedgerError(format!("insert: timed out after {limit:?}")));
+                return Err(LedgerError::Timeout {
+                    step: "insert",
+                    limit,
+                });
             }
         }
     };
@@ -490,12 +504,13 @@ async fn insert_batch(
     for r in &rows {
         match r.get::<_, Option<&[u8]>>(0) {
             Some(id) => inserted.push(
-                <[u8; 32]>::try_from(id).map_err(|_| LedgerError("unexpected id length".into()))?,
+                <[u8; 32]>::try_from(id)
+                    .map_err(|_| LedgerError::Corrupt("unexpected id length"))?,
             ),
             None => horizon = r.get::<_, Option<i64>>(1),
         }
     }
-    let horizon = horizon.ok_or_else(|| LedgerError("no horizon row".into()))?;
+    let horizon = horizon.ok_or(LedgerError::Corrupt("no horizon row"))?;
     // Keys that were not inserted: consumed before (by this attempt or
     // another), or reserved under a live lease (IN_USE). Asked only when
     // there are any; a reservation's state is 1 only while its lease lives
@@ -590,9 +605,8 @@ impl Ledger for PgLedger {
         let (tx, rx) = oneshot::channel();
         self.tx
             .send((*key, attempt, tx))
-            .map_err(|_| LedgerError("batcher stopped".into()))?;
-        rx.await
-            .map_err(|_| LedgerError("batcher stopped".into()))?
+            .map_err(|_| LedgerError::Stopped("batcher"))?;
+        rx.await.map_err(|_| LedgerError::Stopped("batcher"))?
     }
 
     async fn ready(&self) -> bool {
@@ -673,7 +687,7 @@ impl Ledger for PgLedger {
             1 if attempt.is_some() && held_attempt == attempt => {
                 let rid = held_rid
                     .and_then(|r| <[u8; 16]>::try_from(r).ok())
-                    .ok_or_else(|| LedgerError("unexpected rid length".into()))?;
+                    .ok_or(LedgerError::Corrupt("unexpected rid length"))?;
                 Reserved::Again(Lease {
                     rid,
                     end: lease_end(held_until.unwrap_or(0), now),

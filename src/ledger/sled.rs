@@ -94,14 +94,14 @@ enum Job {
         key: LedgerKey,
         now: u64,
         attempt: Option<[u8; 16]>,
-        reply: oneshot::Sender<Result<Consumed, String>>,
+        reply: oneshot::Sender<Result<Consumed, LedgerError>>,
     },
     /// Decide a reservation.
     Reserve {
         key: LedgerKey,
         ask: LeaseAsk,
         now: u64,
-        reply: oneshot::Sender<Result<Reserved, String>>,
+        reply: oneshot::Sender<Result<Reserved, LedgerError>>,
     },
     /// Extend a reservation's lease.
     Renew {
@@ -110,29 +110,29 @@ enum Job {
         seconds: u32,
         cap: u64,
         now: u64,
-        reply: oneshot::Sender<Result<Held, String>>,
+        reply: oneshot::Sender<Result<Held, LedgerError>>,
     },
     /// Commit a reservation.
     Commit {
         key: LedgerKey,
         rid: [u8; 16],
-        reply: oneshot::Sender<Result<Held, String>>,
+        reply: oneshot::Sender<Result<Held, LedgerError>>,
     },
     /// Release a reservation.
     Release {
         key: LedgerKey,
         rid: [u8; 16],
-        reply: oneshot::Sender<Result<(), String>>,
+        reply: oneshot::Sender<Result<(), LedgerError>>,
     },
     /// Answer after a flush that starts after this job was queued.
-    Barrier(oneshot::Sender<Result<(), String>>),
+    Barrier(oneshot::Sender<Result<(), LedgerError>>),
     /// Raise the horizon to `before`, durably, then remove up to `limit`
     /// records below it and up to `limit` reservations whose lease ended
     /// before it.
     Collect {
         before: u64,
         limit: usize,
-        reply: oneshot::Sender<Result<usize, String>>,
+        reply: oneshot::Sender<Result<usize, LedgerError>>,
     },
     /// Record the clock's high-water mark (durable with the next flush).
     HighWater(u64),
@@ -161,9 +161,9 @@ fn read_u64(tree: &sled::Tree, key: &[u8]) -> Result<Option<u64>, LedgerError> {
     match tree.get(key) {
         Ok(Some(v)) => <[u8; 8]>::try_from(&v[..])
             .map(|b| Some(u64::from_be_bytes(b)))
-            .map_err(|_| LedgerError("corrupt ledger meta record".into())),
+            .map_err(|_| LedgerError::Corrupt("ledger meta record")),
         Ok(None) => Ok(None),
-        Err(e) => Err(LedgerError(format!("cannot read ledger meta: {e}"))),
+        Err(e) => Err(LedgerError::storage("read ledger meta", e)),
     }
 }
 
@@ -175,25 +175,25 @@ impl SledLedger {
             // sled's page cache; the ledger holds 40-byte keys, so this bounds memory.
             .cache_capacity(16 * 1024 * 1024)
             .open()
-            .map_err(|e| LedgerError(format!("cannot open sled ledger: {e}")))?;
+            .map_err(|e| LedgerError::storage("open sled ledger", e))?;
         let tree = db
             .open_tree("consumed/v1")
-            .map_err(|e| LedgerError(format!("cannot open ledger tree: {e}")))?;
+            .map_err(|e| LedgerError::storage("open ledger tree", e))?;
         let meta = db
             .open_tree(META_TREE)
-            .map_err(|e| LedgerError(format!("cannot open ledger meta tree: {e}")))?;
+            .map_err(|e| LedgerError::storage("open ledger meta tree", e))?;
         let horizon = read_u64(&meta, META_HORIZON)?.unwrap_or(0);
         let stored_high_water = read_u64(&meta, META_HIGH_WATER)?;
         let data_file = dir.join("db");
-        let file = File::open(&data_file)
-            .map_err(|e| LedgerError(format!("cannot open ledger data file: {e}")))?;
+        let file =
+            File::open(&data_file).map_err(|e| LedgerError::storage("open ledger data file", e))?;
         let probe = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
             .open(dir.join(PROBE_FILE))
-            .map_err(|e| LedgerError(format!("cannot open the ledger's probe file: {e}")))?;
+            .map_err(|e| LedgerError::storage("open the ledger's probe file", e))?;
         let dead = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(FlushStats::default());
         // sled keeps every live record in memory whatever its cache capacity
@@ -205,7 +205,7 @@ impl SledLedger {
         let mut tenants: HashMap<TenantTag, u64> = HashMap::new();
         let mut leases = BTreeSet::new();
         for item in tree.iter() {
-            let (k, v) = item.map_err(|e| LedgerError(format!("cannot scan the ledger: {e}")))?;
+            let (k, v) = item.map_err(|e| LedgerError::storage("scan the ledger", e))?;
             let (record, tag) = Record::decode(Some(&v));
             if let Some(t) = tag {
                 *tenants.entry(t).or_default() += 1;
@@ -238,7 +238,7 @@ impl SledLedger {
             std::thread::Builder::new()
                 .name("stateseal-ledger".into())
                 .spawn(move || w.run(&rx))
-                .map_err(|e| LedgerError(format!("cannot start the ledger writer: {e}")))?
+                .map_err(|e| LedgerError::storage("start the ledger writer", e))?
         };
         Ok(SledLedger {
             db,
@@ -288,20 +288,20 @@ impl SledLedger {
     fn send(&self, job: Job) -> Result<(), LedgerError> {
         self.writer
             .as_ref()
-            .ok_or_else(|| LedgerError("ledger writer stopped".into()))?
+            .ok_or(LedgerError::Stopped("ledger writer"))?
             .send(job)
-            .map_err(|_| LedgerError("ledger writer stopped".into()))
+            .map_err(|_| LedgerError::Stopped("ledger writer"))
     }
 
     async fn ask<T>(
         &self,
-        job: impl FnOnce(oneshot::Sender<Result<T, String>>) -> Job,
+        job: impl FnOnce(oneshot::Sender<Result<T, LedgerError>>) -> Job,
     ) -> Result<T, LedgerError> {
         let (tx, rx) = oneshot::channel();
         self.send(job(tx))?;
         match rx.await {
-            Ok(r) => r.map_err(LedgerError),
-            Err(_) => Err(LedgerError("ledger writer stopped".into())),
+            Ok(r) => r,
+            Err(_) => Err(LedgerError::Stopped("ledger writer")),
         }
     }
 
@@ -342,8 +342,6 @@ struct Writer {
 
 /// In the ledger directory, beside sled's files.
 const PROBE_FILE: &str = "stateseal-probe";
-
-const DEAD: &str = "ledger stopped after an I/O failure; restart the process";
 
 impl Writer {
     fn run(&mut self, rx: &mpsc::Receiver<Job>) {
@@ -402,7 +400,7 @@ impl Writer {
             }
             for (before, limit, reply) in collects {
                 let r = if self.dead.load(Ordering::SeqCst) {
-                    Err(DEAD.to_owned())
+                    Err(LedgerError::FailedForGood)
                 } else {
                     self.collect(before, limit)
                 };
@@ -417,7 +415,7 @@ impl Writer {
     /// Decides the jobs in order (each sees the writes of the ones before it
     /// in this round), writes every change (and the high-water mark) key by
     /// key, flushes once and fdatasyncs.
-    fn round(&mut self, jobs: &[Job], high_water: Option<u64>) -> Result<Vec<Answer>, String> {
+    fn round(&mut self, jobs: &[Job], high_water: Option<u64>) -> Result<Vec<Answer>, LedgerError> {
         let mut overlay: HashMap<[u8; LedgerKey::LEN], Slot> = HashMap::new();
         let tree = &self.tree;
         let get = |overlay: &HashMap<_, Slot>, k: &[u8; LedgerKey::LEN]| match overlay.get(k) {
@@ -425,7 +423,7 @@ impl Writer {
             None => tree
                 .get(k)
                 .map(|v| v.map(|v| v.to_vec()))
-                .map_err(|e| format!("read failed: {e}")),
+                .map_err(|e| LedgerError::storage("read", e)),
         };
         let mut room = Room {
             stats: &self.stats,
@@ -568,13 +566,13 @@ impl Writer {
                 Some(v) => self.tree.insert(&k[..], v.as_slice()).map(|_| ()),
                 None => self.tree.remove(&k[..]).map(|_| ()),
             }
-            .map_err(|e| format!("write failed: {e}"))?;
+            .map_err(|e| LedgerError::storage("write", e))?;
             changes.push((k, slot));
         }
         if let Some(t) = high_water {
             self.meta
                 .insert(META_HIGH_WATER, &t.to_be_bytes()[..])
-                .map_err(|e| format!("meta write failed: {e}"))?;
+                .map_err(|e| LedgerError::storage("meta write", e))?;
         }
         self.sync()?;
         for (k, slot) in changes {
@@ -618,33 +616,35 @@ impl Writer {
         }
     }
 
-    fn sync(&self) -> Result<(), String> {
-        self.db.flush().map_err(|e| format!("flush failed: {e}"))?;
+    fn sync(&self) -> Result<(), LedgerError> {
+        self.db
+            .flush()
+            .map_err(|e| LedgerError::storage("flush", e))?;
         self.file
             .sync_data()
-            .map_err(|e| format!("fdatasync failed: {e}"))?;
+            .map_err(|e| LedgerError::storage("fdatasync", e))?;
         // A journalled metadata change: fails if the filesystem's journal was
         // aborted, even when the fdatasync above raced the abort and said 0.
         self.probe_len.set(self.probe_len.get() ^ 1);
         self.probe
             .set_len(self.probe_len.get())
-            .map_err(|e| format!("filesystem check after fdatasync failed: {e}"))
+            .map_err(|e| LedgerError::storage("filesystem check after fdatasync", e))
     }
 
     /// Raises the horizon durably, then removes records below it, then
     /// reservations whose lease ended before `before`.
-    fn collect(&mut self, before: u64, limit: usize) -> Result<usize, String> {
+    fn collect(&mut self, before: u64, limit: usize) -> Result<usize, LedgerError> {
         if before > self.horizon {
             self.meta
                 .insert(META_HORIZON, &before.to_be_bytes()[..])
-                .map_err(|e| format!("meta write failed: {e}"))?;
+                .map_err(|e| LedgerError::storage("meta write", e))?;
             self.sync()?;
             self.horizon = before;
         }
         let end = self.horizon.to_be_bytes();
         let mut gone = Vec::new();
         for item in self.tree.range(..&end[..]).take(limit) {
-            let (k, v) = item.map_err(|e| format!("scan failed: {e}"))?;
+            let (k, v) = item.map_err(|e| LedgerError::storage("scan", e))?;
             gone.push((k, v));
         }
         // Reservations nobody took over, whose lease ended before `before`
@@ -668,7 +668,7 @@ impl Writer {
             let v = self
                 .tree
                 .get(&k[..])
-                .map_err(|e| format!("read failed: {e}"))?;
+                .map_err(|e| LedgerError::storage("read", e))?;
             match Record::decode(v.as_deref()).0 {
                 Record::Reserved { until: u, .. } if u == until => {
                     gone.push((k[..].into(), v.expect("read above")));
@@ -684,7 +684,7 @@ impl Writer {
         for (k, v) in gone {
             self.tree
                 .remove(&k)
-                .map_err(|e| format!("remove failed: {e}"))?;
+                .map_err(|e| LedgerError::storage("remove", e))?;
             if let Ok(k) = <[u8; LedgerKey::LEN]>::try_from(&k[..]) {
                 self.account(k, Some(v.to_vec()), None);
             }
@@ -787,25 +787,25 @@ enum Answer {
     Released,
 }
 
-fn answer_job(job: Job, answer: Result<Answer, String>) {
-    const MISMATCH: &str = "internal: mismatched answer";
+fn answer_job(job: Job, answer: Result<Answer, LedgerError>) {
+    const MISMATCH: LedgerError = LedgerError::Corrupt("internal: mismatched answer");
     match (job, answer) {
         (Job::Consume { reply, .. }, a) => {
             let _ = reply.send(a.and_then(|a| match a {
                 Answer::Consumed(c) => Ok(c),
-                _ => Err(MISMATCH.into()),
+                _ => Err(MISMATCH),
             }));
         }
         (Job::Reserve { reply, .. }, a) => {
             let _ = reply.send(a.and_then(|a| match a {
                 Answer::Reserved(c) => Ok(c),
-                _ => Err(MISMATCH.into()),
+                _ => Err(MISMATCH),
             }));
         }
         (Job::Renew { reply, .. } | Job::Commit { reply, .. }, a) => {
             let _ = reply.send(a.and_then(|a| match a {
                 Answer::Held(c) => Ok(c),
-                _ => Err(MISMATCH.into()),
+                _ => Err(MISMATCH),
             }));
         }
         (Job::Release { reply, .. }, a) => {
@@ -889,7 +889,7 @@ impl Record {
 
 fn refuse(jobs: Vec<Job>) {
     for j in jobs {
-        answer_job(j, Err(DEAD.to_owned()));
+        answer_job(j, Err(LedgerError::FailedForGood));
     }
 }
 
@@ -994,7 +994,7 @@ impl Ledger for SledLedger {
         let _ = self.db.flush_async().await;
         File::open(&self.data_file)
             .and_then(|f| f.sync_data())
-            .map_err(|e| LedgerError(format!("final fdatasync failed: {e}")))
+            .map_err(|e| LedgerError::storage("final fdatasync", e))
     }
 
     fn backend(&self) -> &'static str {

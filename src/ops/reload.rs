@@ -43,6 +43,15 @@ pub fn read_files(paths: &[PathBuf]) -> std::io::Result<(Vec<FileBytes>, [u8; 32
     Ok((contents, h.finalize().into()))
 }
 
+/// Why an applier refused a new version of its file: the loader's own
+/// error, kept with its type (a keyset, TLS or tenants error).
+pub type ApplyError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The loader panicked on a new version (a parser bug); the watcher goes on.
+#[derive(Debug, thiserror::Error)]
+#[error("the loader failed unexpectedly")]
+pub struct LoaderPanicked;
+
 /// Polls `paths` every `every`; when their content differs from the last
 /// seen (`initial` is the digest of what is in force, see [`read_files`]),
 /// calls `apply` with the bytes of the first path (appliers of several files
@@ -55,7 +64,7 @@ pub async fn watch_file<F>(
     stats: Arc<ReloadStats>,
     apply: F,
 ) where
-    F: Fn(&[u8]) -> Result<(), String> + Send + 'static,
+    F: Fn(&[u8]) -> Result<(), ApplyError> + Send + 'static,
 {
     let path = paths.first().cloned().unwrap_or_default();
     let mut seen = initial;
@@ -80,7 +89,7 @@ pub async fn watch_file<F>(
         // every later version — a revocation among them — would be ignored.
         let bytes = contents.first().map(|b| &b[..]).unwrap_or_default();
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| apply(bytes)))
-            .unwrap_or_else(|_| Err("the loader failed unexpectedly".to_owned()));
+            .unwrap_or_else(|_| Err(LoaderPanicked.into()));
         match outcome {
             Ok(()) => {
                 stats.reloads.fetch_add(1, Ordering::Relaxed);
@@ -95,10 +104,10 @@ pub async fn watch_file<F>(
 }
 
 /// The keyset's `apply`: parse, validate, swap.
-pub fn keyset_applier(handle: Arc<KeyringHandle>) -> impl Fn(&[u8]) -> Result<(), String> {
+pub fn keyset_applier(handle: Arc<KeyringHandle>) -> impl Fn(&[u8]) -> Result<(), ApplyError> {
     move |bytes| {
-        let file = KeysetFile::parse(bytes).map_err(|e| e.to_string())?;
-        let ring = Keyring::from_file(&file).map_err(|e| e.to_string())?;
+        let file = KeysetFile::parse(bytes)?;
+        let ring = Keyring::from_file(&file)?;
         tracing::info!(keys = ?ring.summary(), "keyset in force");
         handle.replace(ring);
         Ok(())
