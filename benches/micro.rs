@@ -48,7 +48,15 @@ impl Ours {
         }
     }
     fn seal(&self, m: &[u8]) -> String {
-        token::seal(&self.keys, self.header, &self.binding, m).expect("seal")
+        token::seal(
+            &self.keys,
+            self.header,
+            &self.binding,
+            None,
+            m,
+            token::Nonce::Fresh,
+        )
+        .expect("seal")
     }
     fn open(&self, t: &str) -> zeroize::Zeroizing<Vec<u8>> {
         UntrustedToken::parse(t, 1 << 20)

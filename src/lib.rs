@@ -75,9 +75,9 @@ pub use ops::hardening::{disable_core_dumps, withhold_panic_details};
 pub mod internals {
     pub use crate::app::{build, server};
     pub use crate::domain::{binding, canon, error, keyring, manifest, sealer, token};
-    pub use crate::grpc::{auth, status};
+    pub use crate::grpc::{auth, canon_pool, service, status};
     pub use crate::net::{accept, conns, limits};
-    pub use crate::ops::hardening;
+    pub use crate::ops::{hardening, metrics};
     /// The clock and the clock guard.
     pub mod clock {
         pub use crate::clock::*;

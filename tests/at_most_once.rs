@@ -384,14 +384,12 @@ async fn randomized_interleavings_on_sled_complete_each_token_at_most_once() {
 /// ran it again (found by review). Opens and Seals stay refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commit_renew_and_release_work_while_the_clock_guard_disagrees() {
-    use stateseal::internals::binding::{BindingVersion, Tenant};
+    use stateseal::internals::binding::Tenant;
     use stateseal::internals::clock::guard::TimeGuard;
     use stateseal::internals::error::Reject;
     use stateseal::internals::keyring::{Keyring, KeyringHandle, KeysetFile};
     use stateseal::internals::ledger::sled::SledLedger;
-    use stateseal::internals::sealer::{
-        BindingInput, Limits, OpenMode as Mode, ParamsInput, Sealer,
-    };
+    use stateseal::internals::sealer::{Limits, OpenMode as Mode, Sealer};
 
     let dir = tempfile::tempdir().unwrap();
     let keys = Arc::new(KeyringHandle::new(
@@ -414,21 +412,11 @@ async fn commit_renew_and_release_work_while_the_clock_guard_disagrees() {
         .with_guard(TimeGuard::new(60, Some(wall + 10_000)));
     assert!(!unsynced.guard().synced());
     let tenant = Tenant::new("t");
-    let b = synced
-        .binding(
-            &tenant,
-            BindingInput {
-                subject: "alice",
-                method: "tools/call",
-                params: Some(ParamsInput::Json(r#"{"name":"t"}"#)),
-                version: BindingVersion::CURRENT,
-            },
-        )
-        .unwrap();
+    let b = bind_json(&synced, &tenant, "alice", "tools/call", r#"{"name":"t"}"#).unwrap();
     for finish in ["commit", "release"] {
-        let t = synced.seal(&b, b"x", 0, true).unwrap().token;
+        let t = synced.seal(&b, b"x", 0, true, None).unwrap().token;
         let o = synced
-            .open_with(
+            .open(
                 &b,
                 synced.precheck(&t).unwrap(),
                 Mode::Reserve { lease_seconds: 5 },
@@ -439,7 +427,7 @@ async fn commit_renew_and_release_work_while_the_clock_guard_disagrees() {
         let (r, _) = o.reservation.unwrap();
         assert_eq!(
             unsynced
-                .open_with(&b, unsynced.precheck(&t).unwrap(), Mode::Consume, None)
+                .open(&b, unsynced.precheck(&t).unwrap(), Mode::Consume, None)
                 .await
                 .unwrap_err(),
             Reject::ClockUnsynced
@@ -449,14 +437,14 @@ async fn commit_renew_and_release_work_while_the_clock_guard_disagrees() {
             "commit" => {
                 unsynced.commit(&tenant, &r).await.unwrap();
                 let again = synced
-                    .open_with(&b, synced.precheck(&t).unwrap(), Mode::Consume, None)
+                    .open(&b, synced.precheck(&t).unwrap(), Mode::Consume, None)
                     .await;
                 assert_eq!(again.unwrap_err(), Reject::Replayed);
             }
             _ => {
                 unsynced.release(&tenant, &r).await.unwrap();
                 let again = synced
-                    .open_with(&b, synced.precheck(&t).unwrap(), Mode::Consume, None)
+                    .open(&b, synced.precheck(&t).unwrap(), Mode::Consume, None)
                     .await;
                 assert!(again.unwrap().consumed);
             }

@@ -9,7 +9,7 @@ use stateseal::internals::binding::{params_digest, Binding, Method, Tenant};
 use stateseal::internals::keyring::{
     KeyMaterial, KeyRecord, KeyState, Keyring, KeysetFile, KEYSET_FORMAT,
 };
-use stateseal::internals::token::{seal_with_nonce, Header, UntrustedToken};
+use stateseal::internals::token::{seal, Header, Nonce, UntrustedToken};
 
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
@@ -128,7 +128,15 @@ fn generate() -> Value {
                 binding: stateseal::internals::binding::BindingVersion::V1,
                 manifest: false,
             };
-            let token = seal_with_nonce(&keys, header, &binding, v.state, &nonce(i)).unwrap();
+            let token = seal(
+                &keys,
+                header,
+                &binding,
+                None,
+                v.state,
+                Nonce::Fixed(&nonce(i)),
+            )
+            .unwrap();
             // Every vector opens, and gives back its state.
             let opened = UntrustedToken::parse(&token, 1 << 16)
                 .unwrap()
@@ -221,9 +229,7 @@ const INPUTS_V2: [InputV2; 3] = [
 fn generate_v2(reservation: Option<&Value>) -> Value {
     use stateseal::internals::binding::{params_digest_for, BindingVersion};
     use stateseal::internals::manifest::{CredentialPolicy, Manifest};
-    use stateseal::internals::token::{
-        seal_parts, seal_reservation, ReservationClaims, SealedReservation,
-    };
+    use stateseal::internals::token::{seal_reservation, ReservationClaims, SealedReservation};
     let ring = keyring_for(7);
     let tenant = Tenant::new("acme");
     let keys = ring.primary().tenant_keys(&tenant);
@@ -253,13 +259,13 @@ fn generate_v2(reservation: Option<&Value>) -> Value {
                 binding: BindingVersion::V2,
                 manifest: manifest.is_some(),
             };
-            let token = seal_parts(
+            let token = seal(
                 &keys,
                 header,
                 &binding,
                 manifest.as_deref(),
                 v.state,
-                &nonce(10 + i),
+                Nonce::Fixed(&nonce(10 + i)),
             )
             .unwrap();
             let opened = UntrustedToken::parse(&token, 1 << 16)

@@ -123,7 +123,15 @@ fn debug_never_shows_state_tokens_subjects_or_params() {
         binding: stateseal::internals::binding::BindingVersion::V1,
         manifest: false,
     };
-    let t = stateseal::internals::token::seal(&keys, header, &binding, MARK.as_bytes()).unwrap();
+    let t = stateseal::internals::token::seal(
+        &keys,
+        header,
+        &binding,
+        None,
+        MARK.as_bytes(),
+        stateseal::internals::token::Nonce::Fresh,
+    )
+    .unwrap();
     let untrusted = UntrustedToken::parse(&t, 1 << 16).unwrap();
     assert_hidden("UntrustedToken", format!("{untrusted:?}"));
     let opened = untrusted.open(&keys, &binding).unwrap();

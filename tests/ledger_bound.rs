@@ -149,11 +149,11 @@ async fn concurrent_consumptions_never_pass_the_bound() {
 /// a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_tenant_at_its_bound_does_not_block_another() {
-    use stateseal::internals::binding::{BindingVersion, Tenant};
+    use stateseal::internals::binding::Tenant;
     use stateseal::internals::clock::Clock;
     use stateseal::internals::error::Reject;
     use stateseal::internals::keyring::{Keyring, KeyringHandle};
-    use stateseal::internals::sealer::{BindingInput, OpenMode as Mode, ParamsInput, Sealer};
+    use stateseal::internals::sealer::{OpenMode as Mode, Sealer};
 
     let dir = tempfile::tempdir().unwrap();
     let keys = Arc::new(KeyringHandle::new(
@@ -175,17 +175,18 @@ async fn one_tenant_at_its_bound_does_not_block_another() {
         )
     };
     let (abuser, victim) = (Tenant::new("abuser"), Tenant::new("victim"));
-    let input = BindingInput {
-        subject: "alice",
-        method: "tools/call",
-        params: Some(ParamsInput::Json(r#"{"name":"t","arguments":{}}"#)),
-        version: BindingVersion::CURRENT,
-    };
-    async fn reserve(s: &Sealer, tenant: &Tenant, input: BindingInput<'_>) -> Result<(), Reject> {
-        let b = s.binding(tenant, input).unwrap();
-        let t = s.seal(&b, b"x", 3600, true).unwrap().token;
+    async fn reserve(s: &Sealer, tenant: &Tenant) -> Result<(), Reject> {
+        let b = bind_json(
+            s,
+            tenant,
+            "alice",
+            "tools/call",
+            r#"{"name":"t","arguments":{}}"#,
+        )
+        .unwrap();
+        let t = s.seal(&b, b"x", 3600, true, None).unwrap().token;
         let u = s.precheck(&t).unwrap();
-        s.open_with(&b, u, Mode::Reserve { lease_seconds: 2 }, None)
+        s.open(&b, u, Mode::Reserve { lease_seconds: 2 }, None)
             .await
             .map(|_| ())
     }
@@ -193,15 +194,15 @@ async fn one_tenant_at_its_bound_does_not_block_another() {
     let sled = open_sled();
     let s = sealer(sled.clone());
     for _ in 0..4 {
-        reserve(&s, &abuser, input).await.unwrap();
+        reserve(&s, &abuser).await.unwrap();
     }
     assert_eq!(
-        reserve(&s, &abuser, input).await,
+        reserve(&s, &abuser).await,
         Err(Reject::Overloaded),
         "the abuser is at its share"
     );
     for _ in 0..4 {
-        reserve(&s, &victim, input).await.unwrap();
+        reserve(&s, &victim).await.unwrap();
     }
     let stats = sled.flush_stats().unwrap();
     let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
@@ -215,8 +216,8 @@ async fn one_tenant_at_its_bound_does_not_block_another() {
     drop(sled);
     let sled = open_sled();
     let s = sealer(sled.clone());
-    assert_eq!(reserve(&s, &abuser, input).await, Err(Reject::Overloaded));
-    assert_eq!(reserve(&s, &victim, input).await, Err(Reject::Overloaded));
+    assert_eq!(reserve(&s, &abuser).await, Err(Reject::Overloaded));
+    assert_eq!(reserve(&s, &victim).await, Err(Reject::Overloaded));
 
     // The leases ended (2 s) and nobody took them over: collected the skew
     // (5 s) after, whatever the tokens' hour of life says.
@@ -227,7 +228,7 @@ async fn one_tenant_at_its_bound_does_not_block_another() {
         .unwrap();
     assert_eq!(removed, 8);
     assert_eq!(sled.records(), 0);
-    reserve(&s, &abuser, input).await.unwrap();
+    reserve(&s, &abuser).await.unwrap();
     let stats = sled.flush_stats().unwrap();
     assert_eq!(load(&stats.collected_leases), 8);
 }

@@ -58,7 +58,15 @@ fn sealed() -> impl Strategy<Value = (Binding, Vec<u8>, Header, String)> {
                 binding: b.version,
                 manifest: false,
             };
-            let t = token::seal(&keys(b.tenant.as_str()), header, &b, &state).unwrap();
+            let t = token::seal(
+                &keys(b.tenant.as_str()),
+                header,
+                &b,
+                None,
+                &state,
+                token::Nonce::Fresh,
+            )
+            .unwrap();
             (b, state, header, t)
         })
 }
@@ -107,7 +115,7 @@ proptest! {
     fn splicing_two_tokens_is_rejected((b, _s, _h, t1) in sealed(), state2 in proptest::collection::vec(any::<u8>(), 0..512),
                                        at in any::<prop::sample::Index>()) {
         let header = Header { key_id: KeyId(1), expires_at: 7, single_use: false, binding: stateseal::internals::binding::BindingVersion::V1, manifest: false };
-        let t2 = token::seal(&keys(b.tenant.as_str()), header, &b, &state2).unwrap();
+        let t2 = token::seal(&keys(b.tenant.as_str()), header, &b, None, &state2, token::Nonce::Fresh).unwrap();
         let (r1, r2) = (URL_SAFE_NO_PAD.decode(&t1).unwrap(), URL_SAFE_NO_PAD.decode(&t2).unwrap());
         let i = at.index(r1.len().min(r2.len()));
         for spliced in [[&r1[..i], &r2[i..]].concat(), [&r2[..i], &r1[i..]].concat()] {
@@ -211,14 +219,16 @@ fn json_value() -> impl Strategy<Value = serde_json::Value> {
     })
 }
 
-fn sealer() -> &'static (
+/// The gRPC service over a real sled ledger, called through its trait as
+/// tonic calls it, with the tenant the authentication layer would attach.
+fn service() -> &'static (
     tokio::runtime::Runtime,
-    stateseal::internals::sealer::Sealer,
+    stateseal::internals::service::RequestStateService,
     tempfile::TempDir,
 ) {
     static S: OnceLock<(
         tokio::runtime::Runtime,
-        stateseal::internals::sealer::Sealer,
+        stateseal::internals::service::RequestStateService,
         tempfile::TempDir,
     )> = OnceLock::new();
     S.get_or_init(|| {
@@ -226,20 +236,45 @@ fn sealer() -> &'static (
         let ledger =
             Arc::new(stateseal::internals::ledger::sled::SledLedger::open(dir.path()).unwrap());
         let ring = Keyring::from_file(&KeysetFile::generate(0)).unwrap();
-        let s = stateseal::internals::sealer::Sealer::new(
+        let sealer = stateseal::internals::sealer::Sealer::new(
             Arc::new(stateseal::internals::keyring::KeyringHandle::new(ring)),
             ledger,
             Arc::new(stateseal::internals::clock::ManualClock::new(1_900_000_000)),
             stateseal::internals::sealer::Limits::default(),
+        );
+        let svc = stateseal::internals::service::RequestStateService::new(
+            Arc::new(sealer),
+            Arc::new(stateseal::internals::canon_pool::CanonPool::new(
+                1,
+                4,
+                Arc::default(),
+            )),
+            Arc::new(stateseal::internals::metrics::Metrics::new()),
         );
         (
             tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .unwrap(),
-            s,
+            svc,
             dir,
         )
+    })
+}
+
+/// A request as the authentication layer hands it on: with its tenant.
+fn as_tenant<T>(msg: T) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(msg);
+    req.extensions_mut().insert(Tenant::new("t"));
+    req
+}
+
+/// Every refusal carries one of the fixed reasons.
+fn fixed_reason(s: &tonic::Status) -> bool {
+    stateseal::internals::status::reason_of(s).is_some_and(|r| {
+        stateseal::internals::error::Reject::ALL
+            .iter()
+            .any(|x| x.reason() == r)
     })
 }
 
@@ -259,32 +294,36 @@ proptest! {
         }
     }
 
-    /// Arbitrary bytes decoded as each RPC's request, then run through the
-    /// same domain calls the service makes: a fixed reason or a result,
-    /// never a panic.
+    /// Arbitrary bytes decoded as each RPC's request and served by the
+    /// gRPC service itself: a result or a fixed reason, never a panic. What
+    /// seals opens with its state (once when single-use); a request built
+    /// from arbitrary bytes never opens.
     #[test]
     fn arbitrary_requests_never_panic(raw in proptest::collection::vec(any::<u8>(), 0..800)) {
         use prost::Message;
-        use stateseal::proto::{binding::Params, OpenRequest, SealRequest};
-        use stateseal::internals::sealer::{BindingInput, ParamsInput};
-        let (rt, s, _) = sealer();
-        let tenant = Tenant::new("t");
-        let input = |b: &stateseal::proto::Binding| {
-            let params = b.params.as_ref().map(|p| match p {
-                Params::ParamsDigest(d) => ParamsInput::Digest(d),
-                Params::ParamsJson(j) => ParamsInput::Json(j),
-            });
-            s.binding(&tenant, BindingInput { subject: &b.subject, method: &b.method, params, version: stateseal::internals::binding::BindingVersion::V2 })
-        };
+        use stateseal::proto::request_state_server::RequestState;
+        use stateseal::proto::{OpenRequest, SealRequest};
+        let (rt, svc, _) = service();
         if let Ok(req) = SealRequest::decode(&raw[..]) {
-            if let Some(Ok(b)) = req.binding.as_ref().map(input) {
-                let _ = s.seal(&b, &req.state, req.ttl_seconds, req.single_use);
+            match rt.block_on(svc.seal(as_tenant(req.clone()))) {
+                Ok(sealed) => {
+                    let open = OpenRequest {
+                        request_state: sealed.into_inner().request_state,
+                        binding: req.binding.clone(),
+                        ..Default::default()
+                    };
+                    let o = rt.block_on(svc.open(as_tenant(open.clone()))).unwrap().into_inner();
+                    prop_assert_eq!(&o.state, &req.state);
+                    prop_assert_eq!(o.consumed, req.single_use);
+                    let again = rt.block_on(svc.open(as_tenant(open)));
+                    prop_assert_eq!(again.is_ok(), !req.single_use);
+                }
+                Err(s) => prop_assert!(fixed_reason(&s), "{:?}", s),
             }
         }
         if let Ok(req) = OpenRequest::decode(&raw[..]) {
-            if let Some(Ok(b)) = req.binding.as_ref().map(input) {
-                prop_assert!(rt.block_on(s.open(&b, &req.request_state)).is_err());
-            }
+            let e = rt.block_on(svc.open(as_tenant(req))).unwrap_err();
+            prop_assert!(fixed_reason(&e), "{:?}", e);
         }
     }
 }

@@ -1,6 +1,7 @@
-//! SealRequest / OpenRequest bytes decoded with prost and run through the
-//! domain (binding, seal, precheck, open on an in-memory ledger): never a
-//! panic; every refusal is one of the fixed reasons.
+//! SealRequest / OpenRequest bytes decoded with prost and served by the
+//! gRPC service itself (the path the server runs: binding, canonicalization
+//! pool, manifest, seal, precheck, open), over an in-memory ledger: never a
+//! panic; every refusal is one of the fixed reasons; what seals opens.
 #![no_main]
 
 use std::collections::HashMap;
@@ -9,11 +10,18 @@ use std::sync::{Arc, Mutex, OnceLock};
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
 use stateseal::internals::binding::Tenant;
+use stateseal::internals::canon_pool::CanonPool;
 use stateseal::internals::clock::ManualClock;
+use stateseal::internals::error::Reject;
 use stateseal::internals::keyring::{Keyring, KeyringHandle, KeysetFile};
-use stateseal::internals::ledger::{Consumed, Held, LeaseAsk, Ledger, LedgerError, LedgerKey, Reserved};
-use stateseal::proto::{binding::Params, OpenRequest, SealRequest};
-use stateseal::internals::sealer::{BindingInput, Limits, ParamsInput, Sealer};
+use stateseal::internals::ledger::{
+    Consumed, Held, LeaseAsk, Ledger, LedgerError, LedgerKey, Reserved,
+};
+use stateseal::internals::metrics::Metrics;
+use stateseal::internals::sealer::{Limits, Sealer};
+use stateseal::internals::service::RequestStateService;
+use stateseal::proto::request_state_server::RequestState;
+use stateseal::proto::{OpenRequest, SealRequest};
 
 /// An in-memory ledger, emptied at the start of every fuzz input (never in
 /// the middle of one: that would make a consumed key consumable again).
@@ -25,6 +33,10 @@ impl MemLedger {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).clear();
     }
 }
+
+/// This target opens with OPEN_MODE_CONSUME only; the reservation path is
+/// covered by tests/ledger_contract.rs and tests/at_most_once.rs.
+const NOT_FUZZED: LedgerError = LedgerError::Corrupt("reservations are not fuzzed");
 
 /// No clock of its own: the guard's monotonic anchor.
 impl stateseal::internals::clock::guard::Reference for MemLedger {}
@@ -46,10 +58,8 @@ impl Ledger for MemLedger {
             Some(_) => Consumed::Before,
         })
     }
-    // This target opens with OPEN_MODE_CONSUME only; the reservation path is
-    // covered by tests/ledger_contract.rs and tests/at_most_once.rs.
     async fn reserve(&self, _: &LedgerKey, _: LeaseAsk, _: u64) -> Result<Reserved, LedgerError> {
-        Err(LedgerError("reservations are not fuzzed".into()))
+        Err(NOT_FUZZED)
     }
     async fn renew(
         &self,
@@ -59,13 +69,13 @@ impl Ledger for MemLedger {
         _: u64,
         _: u64,
     ) -> Result<Held, LedgerError> {
-        Err(LedgerError("reservations are not fuzzed".into()))
+        Err(NOT_FUZZED)
     }
     async fn commit(&self, _: &LedgerKey, _: [u8; 16]) -> Result<Held, LedgerError> {
-        Err(LedgerError("reservations are not fuzzed".into()))
+        Err(NOT_FUZZED)
     }
     async fn release(&self, _: &LedgerKey, _: [u8; 16]) -> Result<(), LedgerError> {
-        Err(LedgerError("reservations are not fuzzed".into()))
+        Err(NOT_FUZZED)
     }
     async fn ready(&self) -> bool {
         true
@@ -81,7 +91,7 @@ impl Ledger for MemLedger {
     }
 }
 
-type World = (Sealer, Arc<MemLedger>, tokio::runtime::Runtime);
+type World = (RequestStateService, Arc<MemLedger>, tokio::runtime::Runtime);
 
 fn world() -> &'static World {
     static W: OnceLock<World> = OnceLock::new();
@@ -94,30 +104,34 @@ fn world() -> &'static World {
             Arc::new(ManualClock::new(1_900_000_000)),
             Limits::default(),
         );
+        let svc = RequestStateService::new(
+            Arc::new(sealer),
+            Arc::new(CanonPool::new(1, 4, Arc::default())),
+            Arc::new(Metrics::new()),
+        );
         let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
             .build()
             .expect("runtime");
-        (sealer, ledger, rt)
+        (svc, ledger, rt)
     })
 }
 
-fn input(b: &Option<stateseal::proto::Binding>) -> Option<BindingInput<'_>> {
-    let b = b.as_ref()?;
-    Some(BindingInput {
-        version: stateseal::internals::binding::BindingVersion::from_wire(b.binding_version).ok()?,
-        subject: &b.subject,
-        method: &b.method,
-        params: b.params.as_ref().map(|p| match p {
-            Params::ParamsDigest(d) => ParamsInput::Digest(d),
-            Params::ParamsJson(j) => ParamsInput::Json(j),
-        }),
-    })
+/// A request as the authentication layer hands it on: with its tenant.
+fn as_tenant<T>(msg: T) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(msg);
+    req.extensions_mut().insert(Tenant::new("t"));
+    req
+}
+
+fn assert_fixed_reason(s: &tonic::Status) {
+    let reason = stateseal::internals::status::reason_of(s).expect("a reason");
+    assert!(Reject::ALL.iter().any(|r| r.reason() == reason), "{reason}");
 }
 
 fuzz_target!(|data: &[u8]| {
-    let (sealer, ledger, rt) = world();
+    let (svc, ledger, rt) = world();
     ledger.clear();
-    let tenant = Tenant::new("t");
     let Some((&which, rest)) = data.split_first() else {
         return;
     };
@@ -125,34 +139,33 @@ fuzz_target!(|data: &[u8]| {
         let Ok(req) = SealRequest::decode(rest) else {
             return;
         };
-        let Some(b) = input(&req.binding) else { return };
-        let Ok(binding) = sealer.binding(&tenant, b) else {
-            return;
-        };
-        if let Ok(s) = sealer.seal(&binding, &req.state, req.ttl_seconds, req.single_use) {
-            // What was sealed opens, once when single-use, with its state.
-            let o = rt
-                .block_on(sealer.open(&binding, &s.token))
-                .expect("own token opens");
-            assert_eq!(&o.state[..], &req.state[..]);
-            assert_eq!(o.consumed, req.single_use);
-            let again = rt.block_on(sealer.open(&binding, &s.token));
-            assert_eq!(again.is_ok(), !req.single_use);
+        match rt.block_on(svc.seal(as_tenant(req.clone()))) {
+            Ok(sealed) => {
+                // What was sealed opens, once when single-use, with its state.
+                let open = OpenRequest {
+                    request_state: sealed.into_inner().request_state,
+                    binding: req.binding.clone(),
+                    ..Default::default()
+                };
+                let o = rt
+                    .block_on(svc.open(as_tenant(open.clone())))
+                    .expect("own token opens")
+                    .into_inner();
+                assert_eq!(o.state, req.state);
+                assert_eq!(o.consumed, req.single_use);
+                let again = rt.block_on(svc.open(as_tenant(open)));
+                assert_eq!(again.is_ok(), !req.single_use);
+            }
+            Err(s) => assert_fixed_reason(&s),
         }
     } else {
         let Ok(req) = OpenRequest::decode(rest) else {
             return;
         };
-        let Ok(untrusted) = sealer.precheck(&req.request_state) else {
-            return;
-        };
-        let Some(b) = input(&req.binding) else { return };
-        let Ok(binding) = sealer.binding(&tenant, b) else {
-            return;
-        };
         // A request the fuzzer built cannot hold a token this key sealed.
-        assert!(rt
-            .block_on(sealer.open_checked(&binding, untrusted))
-            .is_err());
+        let e = rt
+            .block_on(svc.open(as_tenant(req)))
+            .expect_err("a fuzzed token never opens");
+        assert_fixed_reason(&e);
     }
 });

@@ -11,7 +11,9 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use libfuzzer_sys::fuzz_target;
 use stateseal::internals::binding::{params_digest_for, Binding, Method, Tenant};
-use stateseal::internals::keyring::{KeyMaterial, KeyRecord, KeyState, Keyring, KeysetFile, KEYSET_FORMAT};
+use stateseal::internals::keyring::{
+    KeyMaterial, KeyRecord, KeyState, Keyring, KeysetFile, KEYSET_FORMAT,
+};
 use stateseal::internals::token::UntrustedToken;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;

@@ -7,9 +7,7 @@ use zeroize::Zeroizing;
 
 use crate::clock::guard::TimeGuard;
 use crate::clock::Clock;
-use crate::domain::binding::{
-    params_digest_for, Binding, BindingVersion, Method, ParamsDigest, Tenant,
-};
+use crate::domain::binding::{Binding, BindingVersion, Method, ParamsDigest, Tenant};
 use crate::domain::error::Reject;
 use crate::domain::keyring::{KeyId, KeyringHandle};
 use crate::domain::token::{self, Header, ReservationClaims, UntrustedToken};
@@ -58,24 +56,6 @@ impl Default for Limits {
             credential_policy: crate::domain::manifest::CredentialPolicy::Deny,
         }
     }
-}
-
-/// Where the params digest comes from.
-#[derive(Clone, Copy, Debug)]
-pub enum ParamsInput<'a> {
-    Digest(&'a [u8]),
-    Json(&'a str),
-}
-
-/// A binding as received, before checks.
-#[derive(Clone, Copy, Debug)]
-pub struct BindingInput<'a> {
-    pub subject: &'a str,
-    pub method: &'a str,
-    pub params: Option<ParamsInput<'a>>,
-    /// The binding version: the one `params` (a digest) was computed under,
-    /// or the one to compute it under (JSON).
-    pub version: BindingVersion,
 }
 
 pub struct Sealed {
@@ -206,28 +186,6 @@ impl Sealer {
         &self.clock
     }
 
-    /// Checks a received binding and computes its params digest (inline,
-    /// whatever its size; the service routes big ones through a bounded
-    /// pool with [`Sealer::check_binding`] and [`Sealer::bind`]).
-    pub fn binding(&self, tenant: &Tenant, input: BindingInput<'_>) -> Result<Binding, Reject> {
-        let method = self.check_binding(input.subject, input.method)?;
-        let params = match input.params {
-            None => return Err(Reject::Malformed),
-            Some(ParamsInput::Digest(d)) => ParamsDigest::from_slice(d)?,
-            Some(ParamsInput::Json(j)) => {
-                self.check_params_json(j)?;
-                params_digest_for(input.version, method, j)?
-            }
-        };
-        Ok(self.bind(
-            tenant,
-            input.subject.to_owned(),
-            method,
-            params,
-            input.version,
-        ))
-    }
-
     /// The cheap checks of a binding: subject and method.
     pub fn check_binding(&self, subject: &str, method: &str) -> Result<Method, Reject> {
         if subject.len() > self.limits.max_subject {
@@ -266,19 +224,9 @@ impl Sealer {
         }
     }
 
-    /// Seals `state` under the primary key.
+    /// Seals `state` under the primary key, and the encoded manifest of the
+    /// questions when given. The one way to seal.
     pub fn seal(
-        &self,
-        binding: &Binding,
-        state: &[u8],
-        ttl_seconds: u32,
-        single_use: bool,
-    ) -> Result<Sealed, Reject> {
-        self.seal_with_manifest(binding, state, ttl_seconds, single_use, None)
-    }
-
-    /// Seals `state`, and the encoded manifest of the questions when given.
-    pub fn seal_with_manifest(
         &self,
         binding: &Binding,
         state: &[u8],
@@ -308,24 +256,19 @@ impl Sealer {
             binding: binding.version,
             manifest: manifest.is_some(),
         };
-        let token = token::seal_with_manifest(
+        let token = token::seal(
             &key.tenant_keys(&binding.tenant),
             header,
             binding,
             manifest,
             state,
+            token::Nonce::Fresh,
         )?;
         Ok(Sealed {
             token,
             expires_at,
             key_id: key.id(),
         })
-    }
-
-    /// Opens a token for `binding`; consumes it first if it is single-use.
-    pub async fn open(&self, binding: &Binding, token: &str) -> Result<OpenedState, Reject> {
-        let untrusted = self.precheck(token)?;
-        self.open_checked(binding, untrusted).await
     }
 
     /// The checks of a token that need no binding: size, encoding, header,
@@ -339,22 +282,12 @@ impl Sealer {
         Ok(untrusted)
     }
 
-    /// Opens a token that passed [`Sealer::precheck`] (consuming a
-    /// single-use token).
-    pub async fn open_checked(
-        &self,
-        binding: &Binding,
-        untrusted: UntrustedToken,
-    ) -> Result<OpenedState, Reject> {
-        self.open_with(binding, untrusted, OpenMode::Consume, None)
-            .await
-    }
-
     /// Opens a token that passed [`Sealer::precheck`]; a single-use token is
     /// consumed, or reserved, as `mode` says. With `attempt_id`, the same
     /// attempt opening again gets the same success (consumed again, or the
-    /// reservation it holds) instead of REPLAYED / IN_USE.
-    pub async fn open_with(
+    /// reservation it holds) instead of REPLAYED / IN_USE. The one way to
+    /// open.
+    pub async fn open(
         &self,
         binding: &Binding,
         untrusted: UntrustedToken,

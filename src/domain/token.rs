@@ -121,28 +121,36 @@ fn aad(header: &[u8; HEADER_LEN], b: &Binding) -> Vec<u8> {
     out
 }
 
-/// Seals `state` with a caller-chosen nonce. The service always passes a fresh
-/// random nonce; a fixed one is for golden test vectors only.
-pub fn seal_with_nonce(
-    keys: &TenantKeys,
-    header: Header,
-    binding: &Binding,
-    state: &[u8],
-    nonce: &[u8; NONCE_LEN],
-) -> Result<String, Reject> {
-    seal_parts(keys, header, binding, None, state, nonce)
+/// Where a seal's nonce comes from.
+#[derive(Clone, Copy, Debug)]
+pub enum Nonce<'a> {
+    /// A fresh random 192-bit nonce: what the service always uses.
+    Fresh,
+    /// The caller's nonce: for frozen test vectors only.
+    Fixed(&'a [u8; NONCE_LEN]),
 }
 
 /// Seals `state`, and `manifest` when given (format 2; at most
-/// [`MAX_MANIFEST`](crate::domain::manifest::MAX_MANIFEST) bytes).
-pub fn seal_parts(
+/// [`MAX_MANIFEST`](crate::domain::manifest::MAX_MANIFEST) bytes). The one
+/// way to seal a token.
+pub fn seal(
     keys: &TenantKeys,
     header: Header,
     binding: &Binding,
     manifest: Option<&[u8]>,
     state: &[u8],
-    nonce: &[u8; NONCE_LEN],
+    nonce: Nonce<'_>,
 ) -> Result<String, Reject> {
+    let fresh;
+    let nonce = match nonce {
+        Nonce::Fixed(n) => n,
+        Nonce::Fresh => {
+            let mut n = [0u8; NONCE_LEN];
+            rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut n);
+            fresh = n;
+            &fresh
+        }
+    };
     // The header names the binding version the digest was computed under,
     // and the format says whether a manifest leads the plaintext.
     let header = Header {
@@ -175,29 +183,6 @@ pub fn seal_parts(
         .map_err(|_| Reject::TooLarge)?;
     buf.extend_from_slice(&tag);
     Ok(URL_SAFE_NO_PAD.encode(&*buf))
-}
-
-/// Seals `state` under a fresh random 192-bit nonce.
-pub fn seal(
-    keys: &TenantKeys,
-    header: Header,
-    binding: &Binding,
-    state: &[u8],
-) -> Result<String, Reject> {
-    seal_with_manifest(keys, header, binding, None, state)
-}
-
-/// Seals `state` and an optional manifest under a fresh random nonce.
-pub fn seal_with_manifest(
-    keys: &TenantKeys,
-    header: Header,
-    binding: &Binding,
-    manifest: Option<&[u8]>,
-    state: &[u8],
-) -> Result<String, Reject> {
-    let mut nonce = [0u8; NONCE_LEN];
-    rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut nonce);
-    seal_parts(keys, header, binding, manifest, state, &nonce)
 }
 
 /// A token as received: parsed and bounds-checked, but NOT authenticated.

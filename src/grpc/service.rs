@@ -163,7 +163,7 @@ impl RequestState for RequestStateService {
                 .binding(&tenant, r.binding.take(), BindingVersion::CURRENT)
                 .await?;
             let manifest = self.manifest(questions).await?;
-            self.sealer.seal_with_manifest(
+            self.sealer.seal(
                 &b,
                 &r.state,
                 r.ttl_seconds,
@@ -224,7 +224,7 @@ impl RequestState for RequestStateService {
                 Ok(binding) => match self.answers(r.input_responses_json).await {
                     Ok(answers) => self
                         .sealer
-                        .open_with(&binding, untrusted, mode, Some(&r.attempt_id))
+                        .open(&binding, untrusted, mode, Some(&r.attempt_id))
                         .await
                         .and_then(|o| {
                             // Infallible for a token this service sealed:

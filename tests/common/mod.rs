@@ -236,3 +236,26 @@ pub async fn health_status(addr: std::net::SocketAddr, service: &str) -> i32 {
         Err(e) => panic!("health check failed: {e:?}"),
     }
 }
+
+/// A binding made the way the gRPC service makes one from `params_json`
+/// (the cheap checks, the digest under the current binding version, then
+/// `bind`), for tests that drive the sealer directly.
+pub fn bind_json(
+    sealer: &Sealer,
+    tenant: &stateseal::internals::binding::Tenant,
+    subject: &str,
+    method: &str,
+    params_json: &str,
+) -> Result<stateseal::internals::binding::Binding, stateseal::internals::error::Reject> {
+    use stateseal::internals::binding::{params_digest_for, BindingVersion};
+    let method = sealer.check_binding(subject, method)?;
+    sealer.check_params_json(params_json)?;
+    let digest = params_digest_for(BindingVersion::CURRENT, method, params_json)?;
+    Ok(sealer.bind(
+        tenant,
+        subject.to_owned(),
+        method,
+        digest,
+        BindingVersion::CURRENT,
+    ))
+}

@@ -28,7 +28,7 @@ const H: Header = Header {
 #[test]
 fn overhead_is_49_bytes() {
     for n in [0usize, 1, 64, 256, 4096] {
-        let t = seal(&keys(), H, &binding(), &vec![0; n]).unwrap();
+        let t = seal(&keys(), H, &binding(), None, &vec![0; n], Nonce::Fresh).unwrap();
         assert_eq!(URL_SAFE_NO_PAD.decode(&t).unwrap().len(), n + OVERHEAD);
         assert_eq!(t.len(), encoded_len(n + OVERHEAD));
     }
@@ -66,7 +66,7 @@ fn header_round_trip_and_reserved_bits() {
 #[test]
 fn stripping_the_single_use_flag_is_rejected() {
     let k = keys();
-    let t = seal(&k, H, &binding(), b"x").unwrap();
+    let t = seal(&k, H, &binding(), None, b"x", Nonce::Fresh).unwrap();
     let mut raw = URL_SAFE_NO_PAD.decode(&t).unwrap();
     raw[0] &= !FLAG_SINGLE_USE;
     let forged = UntrustedToken::parse(&URL_SAFE_NO_PAD.encode(&raw), 1024).unwrap();
@@ -80,7 +80,7 @@ fn parse_bounds() {
         UntrustedToken::parse("", 10).unwrap_err(),
         Reject::Malformed
     );
-    let t = seal(&keys(), H, &binding(), &[0; 11]).unwrap();
+    let t = seal(&keys(), H, &binding(), None, &[0; 11], Nonce::Fresh).unwrap();
     assert_eq!(UntrustedToken::parse(&t, 10).unwrap_err(), Reject::TooLarge);
     assert!(UntrustedToken::parse(&t, 11).is_ok());
     let dbg = format!("{:?}", UntrustedToken::parse(&t, 11).unwrap());
@@ -94,7 +94,7 @@ fn other_tenant_keys_do_not_open() {
     let b = ring.primary().tenant_keys(&Tenant::new("b"));
     let mut bind = binding();
     bind.tenant = Tenant::new("a");
-    let t = seal(&a, H, &bind, b"x").unwrap();
+    let t = seal(&a, H, &bind, None, b"x", Nonce::Fresh).unwrap();
     // Even with the AAD claiming tenant "a", tenant b's key fails.
     assert_eq!(
         UntrustedToken::parse(&t, 64)
