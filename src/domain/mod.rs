@@ -1,13 +1,15 @@
 //! The domain core: what a token is and what opening one means. No tonic,
 //! no clap, no process-wide state; time, keys and the ledger are handed in.
 //!
-//! Lowest first: [`error`] (rejection reasons) and [`canon`] (RFC 8785);
+//! Lowest first: [`error`] (rejection reasons), [`canon`] (RFC 8785) and
+//! [`codec`] (bounds-checked reading of the binary formats);
 //! [`binding`] and [`manifest`]; [`keyring`] (keyset file, rotation, HKDF
 //! subkeys); [`token`] (the wire format and the reservation); [`sealer`]
 //! (limits, expiry, single use over a [`Ledger`](crate::ledger::Ledger)).
 
 pub mod binding;
 pub mod canon;
+pub mod codec;
 pub mod error;
 pub mod keyring;
 pub mod manifest;

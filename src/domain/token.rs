@@ -30,6 +30,7 @@ use hmac::Mac;
 use zeroize::Zeroizing;
 
 use crate::domain::binding::{Binding, BindingVersion};
+use crate::domain::codec::{Codec, Reader};
 use crate::domain::error::Reject;
 use crate::domain::keyring::{KeyId, TenantKeys, Wiped};
 
@@ -79,24 +80,29 @@ impl Header {
         h[5..9].copy_from_slice(&self.expires_at.to_be_bytes());
         h
     }
+}
 
-    fn parse(h: &[u8; HEADER_LEN]) -> Result<Self, Reject> {
-        let manifest = match h[0] >> 4 {
+impl Codec for Header {
+    fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.to_bytes());
+    }
+
+    fn read(r: &mut Reader<'_>) -> Option<Self> {
+        let first = r.u8()?;
+        let manifest = match first >> 4 {
             VERSION => false,
             VERSION_MANIFEST => true,
-            _ => return Err(Reject::Malformed),
+            _ => return None,
         };
-        let binding = match (h[0] & BINDING_MASK) >> BINDING_SHIFT {
+        let binding = match (first & BINDING_MASK) >> BINDING_SHIFT {
             0 => BindingVersion::V1,
             1 => BindingVersion::V2,
-            _ => return Err(Reject::Malformed),
+            _ => return None,
         };
-        let key_id = u32::from_be_bytes([h[1], h[2], h[3], h[4]]);
-        let expires_at = u32::from_be_bytes([h[5], h[6], h[7], h[8]]);
-        Ok(Header {
-            key_id: KeyId(key_id),
-            expires_at,
-            single_use: h[0] & FLAG_SINGLE_USE != 0,
+        Some(Header {
+            key_id: KeyId(r.u32()?),
+            expires_at: r.u32()?,
+            single_use: first & FLAG_SINGLE_USE != 0,
             binding,
             manifest,
         })
@@ -161,7 +167,7 @@ pub fn seal(
     let h = header.to_bytes();
     let extra = manifest.map_or(0, |m| 2 + m.len());
     let mut buf = Zeroizing::new(Vec::with_capacity(OVERHEAD + extra + state.len()));
-    buf.extend_from_slice(&h);
+    header.encode(&mut buf);
     buf.extend_from_slice(nonce);
     if let Some(m) = manifest {
         let len = u16::try_from(m.len())
@@ -249,9 +255,9 @@ impl UntrustedToken {
         if bytes.len() < OVERHEAD {
             return Err(Reject::Malformed);
         }
-        let mut h = [0u8; HEADER_LEN];
-        h.copy_from_slice(&bytes[..HEADER_LEN]);
-        let header = Header::parse(&h)?;
+        // The bytes as received are kept: they are what the tag covers.
+        let h: [u8; HEADER_LEN] = Reader::new(&bytes).array().ok_or(Reject::Malformed)?;
+        let header = Header::read(&mut Reader::new(&h)).ok_or(Reject::Malformed)?;
         // Only a token with a manifest may use the manifest's room.
         if !header.manifest && bytes.len() > OVERHEAD + max_state {
             return Err(Reject::TooLarge);
@@ -276,11 +282,16 @@ impl UntrustedToken {
         }
         // The header bytes as received: they are what the tag covers.
         let aad = aad(&self.raw_header, binding);
-        let tag_at = self.bytes.len() - TAG_LEN;
-        let mut tag = [0u8; TAG_LEN];
-        tag.copy_from_slice(&self.bytes[tag_at..]);
-        let mut nonce = [0u8; NONCE_LEN];
-        nonce.copy_from_slice(&self.bytes[HEADER_LEN..HEADER_LEN + NONCE_LEN]);
+        // parse() checked the length: header, nonce and tag are there.
+        let tag_at = self.bytes.len().saturating_sub(TAG_LEN);
+        let tag: [u8; TAG_LEN] = Reader::new(&self.bytes[tag_at..])
+            .array()
+            .ok_or(Reject::Malformed)?;
+        let mut r = Reader::new(&self.bytes);
+        let nonce: [u8; NONCE_LEN] = r
+            .take(HEADER_LEN)
+            .and_then(|_| r.array())
+            .ok_or(Reject::Malformed)?;
         self.bytes.truncate(tag_at);
         keys.aead
             .decrypt_in_place_detached(
@@ -294,15 +305,14 @@ impl UntrustedToken {
         // becomes the state: no unwiped copy is left behind.
         self.bytes.drain(..HEADER_LEN + NONCE_LEN);
         let manifest = if self.header.manifest {
-            let len = match self.bytes.get(..2) {
-                Some(l) => usize::from(u16::from_be_bytes([l[0], l[1]])),
-                None => return Err(Reject::Malformed),
-            };
-            if self.bytes.len() < 2 + len {
-                return Err(Reject::Malformed);
-            }
-            let m = Zeroizing::new(self.bytes[2..2 + len].to_vec());
-            self.bytes.drain(..2 + len);
+            let mut r = Reader::new(&self.bytes);
+            let m = r
+                .u16()
+                .and_then(|len| r.take(usize::from(len)))
+                .map(|m| Zeroizing::new(m.to_vec()))
+                .ok_or(Reject::Malformed)?;
+            let used = r.used();
+            self.bytes.drain(..used);
             Some(m)
         } else {
             None
@@ -370,6 +380,24 @@ impl std::fmt::Debug for ReservationClaims {
     }
 }
 
+impl Codec for ReservationClaims {
+    fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.expires_at.to_be_bytes());
+        out.extend_from_slice(&self.ledger_id);
+        out.extend_from_slice(&self.rid);
+        out.extend_from_slice(&self.lease_until.to_be_bytes());
+    }
+
+    fn read(r: &mut Reader<'_>) -> Option<Self> {
+        Some(ReservationClaims {
+            expires_at: r.u64()?,
+            ledger_id: r.array()?,
+            rid: r.array()?,
+            lease_until: r.u64()?,
+        })
+    }
+}
+
 fn reservation_aad(key_id: KeyId, tenant: &str) -> Vec<u8> {
     let mut aad = Vec::with_capacity(5 + RESERVATION_LABEL.len() + 4 + tenant.len());
     aad.push(RESERVATION_FORMAT);
@@ -394,10 +422,7 @@ pub fn seal_reservation(
     buf.extend_from_slice(&key_id.0.to_be_bytes());
     buf.extend_from_slice(&nonce);
     let body = buf.len();
-    buf.extend_from_slice(&c.expires_at.to_be_bytes());
-    buf.extend_from_slice(&c.ledger_id);
-    buf.extend_from_slice(&c.rid);
-    buf.extend_from_slice(&c.lease_until.to_be_bytes());
+    c.encode(&mut buf);
     let tag = keys
         .aead
         .encrypt_in_place_detached(
@@ -431,10 +456,11 @@ impl SealedReservation {
             Ok(RESERVATION_LEN) => {}
             _ => return Err(Reject::Malformed),
         }
-        if raw[0] != RESERVATION_FORMAT {
-            return Err(Reject::Malformed);
-        }
-        let key_id = KeyId(u32::from_be_bytes([raw[1], raw[2], raw[3], raw[4]]));
+        let mut r = Reader::new(&raw[..]);
+        let key_id = match (r.u8(), r.u32()) {
+            (Some(RESERVATION_FORMAT), Some(id)) => KeyId(id),
+            _ => return Err(Reject::Malformed),
+        };
         Ok(SealedReservation { key_id, raw })
     }
 
@@ -448,10 +474,14 @@ impl SealedReservation {
     pub fn open(mut self, keys: &TenantKeys, tenant: &str) -> Result<ReservationClaims, Reject> {
         let raw = &mut self.raw[..RESERVATION_LEN];
         let tag_at = RESERVATION_LEN - TAG_LEN;
-        let mut tag = [0u8; TAG_LEN];
-        tag.copy_from_slice(&raw[tag_at..]);
-        let mut nonce = [0u8; NONCE_LEN];
-        nonce.copy_from_slice(&raw[5..5 + NONCE_LEN]);
+        let mut r = Reader::new(raw);
+        let (nonce, tag): ([u8; NONCE_LEN], [u8; TAG_LEN]) = match (
+            r.take(5).and_then(|_| r.array()),
+            r.take(RESERVATION_PLAIN).and_then(|_| r.array()),
+        ) {
+            (Some(n), Some(t)) => (n, t),
+            _ => return Err(Reject::Malformed),
+        };
         keys.aead
             .decrypt_in_place_detached(
                 XNonce::from_slice(&nonce),
@@ -460,21 +490,7 @@ impl SealedReservation {
                 (&tag).into(),
             )
             .map_err(|_| Reject::Rejected)?;
-        let p = &raw[5 + NONCE_LEN..tag_at];
-        let u64_at = |i: usize| {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(&p[i..i + 8]);
-            u64::from_be_bytes(b)
-        };
-        let mut ledger_id = [0u8; 32];
-        ledger_id.copy_from_slice(&p[8..40]);
-        let mut rid = [0u8; 16];
-        rid.copy_from_slice(&p[40..56]);
-        Ok(ReservationClaims {
-            expires_at: u64_at(0),
-            ledger_id,
-            rid,
-            lease_until: u64_at(56),
-        })
+        ReservationClaims::read(&mut Reader::new(&raw[5 + NONCE_LEN..tag_at]))
+            .ok_or(Reject::Malformed)
     }
 }

@@ -1,5 +1,6 @@
 use super::*;
 use crate::domain::binding::{Method, ParamsDigest, Tenant};
+use crate::domain::codec::{Codec, Reader};
 use crate::domain::keyring::{Keyring, KeysetFile};
 
 fn keys() -> std::sync::Arc<TenantKeys> {
@@ -52,14 +53,14 @@ fn header_round_trip_and_reserved_bits() {
             ..H
         },
     ] {
-        assert_eq!(Header::parse(&h.to_bytes()), Ok(h));
+        assert_eq!(Header::read(&mut Reader::new(&h.to_bytes())), Some(h));
     }
     let mut b = H.to_bytes();
     // Version nibble other than 1 and 2, or a binding version field other than
     // 0 (v1) and 1 (v2).
     for bad in [0x00, 0x30, 0x14, 0x16, 0x18, 0x1e, 0x24, 0xff] {
         b[0] = bad;
-        assert_eq!(Header::parse(&b), Err(Reject::Malformed), "{bad:#x}");
+        assert_eq!(Header::read(&mut Reader::new(&b)), None, "{bad:#x}");
     }
 }
 
