@@ -780,7 +780,7 @@ fn start_redis() -> Option<RedisServer> {
         Ok(c) => c,
         Err(e) => {
             eprintln!("\n*** SKIPPED: the redis scenario (cannot start redis-server: {e}) ***\n");
-            // Under CI a skip fails, as in the tests (tests/common/skip.rs).
+            // Under CI a skip fails, as in the tests (tests/it/common/skip.rs).
             let allowed = std::env::var("STATESEAL_ALLOW_SKIPS").unwrap_or_default();
             assert!(
                 std::env::var("STATESEAL_FAIL_ON_SKIP").as_deref() != Ok("1")
@@ -1556,7 +1556,7 @@ fn main() {
                 // tokens live 600 s): on a fast machine a default run makes
                 // more than the server's default bound of 250,000, and the
                 // rest would be refused OVERLOADED. The bound is not what
-                // this bench measures (tests/ledger_bound.rs tests it).
+                // this bench measures (tests/it/ledger_bound.rs tests it).
                 extra.extend(["--max-ledger-records".into(), "0".into()]);
             }
             if args.samples.is_some() {

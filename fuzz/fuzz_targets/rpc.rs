@@ -35,7 +35,7 @@ impl MemLedger {
 }
 
 /// This target opens with OPEN_MODE_CONSUME only; the reservation path is
-/// covered by tests/ledger_contract.rs and tests/at_most_once.rs.
+/// covered by tests/it/ledger_contract.rs and tests/it/at_most_once.rs.
 const NOT_FUZZED: LedgerError = LedgerError::Corrupt("reservations are not fuzzed");
 
 /// No clock of its own: the guard's monotonic anchor.

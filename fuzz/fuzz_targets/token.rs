@@ -18,7 +18,7 @@ use stateseal::internals::token::UntrustedToken;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
-/// The golden vectors' root key of key `id` (tests/golden.rs `root_key`).
+/// The golden vectors' root key of key `id` (tests/it/golden.rs `root_key`).
 fn root_key(id: u32) -> [u8; 32] {
     let mut k = [0u8; 32];
     for (i, b) in k.iter_mut().enumerate() {

@@ -8,7 +8,7 @@
 //! a manifest in the token, the answers come back filtered against it, each
 //! drop listed with a fixed reason code.
 //!
-//! Rules (each a test in `tests/manifest.rs`):
+//! Rules (each a test in `tests/it/manifest.rs`):
 //! - input requests: an object of 1..=64 unique, non-empty keys; each an
 //!   object with `method` `elicitation/create` (form mode — `mode` absent or
 //!   `"form"` — with a flat `requestedSchema` of primitive properties; or URL

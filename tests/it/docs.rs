@@ -2,8 +2,6 @@
 //! the README's error table, and every `serve` flag is documented in docs/.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
 fn read(p: &str) -> String {
     std::fs::read_to_string(format!("{}/{p}", env!("CARGO_MANIFEST_DIR"))).unwrap()
 }
@@ -23,7 +21,7 @@ fn every_reason_is_in_the_readme_error_table() {
 
 #[test]
 fn every_serve_flag_is_documented() {
-    let out = common::process::command()
+    let out = crate::common::process::command()
         .args(["serve", "--help"])
         .output()
         .unwrap();
@@ -84,4 +82,39 @@ fn reasons_match_the_one_source() {
         );
         assert!(readme.contains(&row), "README row {row}");
     }
+}
+
+/// Every file of the repository the docs name exists: a move or a rename
+/// updates the docs with it.
+#[test]
+fn every_file_the_docs_name_exists() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let mut docs = vec!["README.md".to_owned()];
+    for e in std::fs::read_dir(format!("{root}/docs")).unwrap() {
+        let name = e.unwrap().file_name().into_string().unwrap();
+        if name.ends_with(".md") {
+            docs.push(format!("docs/{name}"));
+        }
+    }
+    let mut missing = Vec::new();
+    for d in &docs {
+        let text = read(d);
+        for w in text.split(|c: char| !(c.is_ascii_alphanumeric() || "/_.-".contains(c))) {
+            let named = [
+                "src/", "tests/", "benches/", "fuzz/", "clients/", "deploy/", "proto/",
+            ]
+            .iter()
+            .any(|p| w.starts_with(p));
+            let file = [".rs", ".py", ".ts", ".json", ".sh", ".proto", ".yaml"]
+                .iter()
+                .any(|x| w.ends_with(x));
+            if named && file && !std::path::Path::new(&format!("{root}/{w}")).exists() {
+                missing.push(format!("{d}: {w}"));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "named in the docs but missing: {missing:#?}"
+    );
 }

@@ -7,16 +7,14 @@
 //! closing notes (`cargo test --release --test hostile -- --nocapture`).
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::common::process::{deploy_memory_limit, health_addr, rss_bytes, spawn};
+use crate::common::{binding, consume_one, open_req, reason, seal_req};
 use bytes::Bytes;
-use common::process::{deploy_memory_limit, health_addr, rss_bytes, spawn};
-use common::{binding, consume_one, open_req, reason, seal_req};
 use stateseal::proto::request_state_client::RequestStateClient;
 use stateseal::proto::{OpenRequest, SealRequest};
 
@@ -484,7 +482,7 @@ async fn params_amplification() {
             for i in 0..32 {
                 let params = params.clone();
                 tasks.push(tokio::spawn(async move {
-                    let mut c = common::connect(addr).await;
+                    let mut c = crate::common::connect(addr).await;
                     let b = binding("mallory", "tools/call", &params);
                     if i % 2 == 0 {
                         // A garbage token: refused before the params are read
@@ -666,7 +664,7 @@ async fn shutdown_has_a_deadline() {
         "600000",
     ];
     let s = spawn(&data, &args, &[]);
-    let mut c = common::connect(s.addr).await;
+    let mut c = crate::common::connect(s.addr).await;
     let t = consume_one(&mut c).await;
     // A Seal whose message never completes.
     let held = stream_flood(
@@ -695,7 +693,7 @@ async fn shutdown_has_a_deadline() {
         h.abort();
     }
     let s = spawn(&data, &[], &[]);
-    let mut c = common::connect(s.addr).await;
+    let mut c = crate::common::connect(s.addr).await;
     assert_eq!(reason(&c.open(open_req(&t)).await.unwrap_err()), "REPLAYED");
     s.terminate();
 }

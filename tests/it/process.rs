@@ -2,12 +2,10 @@
 //! first-start keyset, transport policy, and no secrets in logs.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
+use crate::common::process::{command, http_get, http_request, metrics_addr, spawn};
+use crate::common::*;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use base64::Engine;
-use common::process::{command, http_get, http_request, metrics_addr, spawn};
-use common::*;
 use stateseal::internals::keyring::KeysetFile;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -90,14 +88,14 @@ fn first_start_creates_a_private_keyset_in_the_data_dir() {
 #[test]
 fn non_loopback_plaintext_refuses_to_start() {
     let dir = tempfile::tempdir().unwrap();
-    common::process::assert_refuses(
+    crate::common::process::assert_refuses(
         &["--listen", "0.0.0.0:0"],
         dir.path(),
         "refusing to serve plaintext",
     );
     // The message names every flag a working start needs (the container
     // image's default command ends here).
-    common::process::assert_refuses(
+    crate::common::process::assert_refuses(
         &["--listen", "0.0.0.0:0"],
         dir.path(),
         "add `--auth bearer --tenants FILE --tls-cert FILE --tls-key FILE` or \
@@ -267,10 +265,6 @@ async fn metrics_parse_as_openmetrics_or_prometheus_text_as_negotiated() {
     assert!(status.success());
 }
 
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn logs_of_a_full_run_hold_no_key_state_or_token_bytes() {
     let dir = tempfile::tempdir().unwrap();
@@ -379,7 +373,7 @@ fn panic_output_withholds_the_message() {
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "panicking_child_for_the_panic_hook_test",
+            "process::panicking_child_for_the_panic_hook_test",
             "--nocapture",
             "--test-threads",
             "1",
@@ -394,7 +388,7 @@ fn panic_output_withholds_the_message() {
     );
     assert!(!out.status.success(), "the child did not panic: {all}");
     assert!(
-        all.contains("internal error (panic) at tests/process.rs:")
+        all.contains("internal error (panic) at tests/it/process.rs:")
             && all.contains("details withheld"),
         "{all}"
     );

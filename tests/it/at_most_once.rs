@@ -10,27 +10,19 @@
 //!   two completed executions.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::process::{keys_init, spawn, ServerProcess};
-use common::skew::Skewed;
-use common::*;
+use crate::common::process::{keys_init, spawn, ServerProcess};
+use crate::common::skew::Skewed;
+use crate::common::*;
 use rand::{Rng, SeedableRng};
 use stateseal::proto::request_state_client::RequestStateClient;
 use stateseal::proto::{CommitRequest, OpenMode, OpenRequest, ReleaseRequest, RenewRequest};
 use tonic::transport::Channel;
 use tonic_health::pb::health_check_response::ServingStatus;
-
-fn database_url() -> Option<String> {
-    std::env::var("STATESEAL_TEST_DATABASE_URL")
-        .ok()
-        .filter(|s| !s.is_empty())
-}
 
 async fn wait_ready(addr: std::net::SocketAddr) {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
@@ -61,13 +53,10 @@ fn reserve(t: &str, lease: u32, attempt: &str) -> OpenRequest {
 /// database's clock before it was granted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_leases_follow_the_database_clock_across_skewed_replicas() {
-    let Some(url) = database_url() else {
-        crate::common::skip::skipped(
-            "postgresql-lease-clock-test",
-            "set STATESEAL_TEST_DATABASE_URL",
-        );
+    let Some(pg) = crate::common::pg::shared("postgresql-lease-clock-test").await else {
         return;
     };
+    let url = pg.url.clone();
     let tmp = tempfile::tempdir().unwrap();
     let ks = keys_init(tmp.path());
     let (ahead_dir, behind_dir) = (tmp.path().join("ahead"), tmp.path().join("behind"));
@@ -338,13 +327,10 @@ fn seed() -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn randomized_interleavings_on_two_postgres_replicas_complete_each_token_at_most_once() {
-    let Some(url) = database_url() else {
-        crate::common::skip::skipped(
-            "postgresql-interleavings",
-            "set STATESEAL_TEST_DATABASE_URL",
-        );
+    let Some(pg) = crate::common::pg::shared("postgresql-interleavings").await else {
         return;
     };
+    let url = pg.url.clone();
     let tmp = tempfile::tempdir().unwrap();
     let ks = keys_init(tmp.path());
     let args = [

@@ -7,12 +7,10 @@
 //! PostgreSQL's server binaries; without them it prints SKIPPED.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
 use std::path::{Path, PathBuf};
 
-use common::pki::Ca;
-use common::private_pg::{pg_bin, PrivatePg};
+use crate::common::pki::Ca;
+use crate::common::private_pg::{pg_bin, PrivatePg};
 use rcgen::SanType;
 use stateseal::internals::ledger::pgtls::{PgTlsFlags, SslMode};
 use stateseal::internals::ledger::postgres::{PgLedger, PgOptions};

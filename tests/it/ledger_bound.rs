@@ -6,16 +6,13 @@
 //! count survives a restart.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
 use std::sync::Arc;
 
-use common::*;
+use crate::common::*;
 use stateseal::internals::keyring::KeysetFile;
 use stateseal::internals::ledger::sled::SledLedger;
 use stateseal::internals::ledger::Ledger;
 use stateseal::internals::sealer::Limits;
-use stateseal::internals::server::ServeOptions;
 use stateseal::proto::{OpenMode, OpenRequest};
 use tonic::Code;
 
@@ -23,14 +20,12 @@ async fn server(dir: tempfile::TempDir, keyset: KeysetFile, max: u64) -> TestSer
     let sled = SledLedger::open(&dir.path().join("ledger"))
         .unwrap()
         .with_max_records(max);
-    start_on(
-        dir,
-        keyset,
-        Limits::default(),
-        ServeOptions::default(),
-        Arc::new(sled),
-    )
-    .await
+    TestServer::builder()
+        .dir(dir)
+        .keyset(keyset)
+        .sled(Arc::new(sled))
+        .start()
+        .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

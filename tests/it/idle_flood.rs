@@ -9,15 +9,13 @@
 //! connections keep succeeding (at least 99%; in practice every one).
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::process::{deploy_memory_limit, health_addr, rss_bytes, spawn, ServerProcess};
-use common::{open_req, seal_req};
+use crate::common::process::{deploy_memory_limit, health_addr, rss_bytes, spawn, ServerProcess};
+use crate::common::{open_req, seal_req};
 use stateseal::proto::request_state_client::RequestStateClient;
 
 /// What a flood did: connections whose HTTP/2 handshake completed, and how
@@ -378,7 +376,7 @@ async fn health_watch_is_not_served() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn idle_tls_connections_without_credentials_cannot_lock_out_the_bearer_port() {
     let dir = tempfile::tempdir().unwrap();
-    let ca = common::pki::Ca::new("flood-ca");
+    let ca = crate::common::pki::Ca::new("flood-ca");
     let (cert, key) = ca.issue(vec![
         rcgen::SanType::DnsName("localhost".try_into().unwrap()),
         rcgen::SanType::IpAddress(std::net::IpAddr::from([127, 0, 0, 1])),

@@ -14,6 +14,7 @@ use stateseal::proto::request_state_client::RequestStateClient;
 use stateseal::proto::{binding::Params, Binding, OpenRequest, SealRequest};
 use tonic::transport::Channel;
 
+pub mod pg;
 pub mod pki;
 pub mod private_pg;
 pub mod process;
@@ -21,6 +22,11 @@ pub mod skew;
 pub mod skip;
 
 pub const T0: u64 = 1_900_000_000;
+
+/// Lowercase hex.
+pub fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
 
 pub struct TestServer {
     pub addr: std::net::SocketAddr,
@@ -33,88 +39,109 @@ pub struct TestServer {
     handle: Option<tokio::task::JoinHandle<()>>,
 }
 
+/// A server with every default (see [`Builder`]).
 pub async fn start() -> TestServer {
-    start_with(Limits::default(), ServeOptions::default()).await
+    TestServer::builder().start().await
 }
 
-pub async fn start_with(limits: Limits, opts: ServeOptions) -> TestServer {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let keyset = KeysetFile::generate(T0);
-    start_in(dir, keyset, limits, opts).await
-}
-
-pub async fn start_in(
-    dir: tempfile::TempDir,
-    keyset: KeysetFile,
+/// What a [`TestServer`] starts with. Every part has a default: a fresh
+/// temporary directory holding a sled ledger, a fresh keyset, the default
+/// limits and options, and a manual clock at [`T0`].
+#[derive(Default)]
+pub struct Builder {
+    dir: Option<tempfile::TempDir>,
+    keyset: Option<KeysetFile>,
     limits: Limits,
     opts: ServeOptions,
-) -> TestServer {
-    let ledger = Arc::new(SledLedger::open(&dir.path().join("ledger")).expect("ledger"));
-    start_on(dir, keyset, limits, opts, ledger).await
+    sled: Option<Arc<SledLedger>>,
+    ledger: Option<Arc<dyn Ledger>>,
+    clock: Option<Arc<ManualClock>>,
+    sealer_clock: Option<Arc<dyn stateseal::internals::clock::Clock>>,
 }
 
-/// A server over the given sled ledger, with a manual clock at `T0`.
-pub async fn start_on(
-    dir: tempfile::TempDir,
-    keyset: KeysetFile,
-    limits: Limits,
-    opts: ServeOptions,
-    ledger: Arc<SledLedger>,
-) -> TestServer {
-    let clock = Arc::new(ManualClock::new(T0));
-    start_custom(
-        dir,
-        keyset,
-        limits,
-        opts,
-        ledger.clone(),
-        ledger,
-        clock.clone(),
-        clock,
-    )
-    .await
-}
+impl Builder {
+    /// The directory (a restart passes the one [`TestServer::stop`] gave back).
+    pub fn dir(mut self, dir: tempfile::TempDir) -> Self {
+        self.dir = Some(dir);
+        self
+    }
+    pub fn keyset(mut self, keyset: KeysetFile) -> Self {
+        self.keyset = Some(keyset);
+        self
+    }
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+    pub fn options(mut self, opts: ServeOptions) -> Self {
+        self.opts = opts;
+        self
+    }
+    /// The sled ledger (kept in the handle); by default one in the directory.
+    pub fn sled(mut self, sled: Arc<SledLedger>) -> Self {
+        self.sled = Some(sled);
+        self
+    }
+    /// What the sealer uses instead of the sled ledger (a wrapper that
+    /// injects faults, say); the handle still keeps the sled one.
+    pub fn ledger(mut self, ledger: Arc<dyn Ledger>) -> Self {
+        self.ledger = Some(ledger);
+        self
+    }
+    /// The manual clock (kept in the handle).
+    pub fn clock(mut self, clock: Arc<ManualClock>) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+    /// What the sealer reads instead of the manual clock.
+    pub fn sealer_clock(mut self, clock: Arc<dyn stateseal::internals::clock::Clock>) -> Self {
+        self.sealer_clock = Some(clock);
+        self
+    }
 
-/// A server over any ledger and clock: `ledger` and `clock` are what the
-/// sealer uses; `sled` and `manual` are kept in the handle.
-#[allow(clippy::too_many_arguments)]
-pub async fn start_custom(
-    dir: tempfile::TempDir,
-    keyset: KeysetFile,
-    limits: Limits,
-    opts: ServeOptions,
-    sled: Arc<SledLedger>,
-    ledger: Arc<dyn Ledger>,
-    manual: Arc<ManualClock>,
-    clock: Arc<dyn stateseal::internals::clock::Clock>,
-) -> TestServer {
-    let keys = Arc::new(KeyringHandle::new(
-        Keyring::from_file(&keyset).expect("keyring"),
-    ));
-    let sealer = Arc::new(Sealer::new(keys.clone(), ledger, clock, limits));
-    let (clock, ledger) = (manual, sled);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let handle = tokio::spawn(async move {
-        stateseal::internals::server::run(listener, sealer, opts, async {
-            let _ = rx.await;
-        })
-        .await
-        .expect("server run");
-    });
-    let client = connect(addr).await;
-    TestServer {
-        addr,
-        clock,
-        keys,
-        ledger,
-        client,
-        dir,
-        shutdown: Some(tx),
-        handle: Some(handle),
+    /// Starts the server on 127.0.0.1:0 and connects a client to it.
+    pub async fn start(self) -> TestServer {
+        let dir = match self.dir {
+            Some(d) => d,
+            None => tempfile::tempdir().expect("tempdir"),
+        };
+        let sled = match self.sled {
+            Some(l) => l,
+            None => Arc::new(SledLedger::open(&dir.path().join("ledger")).expect("ledger")),
+        };
+        let ledger: Arc<dyn Ledger> = self.ledger.unwrap_or_else(|| sled.clone());
+        let clock = self.clock.unwrap_or_else(|| Arc::new(ManualClock::new(T0)));
+        let sealer_clock: Arc<dyn stateseal::internals::clock::Clock> =
+            self.sealer_clock.unwrap_or_else(|| clock.clone());
+        let keyset = self.keyset.unwrap_or_else(|| KeysetFile::generate(T0));
+        let keys = Arc::new(KeyringHandle::new(
+            Keyring::from_file(&keyset).expect("keyring"),
+        ));
+        let sealer = Arc::new(Sealer::new(keys.clone(), ledger, sealer_clock, self.limits));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let opts = self.opts;
+        let handle = tokio::spawn(async move {
+            stateseal::internals::server::run(listener, sealer, opts, async {
+                let _ = rx.await;
+            })
+            .await
+            .expect("server run");
+        });
+        let client = connect(addr).await;
+        TestServer {
+            addr,
+            clock,
+            keys,
+            ledger: sled,
+            client,
+            dir,
+            shutdown: Some(tx),
+            handle: Some(handle),
+        }
     }
 }
 
@@ -132,6 +159,10 @@ pub async fn connect(addr: std::net::SocketAddr) -> RequestStateClient<Channel> 
 }
 
 impl TestServer {
+    pub fn builder() -> Builder {
+        Builder::default()
+    }
+
     pub async fn stop(mut self) -> tempfile::TempDir {
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());

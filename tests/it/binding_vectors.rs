@@ -7,6 +7,7 @@
 //! of one value always agree.
 #![allow(clippy::unwrap_used)]
 
+use crate::common::hex;
 use stateseal::internals::binding::{params_digest_v2, Method};
 
 /// (method, params text, what it shows)
@@ -125,10 +126,6 @@ const CASES: &[(&str, &str, &str)] = &[
         "resources/read binds the uri only",
     ),
 ];
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
 
 fn digest(method: &str, params: &str) -> String {
     hex(&params_digest_v2(Method::parse(method).unwrap(), params)

@@ -3,14 +3,12 @@
 //! core dumps off in the running binary; no reload watcher can die.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
 use std::time::{Duration, Instant};
 
+use crate::common::process::spawn;
+use crate::common::*;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
-use common::process::spawn;
-use common::*;
 use stateseal::internals::binding::{params_digest, Binding, Method, Tenant};
 use stateseal::internals::keyring::{Keyring, KeysetFile};
 use stateseal::internals::token::UntrustedToken;
@@ -162,13 +160,10 @@ fn debug_never_shows_state_tokens_subjects_or_params() {
 /// on the PostgreSQL ledger: no crate's log holds the token's ledger id.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_trace_logs_hold_no_ledger_ids() {
-    let Some(url) = std::env::var("STATESEAL_TEST_DATABASE_URL")
-        .ok()
-        .filter(|s| !s.is_empty())
-    else {
-        crate::common::skip::skipped("postgresql-log-hygiene", "set STATESEAL_TEST_DATABASE_URL");
+    let Some(pg) = crate::common::pg::shared("postgresql-log-hygiene").await else {
         return;
     };
+    let url = pg.url.clone();
     let dir = tempfile::tempdir().unwrap();
     let p = spawn(
         dir.path(),
@@ -359,7 +354,7 @@ fn bad_files_at_start_exit_cleanly() {
         vec!["--auth", "bearer", "--tenants", tenants.to_str().unwrap()],
         vec!["--keyset", keyset.to_str().unwrap()],
     ] {
-        let out = common::process::command()
+        let out = crate::common::process::command()
             .arg("serve")
             .args(&args)
             .arg("--data-dir")

@@ -3,13 +3,10 @@
 //! `inputResponses` against the questions sealed in the token.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 use stateseal::internals::manifest::CredentialPolicy;
 use stateseal::internals::sealer::Limits;
-use stateseal::internals::server::ServeOptions;
 use stateseal::proto::{OpenRequest, SealRequest};
 use tonic::Code;
 
@@ -461,14 +458,13 @@ async fn credential_policy_warn_and_off_seal() {
         "requestedSchema": {"type": "object", "properties": {"password": {"type": "string"}}}}}})
     .to_string();
     for policy in [CredentialPolicy::Warn, CredentialPolicy::Off] {
-        let mut s = start_with(
-            Limits {
+        let mut s = TestServer::builder()
+            .limits(Limits {
                 credential_policy: policy,
                 ..Limits::default()
-            },
-            ServeOptions::default(),
-        )
-        .await;
+            })
+            .start()
+            .await;
         let t = s
             .client
             .seal(seal_with(&q, false))
@@ -489,14 +485,13 @@ async fn credential_policy_warn_and_off_seal() {
 
 #[tokio::test]
 async fn input_sizes_are_bounded() {
-    let mut s = start_with(
-        Limits {
+    let mut s = TestServer::builder()
+        .limits(Limits {
             max_input_json: 1024,
             ..Limits::default()
-        },
-        ServeOptions::default(),
-    )
-    .await;
+        })
+        .start()
+        .await;
     let big = format!(
         r#"{{"a":{{"method":"roots/list","params":{{"pad":"{}"}}}}}}"#,
         "x".repeat(1100)

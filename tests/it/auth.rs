@@ -3,14 +3,12 @@
 //! tonic client.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::pki::Ca;
-use common::process::{spawn, ServerProcess};
-use common::*;
+use crate::common::pki::Ca;
+use crate::common::process::{spawn, ServerProcess};
+use crate::common::*;
 use rcgen::SanType;
 use sha2::{Digest, Sha256};
 use stateseal::proto::request_state_client::RequestStateClient;
@@ -27,10 +25,6 @@ fn server_sans() -> Vec<SanType> {
         SanType::DnsName("localhost".try_into().unwrap()),
         SanType::IpAddress("127.0.0.1".parse().unwrap()),
     ]
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 fn write(dir: &Path, name: &str, content: &str) -> String {
@@ -391,7 +385,7 @@ fn insecure_configurations_refuse_to_start() {
         ),
     ];
     for (args, want) in cases {
-        common::process::assert_refuses(&args, &p.dir.path().join("d"), want);
+        crate::common::process::assert_refuses(&args, &p.dir.path().join("d"), want);
     }
 }
 

@@ -3,8 +3,6 @@
 //! cases say loudly that they were skipped.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
 use std::sync::Arc;
 
 use rand::RngCore;
@@ -13,12 +11,6 @@ use stateseal::internals::ledger::sled::SledLedger;
 use stateseal::internals::ledger::{
     Consumed, Held, Lease, LeaseAsk, Ledger, LedgerKey, Reserved, TenantTag,
 };
-
-pub fn database_url() -> Option<String> {
-    std::env::var("STATESEAL_TEST_DATABASE_URL")
-        .ok()
-        .filter(|s| !s.is_empty())
-}
 
 fn key(expires_at: u64) -> LedgerKey {
     let mut id = [0u8; 32];
@@ -159,31 +151,23 @@ async fn sled() -> (Arc<dyn Ledger>, tempfile::TempDir) {
     (Arc::new(SledLedger::open(dir.path()).unwrap()), dir)
 }
 
-async fn postgres() -> Option<Arc<dyn Ledger>> {
-    let Some(url) = database_url() else {
-        crate::common::skip::skipped(
-            "postgresql-ledger-contract",
-            "set STATESEAL_TEST_DATABASE_URL",
-        );
-        return None;
-    };
-    Some(Arc::new(
-        PgLedger::connect(
-            &url,
-            PgOptions {
-                skew: 0,
-                ..PgOptions::default()
-            },
-        )
-        .await
-        .unwrap(),
-    ))
+/// The PostgreSQL ledger, with the database held alone: garbage collection
+/// (with no clock skew here) removes any expired record and any ended lease
+/// in the one shared table, whichever test made it, and these cases count
+/// what it removes.
+async fn postgres() -> Option<(Arc<dyn Ledger>, crate::common::pg::Alone)> {
+    let pg = crate::common::pg::alone("postgresql-ledger-contract").await?;
+    let l = PgLedger::connect(
+        &pg.url,
+        PgOptions {
+            skew: 0,
+            ..PgOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    Some((Arc::new(l), pg))
 }
-
-/// The PostgreSQL cases share one table, and garbage collection (with no
-/// clock skew here) removes any expired record and any ended lease in it,
-/// whichever test made it: they run one at a time.
-static PG: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 macro_rules! contract {
     ($($name:ident),* $(,)?) => {
@@ -200,8 +184,7 @@ macro_rules! contract {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
-                    let _one_at_a_time = super::PG.lock().await;
-                    if let Some(l) = super::postgres().await {
+                    if let Some((l, _alone)) = super::postgres().await {
                         super::$name(l).await;
                     }
                 }
@@ -484,13 +467,10 @@ contract!(
 
 #[tokio::test]
 async fn postgres_schema_creation_is_idempotent_under_concurrent_starts() {
-    let Some(url) = database_url() else {
-        crate::common::skip::skipped(
-            "postgresql-concurrent-migration",
-            "set STATESEAL_TEST_DATABASE_URL",
-        );
+    let Some(pg) = crate::common::pg::shared("postgresql-concurrent-migration").await else {
         return;
     };
+    let url = pg.url.clone();
     let tasks: Vec<_> = (0..6)
         .map(|_| {
             let url = url.clone();
@@ -535,11 +515,10 @@ async fn a_bad_database_url_never_shows_its_password() {
 /// vacuums the table itself, so deleted rows give their space back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_collector_vacuums_when_autovacuum_is_off() {
-    let _one_at_a_time = PG.lock().await;
-    let Some(url) = database_url() else {
-        crate::common::skip::skipped("postgresql-vacuum", "set STATESEAL_TEST_DATABASE_URL");
+    let Some(pg) = crate::common::pg::alone("postgresql-vacuum").await else {
         return;
     };
+    let url = pg.url.clone();
     let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
         .await
         .unwrap();

@@ -4,16 +4,13 @@
 //! `STATESEAL_REGENERATE_GOLDEN=1 cargo test --test golden` and review the diff.
 #![allow(clippy::unwrap_used)]
 
+use crate::common::hex;
 use serde_json::{json, Value};
 use stateseal::internals::binding::{params_digest, Binding, Method, Tenant};
 use stateseal::internals::keyring::{
     KeyMaterial, KeyRecord, KeyState, Keyring, KeysetFile, KEYSET_FORMAT,
 };
 use stateseal::internals::token::{seal, Header, Nonce, UntrustedToken};
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
 
 struct Input {
     name: &'static str,

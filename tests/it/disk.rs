@@ -16,16 +16,14 @@
 //! without them a test prints a loud SKIPPED and says why.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::process::spawn;
-use common::*;
+use crate::common::process::spawn;
+use crate::common::*;
 
 /// Runs a system command; its stderr (or why it could not run) on failure.
 /// `ok` says which exit codes count as success.

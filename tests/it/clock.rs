@@ -4,14 +4,12 @@
 //! `clock_gettime(CLOCK_REALTIME)`.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::process::{http_get, metrics_addr, spawn};
-use common::skew::Skewed;
-use common::*;
+use crate::common::process::{http_get, metrics_addr, spawn};
+use crate::common::skew::Skewed;
+use crate::common::*;
 use stateseal::proto::SealRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 
@@ -44,16 +42,10 @@ const FAST_GC: [&str; 4] = ["--gc-interval-ms", "200", "--reload-interval-ms", "
 /// answers REPLAYED afterwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forward_step_on_one_postgres_replica_reopens_nothing() {
-    let Some(url) = std::env::var("STATESEAL_TEST_DATABASE_URL")
-        .ok()
-        .filter(|s| !s.is_empty())
-    else {
-        crate::common::skip::skipped(
-            "postgresql-clock-step-test",
-            "set STATESEAL_TEST_DATABASE_URL",
-        );
+    let Some(pg) = crate::common::pg::shared("postgresql-clock-step-test").await else {
         return;
     };
+    let url = pg.url.clone();
     let tmp = tempfile::tempdir().unwrap();
     let Some(clock) = Skewed::new(tmp.path()) else {
         return;
@@ -342,17 +334,15 @@ async fn a_stalled_consumption_is_not_accepted_after_collection() {
         gc_every: Duration::from_secs(3600),
         ..ServeOptions::default()
     };
-    let s = start_custom(
-        dir,
-        stateseal::internals::keyring::KeysetFile::generate(T0),
-        limits,
-        opts,
-        sled.clone(),
-        stalling.clone(),
-        manual.clone(),
-        manual.clone(),
-    )
-    .await;
+    let s = TestServer::builder()
+        .dir(dir)
+        .limits(limits)
+        .options(opts)
+        .sled(sled.clone())
+        .ledger(stalling.clone())
+        .clock(manual.clone())
+        .start()
+        .await;
     let mut c = s.client.clone();
     let t = c
         .seal(seal_ttl(10))

@@ -2,14 +2,11 @@
 //! directory, an injected clock.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
+use crate::common::*;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
-use common::*;
 use sha2::{Digest, Sha256};
 use stateseal::internals::sealer::Limits;
-use stateseal::internals::server::ServeOptions;
 use stateseal::proto::{binding::Params, Binding, OpenRequest, SealRequest};
 use tonic::Code;
 
@@ -366,13 +363,11 @@ async fn a_consumed_token_stays_consumed_after_restart_on_the_same_dir() {
     let s = start().await;
     let keyset = stateseal::internals::keyring::KeysetFile::generate(T0);
     let dir = s.stop().await;
-    let mut s = start_in(
-        dir,
-        keyset.clone(),
-        Limits::default(),
-        ServeOptions::default(),
-    )
-    .await;
+    let mut s = TestServer::builder()
+        .dir(dir)
+        .keyset(keyset.clone())
+        .start()
+        .await;
     let t = s
         .client
         .seal(seal_req(b"x", true))
@@ -382,7 +377,7 @@ async fn a_consumed_token_stays_consumed_after_restart_on_the_same_dir() {
         .request_state;
     s.client.open(open_req(&t)).await.unwrap();
     let dir = s.stop().await;
-    let mut s = start_in(dir, keyset, Limits::default(), ServeOptions::default()).await;
+    let mut s = TestServer::builder().dir(dir).keyset(keyset).start().await;
     assert_eq!(
         reason(&s.client.open(open_req(&t)).await.unwrap_err()),
         "REPLAYED"
@@ -397,7 +392,7 @@ async fn garbage_truncated_and_oversized_inputs_get_the_documented_reasons() {
         max_params_json: 4096,
         ..Limits::default()
     };
-    let mut s = start_with(limits, ServeOptions::default()).await;
+    let mut s = TestServer::builder().limits(limits).start().await;
     let t = s
         .client
         .seal(seal_req(b"0123456789", false))

@@ -7,17 +7,14 @@
 //! documented long run uses 25).
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::process::spawn;
-use common::*;
+use crate::common::process::spawn;
+use crate::common::*;
 use rand::Rng;
 use stateseal::internals::clock::{Clock, ManualClock};
-use stateseal::internals::keyring::KeysetFile;
 use stateseal::internals::ledger::sled::SledLedger;
 use stateseal::internals::ledger::{
     Consumed, Held, LeaseAsk, Ledger, LedgerError, LedgerKey, Reserved,
@@ -129,17 +126,14 @@ async fn a_failing_ledger_fails_closed_then_recovers() {
         health_every: Duration::from_millis(50),
         ..ServeOptions::default()
     };
-    let mut s = start_custom(
-        dir,
-        KeysetFile::generate(T0),
-        Limits::default(),
-        opts,
-        sled,
-        faulty.clone(),
-        clock.clone(),
-        clock,
-    )
-    .await;
+    let mut s = TestServer::builder()
+        .dir(dir)
+        .options(opts)
+        .sled(sled)
+        .ledger(faulty.clone())
+        .clock(clock)
+        .start()
+        .await;
     let tokens = seal_tokens(&mut s.client, 10, true).await;
     let reusable = s
         .client
@@ -206,17 +200,15 @@ async fn a_clock_going_backwards_neither_reopens_expired_tokens_nor_drops_live_r
         gc_every: Duration::from_millis(50),
         ..ServeOptions::default()
     };
-    let mut s = start_custom(
-        dir,
-        KeysetFile::generate(T0),
-        limits,
-        opts,
-        sled.clone(),
-        sled.clone(),
-        manual.clone(),
-        clock,
-    )
-    .await;
+    let mut s = TestServer::builder()
+        .dir(dir)
+        .limits(limits)
+        .options(opts)
+        .sled(sled.clone())
+        .clock(manual.clone())
+        .sealer_clock(clock)
+        .start()
+        .await;
 
     let short = s
         .client

@@ -3,32 +3,19 @@
 //! the sled replica-count guard.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::process::{command, spawn};
-use common::*;
+use crate::common::process::{command, spawn};
+use crate::common::*;
 use tokio::net::{TcpListener, TcpStream};
 use tonic_health::pb::health_check_response::ServingStatus;
 
-fn database_url() -> Option<String> {
-    std::env::var("STATESEAL_TEST_DATABASE_URL")
-        .ok()
-        .filter(|s| !s.is_empty())
-}
-
+/// The shared database (held until the test ends), or a loud skip.
 macro_rules! require_postgres {
     () => {
-        match database_url() {
-            Some(u) => u,
-            None => {
-                crate::common::skip::skipped(
-                    "postgresql-replica-tests",
-                    "set STATESEAL_TEST_DATABASE_URL",
-                );
-                return;
-            }
+        match crate::common::pg::shared("postgresql-replica-tests").await {
+            Some(pg) => pg,
+            None => return,
         }
     };
 }
@@ -39,7 +26,7 @@ async fn three_replicas(
     url: &str,
     dir: &std::path::Path,
 ) -> (
-    Vec<common::process::ServerProcess>,
+    Vec<crate::common::process::ServerProcess>,
     Vec<stateseal::proto::request_state_client::RequestStateClient<tonic::transport::Channel>>,
 ) {
     let ks = dir.join("keyset.json");
@@ -72,7 +59,8 @@ async fn three_replicas(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_processes_one_database_each_token_accepted_exactly_once() {
-    let url = require_postgres!();
+    let pg = require_postgres!();
+    let url = pg.url.clone();
     let tmp = tempfile::tempdir().unwrap();
     let (procs, mut clients) = three_replicas(&url, tmp.path()).await;
     const TOKENS: usize = 1000;
@@ -201,7 +189,8 @@ async fn wait_health(addr: std::net::SocketAddr, want: ServingStatus) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn database_down_fails_closed_and_recovers() {
-    let url = require_postgres!();
+    let pg = require_postgres!();
+    let url = pg.url.clone();
     assert!(
         url.contains("127.0.0.1:5432"),
         "this test relays to 127.0.0.1:5432"
@@ -282,14 +271,14 @@ async fn database_down_fails_closed_and_recovers() {
 fn sled_refuses_several_replicas() {
     let tmp = tempfile::tempdir().unwrap();
     let args = ["--listen", "127.0.0.1:0", "--expected-replicas", "2"];
-    common::process::assert_refuses(&args, tmp.path(), "--ledger postgres");
+    crate::common::process::assert_refuses(&args, tmp.path(), "--ledger postgres");
 }
 
 #[test]
 fn postgres_ledger_needs_a_url() {
     let tmp = tempfile::tempdir().unwrap();
     let args = ["--listen", "127.0.0.1:0", "--ledger", "postgres"];
-    common::process::assert_refuses(&args, tmp.path(), "--database-url");
+    crate::common::process::assert_refuses(&args, tmp.path(), "--database-url");
 }
 
 /// Three processes on one database racing reserves and commits: exactly one
@@ -297,7 +286,8 @@ fn postgres_ledger_needs_a_url() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_processes_race_reserves_and_commits() {
     use stateseal::proto::{CommitRequest, OpenMode, OpenRequest};
-    let url = require_postgres!();
+    let pg = require_postgres!();
+    let url = pg.url.clone();
     let tmp = tempfile::tempdir().unwrap();
     let (procs, mut clients) = three_replicas(&url, tmp.path()).await;
     const TOKENS: usize = 200;
@@ -370,7 +360,8 @@ async fn three_processes_race_reserves_and_commits() {
 /// start, as `prefer` does, what it gives up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sslmode_disable_warns_at_start() {
-    let url = require_postgres!();
+    let pg = require_postgres!();
+    let url = pg.url.clone();
     let sep = if url.contains('?') { '&' } else { '?' };
     let tmp = tempfile::tempdir().unwrap();
     for (mode, want) in [

@@ -5,15 +5,13 @@
 //! lifetime) must cause zero failed opens.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::process::{command, spawn, ServerProcess};
-use common::*;
+use crate::common::process::{command, spawn, ServerProcess};
+use crate::common::*;
 use stateseal::proto::request_state_client::RequestStateClient;
 use tonic::transport::Channel;
 

@@ -7,15 +7,13 @@
 //! was skipped.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
 use std::os::unix::fs::{chown, symlink, PermissionsExt};
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::process::{command, spawn_as};
-use common::*;
+use crate::common::process::{command, spawn_as};
+use crate::common::*;
 
 const UID: u32 = 65532;
 
