@@ -140,7 +140,70 @@ function isErrorResult(r: unknown): boolean {
   return typeof r === 'object' && r !== null && (r as { isError?: unknown }).isError === true;
 }
 
-const REPLAY = new Set(['REPLAYED', 'IN_USE']);
+/** What the boundary answers when a stateseal call fails: run the request
+ * again without its state (`kind: 'reask'`), or an MCP error, logged at
+ * `log`. `kind` names the branch. clients/boundary.json is the table both
+ * packages are tested against. */
+export interface Refusal {
+  kind: 'replayed' | 'in_use' | 'reask' | 'unavailable' | 'rejected' | 'internal';
+  code?: number;
+  message?: string;
+  data?: Record<string, string>;
+  log: 'info' | 'warn' | 'error';
+}
+
+/** The answer to a request whose token stateseal refused to open. */
+export function openRefusal(e: StatesealError, opts: { onReplay: 'error' | 'reask'; reask: boolean }): Refusal {
+  if (e.clientFault && opts.onReplay === 'error') {
+    // Scanners send the completed retry twice and count any non-error
+    // answer as an accepted replay; a client learns that its earlier retry
+    // went through.
+    if (e.reason === 'REPLAYED') {
+      return { kind: 'replayed', code: INVALID_PARAMS, message: 'requestState already used', data: { reason: 'request_state_used' }, log: 'warn' };
+    }
+    // Another attempt with this token is running its handler.
+    if (e.reason === 'IN_USE') {
+      return { kind: 'in_use', code: INTERNAL_ERROR, message: 'Request in progress; retry later', data: { reason: 'in_progress' }, log: 'info' };
+    }
+  }
+  const reaskOn = opts.onReplay === 'error' ? ['EXPIRED'] : ['REPLAYED', 'EXPIRED', 'IN_USE'];
+  if (e.clientFault && opts.reask && reaskOn.includes(e.reason)) return { kind: 'reask', log: 'info' };
+  return callRefusal(e, false);
+}
+
+/** The answer to any other failed stateseal call (`sealing`: the Seal of a
+ * handler's result, where a client fault is this server's own). */
+export function callRefusal(e: StatesealError, sealing: boolean): Refusal {
+  if (e.retryable) return { kind: 'unavailable', code: INTERNAL_ERROR, message: 'Temporarily unavailable; retry', log: 'warn' };
+  if (e.clientFault && !sealing) {
+    // A message stateseal's transport refused as too large is the end
+    // user's doing: not an operator alarm.
+    return {
+      kind: 'rejected',
+      code: INVALID_PARAMS,
+      message: 'Invalid or expired requestState',
+      data: { reason: 'invalid_request_state' },
+      log: e.fromStateseal ? 'warn' : 'info',
+    };
+  }
+  return { kind: 'internal', code: INTERNAL_ERROR, message: 'Internal error', log: 'error' };
+}
+
+/** An Open (same attempt id) or a Release is sent again: the connection was
+ * lost or the call timed out. */
+export function resend(e: unknown): boolean {
+  return e instanceof StatesealError && !e.fromStateseal && LOST.has(e.code);
+}
+
+/** A Commit is retried (it is idempotent): any transient failure. */
+export function retryCommit(e: unknown): boolean {
+  return e instanceof StatesealError && e.retryable;
+}
+
+/** Renewing stops: another attempt took the token over. */
+export function renewalLost(e: unknown): boolean {
+  return e instanceof StatesealError && e.fromStateseal && e.reason === 'LEASE_EXPIRED';
+}
 
 export class StatesealBoundary {
   readonly #client: RequestStateClient;
@@ -227,25 +290,14 @@ export class StatesealBoundary {
     try {
       opened = await this.#open(wire as string, binding, !this.#atMostOnce.has(target), answersJson);
     } catch (e) {
-      if (e instanceof StatesealError && e.clientFault) {
-        if (this.#onReplay === 'error' && e.reason === 'REPLAYED') {
-          // Scanners send the completed retry twice and count any non-error
-          // answer as an accepted replay; a client learns that its earlier
-          // retry went through.
-          this.#log.warn(`stateseal: requestState rejected on ${method}: REPLAYED`);
-          throw new ProtocolError(INVALID_PARAMS, 'requestState already used', { reason: 'request_state_used' });
-        }
-        if (this.#onReplay === 'error' && e.reason === 'IN_USE') {
-          this.#log.info(`stateseal: requestState IN_USE on ${method}: another attempt is running it`);
-          throw new ProtocolError(INTERNAL_ERROR, 'Request in progress; retry later', { reason: 'in_progress' });
-        }
-        if (this.#reask && (e.reason === 'EXPIRED' || (this.#onReplay === 'reask' && REPLAY.has(e.reason)))) {
-          this.#log.info(`stateseal: requestState ${e.reason} on ${method}: asking again`);
-          const fresh = withState(ctx, undefined, undefined);
-          return this.#sealIfAsked(method, target, params, fresh, await run(fresh));
-        }
+      if (!(e instanceof StatesealError)) throw e;
+      const refusal = openRefusal(e, { onReplay: this.#onReplay, reask: this.#reask });
+      if (refusal.kind === 'reask') {
+        this.#log.info(`stateseal: requestState ${e.reason} on ${method}: asking again`);
+        const fresh = withState(ctx, undefined, undefined);
+        return this.#sealIfAsked(method, target, params, fresh, await run(fresh));
       }
-      this.#fail(method, e);
+      this.#refuse(method, e, refusal);
     }
     let filtered: Record<string, unknown> | undefined;
     let fresh = false;
@@ -287,7 +339,7 @@ export class StatesealBoundary {
         await this.#commit(method, reservation);
       } catch (e) {
         // The handler ran; its answer stands.
-        if (e instanceof StatesealError && e.fromStateseal && e.reason === 'LEASE_EXPIRED') {
+        if (renewalLost(e)) {
           // Renewals failed for longer than the lease (stateseal
           // unreachable, or this process stalled) and another attempt took
           // the token over: it may run the handler again.
@@ -313,8 +365,8 @@ export class StatesealBoundary {
         await this.#client.commit(reservation);
         return;
       } catch (e) {
-        if (n < 2 && e instanceof StatesealError && e.retryable) {
-          this.#log.warn(`stateseal: commit on ${method}: ${e.reason}; retrying`);
+        if (n < 2 && retryCommit(e)) {
+          this.#log.warn(`stateseal: commit on ${method}: ${reasonText(e)}; retrying`);
           await new Promise((resolve) => setTimeout(resolve, 100 * (n + 1)));
           continue;
         }
@@ -387,8 +439,8 @@ export class StatesealBoundary {
       } catch (e) {
         // Safe: the same attempt id gets the same success if the first try
         // was recorded.
-        if (n < 2 && e instanceof StatesealError && !e.fromStateseal && LOST.has(e.code)) {
-          this.#log.warn(`stateseal: open on ${binding.method}: ${e.reason}; retrying`);
+        if (n < 2 && resend(e)) {
+          this.#log.warn(`stateseal: open on ${binding.method}: ${reasonText(e)}; retrying`);
           continue;
         }
         throw e;
@@ -414,7 +466,7 @@ export class StatesealBoundary {
         if (lease.leaseSeconds > 0) granted = lease.leaseSeconds;
       } catch (e) {
         if (stopped) return;
-        if (e instanceof StatesealError && e.fromStateseal && e.reason === 'LEASE_EXPIRED') {
+        if (renewalLost(e)) {
           this.#log.error(`stateseal: reservation lost while the handler ran; another attempt may run it (${method})`);
           return;
         }
@@ -448,7 +500,7 @@ export class StatesealBoundary {
         await this.#client.release(reservation);
         return;
       } catch (e) {
-        if (n < 2 && e instanceof StatesealError && !e.fromStateseal && LOST.has(e.code)) {
+        if (n < 2 && resend(e)) {
           await new Promise((resolve) => setTimeout(resolve, 50 * (n + 1)));
           continue;
         }
@@ -491,36 +543,25 @@ export class StatesealBoundary {
         inputRequestsJson: result.inputRequests ? JSON.stringify(result.inputRequests) : '',
       });
     } catch (e) {
-      this.#fail(method, e, true);
+      if (!(e instanceof StatesealError)) throw e;
+      this.#refuse(method, e, callRefusal(e, true));
     }
     return { ...result, requestState: sealed.requestState };
   }
 
-  #fail(method: string, e: unknown, sealing = false): never {
-    if (e instanceof ProtocolError) throw e;
-    if (e instanceof StatesealError) {
-      if (e.retryable) {
-        this.#log.warn(`stateseal: unavailable on ${method}: ${e.reason}`);
-        throw new ProtocolError(INTERNAL_ERROR, 'Temporarily unavailable; retry');
-      }
-      if (e.clientFault && !sealing) {
-        if (!e.fromStateseal) {
-          // The transport refused what the end user sent (a message over
-          // stateseal's size limit): not an operator alarm.
-          this.#reject(
-            method,
-            e.reason,
-            'info',
-            'stateseal refused the message as too large; are maxRequestStateBytes and ' +
-              'maxInputResponsesBytes above its --max-state-bytes / --max-input-bytes?',
-          );
-        }
-        this.#reject(method, e.reason);
-      }
-      this.#log.error(`stateseal: call failed on ${method}: ${e.reason} (check credentials and configuration)`);
-      throw new ProtocolError(INTERNAL_ERROR, 'Internal error');
-    }
-    throw e;
+  #refuse(method: string, e: StatesealError, r: Refusal): never {
+    let line: string;
+    if (r.kind === 'replayed') line = `stateseal: requestState rejected on ${method}: REPLAYED`;
+    else if (r.kind === 'in_use') line = `stateseal: requestState IN_USE on ${method}: another attempt is running it`;
+    else if (r.kind === 'unavailable') line = `stateseal: unavailable on ${method}: ${e.reason}`;
+    else if (r.kind === 'rejected' && !e.fromStateseal) {
+      line =
+        `stateseal: requestState rejected on ${method}: ${e.reason} (stateseal refused the message as too large; ` +
+        'are maxRequestStateBytes and maxInputResponsesBytes above its --max-state-bytes / --max-input-bytes?)';
+    } else if (r.kind === 'rejected') line = `stateseal: requestState rejected on ${method}: ${e.reason}`;
+    else line = `stateseal: call failed on ${method}: ${e.reason} (check credentials and configuration)`;
+    this.#log[r.log](line);
+    throw new ProtocolError(r.code ?? INTERNAL_ERROR, r.message ?? 'Internal error', r.data);
   }
 
   #reject(method: string, reason: string, level: 'debug' | 'info' | 'warn' = 'warn', detail = ''): never {

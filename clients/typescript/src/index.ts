@@ -4,10 +4,15 @@ export {
   DEFAULT_MAX_INPUT_RESPONSES_BYTES,
   DEFAULT_MAX_REQUEST_STATE_BYTES,
   StatesealBoundary,
+  callRefusal,
   defaultPrincipal,
   install,
+  openRefusal,
+  renewalLost,
+  resend,
+  retryCommit,
 } from './boundary.js';
-export type { BoundaryOptions, Logger } from './boundary.js';
+export type { BoundaryOptions, Logger, Refusal } from './boundary.js';
 export {
   BINDING_VERSION,
   BindingError,

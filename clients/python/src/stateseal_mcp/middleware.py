@@ -66,7 +66,7 @@ import json
 import logging
 import uuid
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Literal, NoReturn
 
 import grpc
@@ -106,6 +106,70 @@ DEFAULT_MAX_INPUT_RESPONSES_BYTES = 256 * 1024
 #: Transport failures after which an Open (same attempt id) or a Release is
 #: sent again: the connection was lost or the call timed out.
 _LOST = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """What the boundary answers when a stateseal call fails: run the request
+    again without its state (`reask`), or an MCP error, logged at `log`.
+    `kind` names the branch. clients/boundary.json is the table both
+    packages are tested against."""
+
+    kind: str
+    code: int = 0
+    message: str = ""
+    data: Mapping[str, str] | None = None
+    log: str = "info"
+
+    @property
+    def reask(self) -> bool:
+        return self.kind == "reask"
+
+
+def open_refusal(e: StatesealError, *, on_replay: str, reask: bool) -> Refusal:
+    """The answer to a request whose token stateseal refused to open."""
+    if e.client_fault and on_replay == "error":
+        if e.reason == "REPLAYED":
+            # The earlier retry with this token already went through.
+            return Refusal("replayed", INVALID_PARAMS, "requestState already used",
+                           {"reason": "request_state_used"}, "warning")
+        if e.reason == "IN_USE":
+            # Another attempt with this token is running its handler.
+            return Refusal("in_use", INTERNAL_ERROR, "Request in progress; retry later",
+                           {"reason": "in_progress"}, "info")
+    reask_on = ("EXPIRED",) if on_replay == "error" else ("REPLAYED", "EXPIRED", "IN_USE")
+    if e.client_fault and reask and e.reason in reask_on:
+        return Refusal("reask")
+    return call_refusal(e, sealing=False)
+
+
+def call_refusal(e: StatesealError, *, sealing: bool) -> Refusal:
+    """The answer to any other failed stateseal call (`sealing`: the Seal of
+    a handler's result, where a client fault is this server's own)."""
+    if e.retryable:
+        return Refusal("unavailable", INTERNAL_ERROR, "Temporarily unavailable; retry", None, "warning")
+    if e.client_fault and not sealing:
+        # A message stateseal's transport refused as too large is the end
+        # user's doing: not an operator alarm.
+        return Refusal("rejected", INVALID_PARAMS, "Invalid or expired requestState",
+                       {"reason": "invalid_request_state"}, "warning" if e.from_stateseal else "info")
+    return Refusal("internal", INTERNAL_ERROR, "Internal error", None, "error")
+
+
+def resend(e: StatesealError) -> bool:
+    """An Open (same attempt id) or a Release is sent again: the connection
+    was lost or the call timed out."""
+    return not e.from_stateseal and e.code in _LOST
+
+
+def retry_commit(e: StatesealError) -> bool:
+    """A Commit is retried (it is idempotent): any transient failure."""
+    return e.retryable
+
+
+def renewal_lost(e: StatesealError) -> bool:
+    """Renewing stops: another attempt took the token over."""
+    return e.from_stateseal and e.reason == "LEASE_EXPIRED"
 
 
 def _is_error(result: Any) -> bool:
@@ -253,30 +317,13 @@ class StatesealBoundary:
         try:
             opened = await self._open(wire, subject, ctx.method, digest, reserve, answers_json)
         except StatesealError as e:
-            if e.client_fault and self._on_replay == "error":
-                if e.reason == "REPLAYED":
-                    # The earlier retry with this token already went through.
-                    logger.info("requestState REPLAYED on %s: already used", ctx.method)
-                    raise MCPError(
-                        code=INVALID_PARAMS,
-                        message="requestState already used",
-                        data={"reason": "request_state_used"},
-                    ) from None
-                if e.reason == "IN_USE":
-                    # Another attempt with this token is running its handler.
-                    logger.info("requestState IN_USE on %s: in progress", ctx.method)
-                    raise MCPError(
-                        code=INTERNAL_ERROR,
-                        message="Request in progress; retry later",
-                        data={"reason": "in_progress"},
-                    ) from None
-            reask_on = ("EXPIRED",) if self._on_replay == "error" else ("REPLAYED", "EXPIRED", "IN_USE")
-            if e.client_fault and self._reask and e.reason in reask_on:
+            refusal = open_refusal(e, on_replay=self._on_replay, reask=self._reask)
+            if refusal.reask:
                 logger.info("requestState %s on %s: asking again", e.reason, ctx.method)
                 fresh = {k: v for k, v in params.items() if k not in ("requestState", "inputResponses")}
                 fresh_ctx = replace(ctx, params=fresh)
                 return await self._seal_if_asked(fresh_ctx, fresh, await call_next(fresh_ctx))
-            self._fail(ctx.method, e)
+            self._refuse(ctx.method, e, refusal)
         inner = {**params, "requestState": opened.state.decode("utf-8")}
         if not opened.state:
             # Minted by this boundary for a handler that asked without a
@@ -336,7 +383,7 @@ class StatesealBoundary:
                 await self._client.commit(reservation)
                 return
             except StatesealError as e:
-                if n < 2 and e.retryable:
+                if n < 2 and retry_commit(e):
                     logger.warning("stateseal commit on %s: %s; retrying", method, e.reason)
                     await asyncio.sleep(0.1 * (n + 1))
                     continue
@@ -362,7 +409,7 @@ class StatesealBoundary:
             try:
                 lease = await self._client.renew(reservation, self._lease)
             except StatesealError as e:
-                if e.from_stateseal and e.reason == "LEASE_EXPIRED":
+                if renewal_lost(e):
                     logger.error(
                         "stateseal renew on %s: reservation lost while the handler ran; "
                         "another attempt may run it",
@@ -399,7 +446,7 @@ class StatesealBoundary:
             except StatesealError as e:
                 # Safe: the same attempt id gets the same success if the
                 # first try was recorded.
-                if n < 2 and not e.from_stateseal and e.code in _LOST:
+                if n < 2 and resend(e):
                     logger.warning("stateseal open on %s: %s; retrying", method, e.reason)
                     continue
                 raise
@@ -415,7 +462,7 @@ class StatesealBoundary:
                 await self._client.release(reservation)
                 return
             except StatesealError as e:
-                if n < 2 and not e.from_stateseal and e.code in _LOST:
+                if n < 2 and resend(e):
                     await asyncio.sleep(0.05 * (n + 1))
                     continue
                 # The lease ends by itself; the retry waits for it at worst.
@@ -516,29 +563,34 @@ class StatesealBoundary:
                 input_requests_json=self._json(ctx.method, questions) if questions else "",
             )
         except StatesealError as e:
-            self._fail(ctx.method, e, sealing=True)
+            self._refuse(ctx.method, e, call_refusal(e, sealing=True))
         if isinstance(result, Mapping):
             return {**result, "requestState": sealed.request_state}
         return result.model_copy(update={"request_state": sealed.request_state})
 
-    def _fail(self, method: str, e: StatesealError, sealing: bool = False):
-        if e.retryable:
-            logger.warning("stateseal unavailable on %s: %s", method, e.reason)
-            raise MCPError(code=INTERNAL_ERROR, message="Temporarily unavailable; retry") from None
-        if e.client_fault and not sealing:
-            if not e.from_stateseal:
-                # The transport refused what the end user sent (a message
-                # over stateseal's size limit): not an operator alarm.
-                self._reject(
-                    method,
-                    e.reason,
-                    logging.INFO,
-                    "stateseal refused the message as too large; are max_request_state_bytes and "
-                    "max_input_responses_bytes above its --max-state-bytes / --max-input-bytes?",
-                )
-            self._reject(method, e.reason)
-        logger.error("stateseal call failed on %s: %s (check credentials and configuration)", method, e.reason)
-        raise MCPError(code=INTERNAL_ERROR, message="Internal error") from None
+    @staticmethod
+    def _refuse(method: str, e: StatesealError, r: Refusal) -> NoReturn:
+        level = {"info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}[r.log]
+        if r.kind == "replayed":
+            logger.log(level, "requestState REPLAYED on %s: already used", method)
+        elif r.kind == "in_use":
+            logger.log(level, "requestState IN_USE on %s: in progress", method)
+        elif r.kind == "unavailable":
+            logger.log(level, "stateseal unavailable on %s: %s", method, e.reason)
+        elif r.kind == "rejected" and not e.from_stateseal:
+            logger.log(
+                level,
+                "requestState rejected on %s: %s (stateseal refused the message as too large; are "
+                "max_request_state_bytes and max_input_responses_bytes above its --max-state-bytes / "
+                "--max-input-bytes?)",
+                method,
+                e.reason,
+            )
+        elif r.kind == "rejected":
+            logger.log(level, "requestState rejected on %s: %s", method, e.reason)
+        else:
+            logger.log(level, "stateseal call failed on %s: %s (check credentials and configuration)", method, e.reason)
+        raise MCPError(code=r.code, message=r.message, data=dict(r.data) if r.data is not None else None) from None
 
     @staticmethod
     def _reject(method: str, reason: str, level: int = logging.WARNING, detail: str = "") -> NoReturn:
