@@ -26,8 +26,10 @@ use crate::ops::reload::read_files;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("{0}")]
-    Invalid(String),
+    #[error(transparent)]
+    Invalid(#[from] Misconfigured),
+    #[error(transparent)]
+    Tls(#[from] crate::net::tls::TlsError),
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
@@ -41,6 +43,42 @@ pub enum ConfigError {
     Tenants(#[from] crate::grpc::auth::TenantsError),
 }
 
+/// Flags that cannot work together, each with what to do instead.
+#[derive(Debug, thiserror::Error)]
+pub enum Misconfigured {
+    #[error("--default-ttl and --max-ttl must be positive, and default <= max")]
+    TtlBounds,
+    #[error(
+        "--max-state-bytes and --max-input-bytes are capped at 16 MiB and --max-params-bytes at 64 MiB"
+    )]
+    SizeCaps,
+    #[error("--tls-client-ca is only used with --auth mtls")]
+    ClientCaWithoutMtls,
+    #[error(
+        "refusing to serve plaintext without caller authentication on non-loopback address {0}; \
+         add `--auth bearer --tenants FILE --tls-cert FILE --tls-key FILE` or `--auth mtls \
+         --tenants FILE --tls-cert FILE --tls-key FILE --tls-client-ca FILE`, listen on \
+         127.0.0.1 or ::1, or pass --insecure-plaintext"
+    )]
+    PlaintextWithoutAuth(SocketAddr),
+    #[error("--auth bearer needs --tenants")]
+    BearerWithoutTenants,
+    #[error(
+        "refusing to accept bearer secrets in plaintext on non-loopback address {0}; give \
+         --tls-cert and --tls-key, or pass --insecure-plaintext"
+    )]
+    BearerInPlaintext(SocketAddr),
+    #[error("--auth mtls needs --tls-cert, --tls-key, --tls-client-ca and --tenants")]
+    MtlsIncomplete,
+    #[error(
+        "--ledger sled keeps single-use records in this replica only, but --expected-replicas \
+         is {0}: use --ledger postgres for several replicas"
+    )]
+    SledWithReplicas(u32),
+    #[error("--ledger postgres needs --database-url or --database-url-file")]
+    PostgresWithoutUrl,
+}
+
 /// Everything `server::run` needs, built from the arguments.
 pub struct Prepared {
     pub sealer: Arc<Sealer>,
@@ -51,17 +89,13 @@ pub struct Prepared {
 impl ServeArgs {
     pub fn limits(&self) -> Result<Limits, ConfigError> {
         if self.default_ttl == 0 || self.max_ttl == 0 || self.default_ttl > self.max_ttl {
-            return Err(ConfigError::Invalid(
-                "--default-ttl and --max-ttl must be positive, and default <= max".into(),
-            ));
+            return Err(Misconfigured::TtlBounds.into());
         }
         if self.max_state_bytes > 16 * 1024 * 1024
             || self.max_params_bytes > 64 * 1024 * 1024
             || self.max_input_bytes > 16 * 1024 * 1024
         {
-            return Err(ConfigError::Invalid(
-                "--max-state-bytes and --max-input-bytes are capped at 16 MiB and --max-params-bytes at 64 MiB".into(),
-            ));
+            return Err(Misconfigured::SizeCaps.into());
         }
         Ok(Limits {
             max_state: self.max_state_bytes,
@@ -104,7 +138,7 @@ impl ServeArgs {
     pub fn security(
         &self,
     ) -> Result<(Authenticator, Option<TlsInForce>, Option<TenantsInForce>), ConfigError> {
-        let invalid = |m: String| Err(ConfigError::Invalid(m));
+        let invalid = |m: Misconfigured| Err(ConfigError::Invalid(m));
         let tls_files = match (&self.tls_cert, &self.tls_key) {
             (Some(cert), Some(key)) => Some(TlsFiles {
                 cert: cert.clone(),
@@ -114,7 +148,7 @@ impl ServeArgs {
             _ => None,
         };
         if self.tls_client_ca.is_some() && self.auth != AuthMode::Mtls {
-            return invalid("--tls-client-ca is only used with --auth mtls".into());
+            return invalid(Misconfigured::ClientCaWithoutMtls);
         }
         let tenants = match &self.tenants {
             Some(p) => {
@@ -133,13 +167,7 @@ impl ServeArgs {
             AuthMode::None => {
                 if !loopback {
                     if !self.insecure_plaintext {
-                        return invalid(format!(
-                            "refusing to serve plaintext without caller authentication on non-loopback \
-                             address {}; add `--auth bearer --tenants FILE --tls-cert FILE --tls-key FILE` \
-                             or `--auth mtls --tenants FILE --tls-cert FILE --tls-key FILE \
-                             --tls-client-ca FILE`, listen on 127.0.0.1 or ::1, or pass --insecure-plaintext",
-                            self.listen
-                        ));
+                        return invalid(Misconfigured::PlaintextWithoutAuth(self.listen));
                     }
                     tracing::warn!(listen = %self.listen, "--insecure-plaintext: serving without caller authentication on a non-loopback address");
                 }
@@ -147,15 +175,11 @@ impl ServeArgs {
             }
             AuthMode::Bearer => {
                 let Some((_, t, _)) = &tenants else {
-                    return invalid("--auth bearer needs --tenants".into());
+                    return invalid(Misconfigured::BearerWithoutTenants);
                 };
                 if tls_files.is_none() && !loopback {
                     if !self.insecure_plaintext {
-                        return invalid(format!(
-                            "refusing to accept bearer secrets in plaintext on non-loopback address {}; \
-                             give --tls-cert and --tls-key, or pass --insecure-plaintext",
-                            self.listen
-                        ));
+                        return invalid(Misconfigured::BearerInPlaintext(self.listen));
                     }
                     tracing::warn!(listen = %self.listen, "--insecure-plaintext: bearer secrets travel in plaintext");
                 }
@@ -166,10 +190,7 @@ impl ServeArgs {
                     tls_files.as_ref().and_then(|f| f.client_ca.as_ref()),
                     &tenants,
                 ) else {
-                    return invalid(
-                        "--auth mtls needs --tls-cert, --tls-key, --tls-client-ca and --tenants"
-                            .into(),
-                    );
+                    return invalid(Misconfigured::MtlsIncomplete);
                 };
                 Authenticator::MutualTls(t.clone())
             }
@@ -183,9 +204,7 @@ impl ServeArgs {
                     path: paths[0].clone(),
                     source,
                 })?;
-                let loaded = files
-                    .load()
-                    .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+                let loaded = files.load()?;
                 Some(TlsInForce::new(files, loaded, digest))
             }
             None => None,
@@ -198,11 +217,7 @@ impl ServeArgs {
         match self.ledger {
             LedgerKind::Sled => {
                 if self.expected_replicas > 1 {
-                    return Err(ConfigError::Invalid(format!(
-                        "--ledger sled keeps single-use records in this replica only, but \
-                         --expected-replicas is {}: use --ledger postgres for several replicas",
-                        self.expected_replicas
-                    )));
+                    return Err(Misconfigured::SledWithReplicas(self.expected_replicas).into());
                 }
                 let max = match self.max_ledger_records {
                     0 => u64::MAX,
@@ -232,11 +247,7 @@ impl ServeArgs {
                             .trim()
                             .to_owned(),
                     ),
-                    _ => {
-                        return Err(ConfigError::Invalid(
-                            "--ledger postgres needs --database-url or --database-url-file".into(),
-                        ))
-                    }
+                    _ => return Err(Misconfigured::PostgresWithoutUrl.into()),
                 };
                 let opts = PgOptions {
                     pool_size: self.db_pool_size.clamp(1, 256),
