@@ -28,8 +28,10 @@ use crate::ops::reload::read_files;
 pub enum ConfigError {
     #[error(transparent)]
     Invalid(#[from] Misconfigured),
-    #[error(transparent)]
-    Tls(#[from] crate::net::tls::TlsError),
+    /// Its message names the file and the cause: not a source as well, or
+    /// the cause would print twice.
+    #[error("{0}")]
+    Tls(crate::net::tls::TlsError),
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
@@ -204,7 +206,7 @@ impl ServeArgs {
                     path: paths[0].clone(),
                     source,
                 })?;
-                let loaded = files.load()?;
+                let loaded = files.load().map_err(ConfigError::Tls)?;
                 Some(TlsInForce::new(files, loaded, digest))
             }
             None => None,

@@ -425,26 +425,31 @@ pub fn tls_failure(e: &(dyn std::error::Error + 'static), mode: SslMode) -> Opti
     None
 }
 
-/// Asks the server at the first host and port of `cfg` whether it offers
-/// TLS, as libpq does: the protocol's `SSLRequest` message, answered by
-/// one byte, `S` or `N`. `None` when it cannot tell
-/// (no answer in `limit`, no TCP host, any other byte).
+/// Asks the server whether it offers TLS, as libpq does: the protocol's
+/// `SSLRequest` message, answered by one byte, `S` or `N`. Only for a
+/// configuration with one server (one host, or one `hostaddr`, and at most
+/// one port), and at the address tokio-postgres connects to (`hostaddr`
+/// when given, else `host`): with several, the failure it reports could be
+/// another server's. `None` when it cannot tell (several servers, a Unix
+/// socket, no answer within `limit`, any other byte).
 pub async fn server_offers_tls(
     cfg: &tokio_postgres::Config,
     limit: std::time::Duration,
 ) -> Option<bool> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     const SSL_REQUEST: [u8; 8] = [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f];
-    let host = match cfg.get_hosts().first()? {
-        tokio_postgres::config::Host::Tcp(h) => h.clone(),
-        #[cfg(unix)]
-        tokio_postgres::config::Host::Unix(_) => return None,
+    let port = match cfg.get_ports() {
+        [] => 5432,
+        [p] => *p,
+        _ => return None,
     };
-    let port = cfg.get_ports().first().copied().unwrap_or(5432);
+    let target = match (cfg.get_hostaddrs(), cfg.get_hosts()) {
+        ([addr], [] | [_]) => std::net::SocketAddr::new(*addr, port).to_string(),
+        ([], [tokio_postgres::config::Host::Tcp(h)]) => format!("{h}:{port}"),
+        _ => return None,
+    };
     let ask = async {
-        let mut tcp = tokio::net::TcpStream::connect((host.as_str(), port))
-            .await
-            .ok()?;
+        let mut tcp = tokio::net::TcpStream::connect(target.as_str()).await.ok()?;
         tcp.write_all(&SSL_REQUEST).await.ok()?;
         let mut answer = [0u8; 1];
         tcp.read_exact(&mut answer).await.ok()?;
@@ -497,6 +502,7 @@ mod tests {
                 matches!(e, LedgerError::Config(ConfigFault::NeedsRootCert(_))),
                 "{e}"
             );
+            assert!(e.to_string().contains("needs sslrootcert"), "{e}");
         }
     }
 }

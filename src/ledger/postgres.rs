@@ -167,15 +167,17 @@ impl PgLedger {
                     if let Some(failure) = pgtls::tls_failure(be, tls.mode) {
                         return Err(LedgerError::Tls(failure));
                     }
-                }
-                // A server that answers the TLS request with `N` fails the
-                // connection before any TLS runs: ask it the same question.
-                let requires_tls =
-                    !matches!(tls.mode, pgtls::SslMode::Disable | pgtls::SslMode::Prefer);
-                if requires_tls
-                    && pgtls::server_offers_tls(&cfg_probe, opts.timeout).await == Some(false)
-                {
-                    return Err(LedgerError::Tls(pgtls::TlsFailure::NotOffered(tls.mode)));
+                    // A server that answers the TLS request with `N` fails
+                    // the connection before any TLS runs: ask it the same
+                    // question (one short connection, at most a second).
+                    let requires_tls =
+                        !matches!(tls.mode, pgtls::SslMode::Disable | pgtls::SslMode::Prefer);
+                    let limit = opts.timeout.min(Duration::from_secs(1));
+                    if requires_tls
+                        && pgtls::server_offers_tls(&cfg_probe, limit).await == Some(false)
+                    {
+                        return Err(LedgerError::Tls(pgtls::TlsFailure::NotOffered(tls.mode)));
+                    }
                 }
                 return Err(db_err("connect", e));
             }

@@ -2,7 +2,7 @@
 //! file every adapter (Python, TypeScript, …) tests its binding v2 digest
 //! against. This test regenerates it from the implementation and compares;
 //! after an intended change run `STATESEAL_REGENERATE_BINDING=1 cargo test
-//! --test binding_vectors` and review the diff. It also checks the
+//! --test it binding_vectors::` and review the diff. It also checks the
 //! properties the vectors stand for: exact numbers never collide, spellings
 //! of one value always agree.
 #![allow(clippy::unwrap_used)]

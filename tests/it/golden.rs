@@ -1,7 +1,7 @@
 //! Golden token vectors: the wire format and the key derivation are frozen.
 //! This test regenerates every vector from its inputs and compares it with
 //! tests/data/golden.json. After an intended format change, regenerate with
-//! `STATESEAL_REGENERATE_GOLDEN=1 cargo test --test golden` and review the diff.
+//! `STATESEAL_REGENERATE_GOLDEN=1 cargo test --test it golden::` and review the diff.
 #![allow(clippy::unwrap_used)]
 
 use crate::common::hex;

@@ -4,7 +4,7 @@
 //! server's RSS stays under the memory limit `deploy/` gives the pod, that
 //! health answers during the attack, and that legitimate Seal/Open calls
 //! keep succeeding. Peak RSS and health latency are printed for the
-//! closing notes (`cargo test --release --test hostile -- --nocapture`).
+//! closing notes (`cargo test --release --test it hostile:: -- --nocapture`).
 #![allow(clippy::unwrap_used)]
 
 use std::net::SocketAddr;

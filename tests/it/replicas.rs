@@ -140,13 +140,18 @@ async fn three_processes_one_database_each_token_accepted_exactly_once() {
 /// A TCP relay to PostgreSQL that the test can cut and restore.
 struct Relay {
     port: u16,
-    task: Option<tokio::task::JoinHandle<()>>,
+    up: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
 }
 
 impl Relay {
-    async fn start(port: u16) -> Relay {
-        let listener = TcpListener::bind(("127.0.0.1", port)).await.unwrap();
+    /// A relay to 127.0.0.1:5432 on a port of its own, kept for its whole
+    /// life (other tests bind ports at the same time: a port given back
+    /// could be taken before the database comes back up).
+    async fn start() -> Relay {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
+        let (up, up_rx) = tokio::sync::watch::channel(true);
         let task = tokio::spawn(async move {
             // Dropping the set (when this task is aborted) aborts every relay.
             let mut conns = tokio::task::JoinSet::new();
@@ -154,24 +159,39 @@ impl Relay {
                 let Ok((mut inbound, _)) = listener.accept().await else {
                     return;
                 };
+                if !*up_rx.borrow() {
+                    // The database is down: the connection closes at once.
+                    continue;
+                }
+                let mut down = up_rx.clone();
                 conns.spawn(async move {
                     if let Ok(mut outbound) = TcpStream::connect("127.0.0.1:5432").await {
-                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                        tokio::select! {
+                            _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                            _ = down.wait_for(|up| !*up) => {}
+                        }
                     }
                 });
             }
         });
-        Relay {
-            port,
-            task: Some(task),
-        }
+        Relay { port, up, task }
     }
 
-    async fn cut(&mut self) {
-        if let Some(t) = self.task.take() {
-            t.abort();
-            let _ = t.await;
-        }
+    /// The database goes down: every relayed connection is cut, and new
+    /// ones are closed as soon as they are accepted.
+    fn cut(&self) {
+        self.up.send_replace(false);
+    }
+
+    /// The database is back, on the same port.
+    fn restore(&self) {
+        self.up.send_replace(true);
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }
 
@@ -195,7 +215,7 @@ async fn database_down_fails_closed_and_recovers() {
         url.contains("127.0.0.1:5432"),
         "this test relays to 127.0.0.1:5432"
     );
-    let mut relay = Relay::start(0).await;
+    let relay = Relay::start().await;
     let relayed = url.replace("127.0.0.1:5432", &format!("127.0.0.1:{}", relay.port));
     let tmp = tempfile::tempdir().unwrap();
     let p = spawn(
@@ -234,7 +254,7 @@ async fn database_down_fails_closed_and_recovers() {
         v
     };
 
-    relay.cut().await;
+    relay.cut();
     // While down: single-use opens fail closed, readiness drops, reusable
     // tokens (no ledger involved) still open, nothing is accepted twice.
     for t in pending.iter().chain(&acknowledged) {
@@ -252,7 +272,7 @@ async fn database_down_fails_closed_and_recovers() {
     c.open(open_req(&reusable)).await.unwrap();
 
     // Back up on the same port: recovery without a restart.
-    let _relay = Relay::start(relay.port).await;
+    relay.restore();
     wait_health(p.addr, ServingStatus::Serving).await;
     for t in &acknowledged {
         assert_eq!(reason(&c.open(open_req(t)).await.unwrap_err()), "REPLAYED");

@@ -58,9 +58,18 @@ fn header_round_trip_and_reserved_bits() {
     let mut b = H.to_bytes();
     // Version nibble other than 1 and 2, or a binding version field other than
     // 0 (v1) and 1 (v2).
+    let token = seal(&keys(), H, &binding(), None, b"x", Nonce::Fresh).unwrap();
+    let mut raw = URL_SAFE_NO_PAD.decode(&token).unwrap();
     for bad in [0x00, 0x30, 0x14, 0x16, 0x18, 0x1e, 0x24, 0xff] {
         b[0] = bad;
         assert_eq!(Header::read(&mut Reader::new(&b)), None, "{bad:#x}");
+        // And a token with that first byte is MALFORMED before any key use.
+        raw[0] = bad;
+        assert_eq!(
+            UntrustedToken::parse(&URL_SAFE_NO_PAD.encode(&raw), 1024).err(),
+            Some(Reject::Malformed),
+            "{bad:#x}"
+        );
     }
 }
 

@@ -70,9 +70,8 @@ impl PrivatePg {
         run(as_postgres(bin, "initdb")
             .args(["-A", "trust", "-U", "postgres", "--no-sync", "-D"])
             .arg(&data));
-        let port = free_port();
         let mut conf = format!(
-            "port = {port}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\nfsync = off\n",
+            "listen_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\nfsync = off\n",
             dir.path().display()
         );
         let mut hba = String::from("local all all trust\n");
@@ -99,17 +98,35 @@ impl PrivatePg {
                 hba.push_str("host all postgres 127.0.0.1/32 trust\n");
             }
         }
-        let mut pgconf = std::fs::read_to_string(data.join("postgresql.conf")).unwrap();
-        pgconf.push_str(&conf);
-        pgconf.push_str(extra_conf);
-        std::fs::write(data.join("postgresql.conf"), pgconf).unwrap();
+        let initdb_conf = std::fs::read_to_string(data.join("postgresql.conf")).unwrap();
         std::fs::write(data.join("pg_hba.conf"), hba).unwrap();
-        run(as_postgres(bin, "pg_ctl")
-            .args(["-w", "-t", "60", "-D"])
-            .arg(&data)
-            .arg("-l")
-            .arg(dir.path().join("log"))
-            .arg("start"));
+        // The port is free when chosen, but other tests bind ports at the
+        // same time: on a start that fails, another port.
+        let mut port = 0;
+        for attempt in 1..=5 {
+            port = free_port();
+            std::fs::write(
+                data.join("postgresql.conf"),
+                format!("{initdb_conf}{conf}port = {port}\n{extra_conf}"),
+            )
+            .unwrap();
+            let started = as_postgres(bin, "pg_ctl")
+                .args(["-w", "-t", "60", "-D"])
+                .arg(&data)
+                .arg("-l")
+                .arg(dir.path().join("log"))
+                .arg("start")
+                .output()
+                .unwrap();
+            if started.status.success() {
+                break;
+            }
+            assert!(
+                attempt < 5,
+                "private PostgreSQL did not start: {}",
+                String::from_utf8_lossy(&started.stderr)
+            );
+        }
         if tls.is_some() {
             run(as_postgres(bin, "psql")
                 .args([

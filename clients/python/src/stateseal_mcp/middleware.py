@@ -590,7 +590,11 @@ class StatesealBoundary:
             logger.log(level, "requestState rejected on %s: %s", method, e.reason)
         else:
             logger.log(level, "stateseal call failed on %s: %s (check credentials and configuration)", method, e.reason)
-        raise MCPError(code=r.code, message=r.message, data=dict(r.data) if r.data is not None else None) from None
+        error = MCPError(code=r.code, message=r.message, data=dict(r.data) if r.data is not None else None)
+        if r.kind == "rejected":
+            # As every rejection: the StatesealError stays the context.
+            raise error
+        raise error from None
 
     @staticmethod
     def _reject(method: str, reason: str, level: int = logging.WARNING, detail: str = "") -> NoReturn:
