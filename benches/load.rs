@@ -506,27 +506,35 @@ fn start_server(extra: &[String]) -> (Server, String) {
         .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
         .arg(dir.path())
         .args(extra)
-        .env("STATESEAL_LOG", "warn,stateseal::internals::server=info")
+        .env("STATESEAL_LOG", "warn,stateseal::app::server=info")
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("start stateseal");
     let stderr = child.stderr.take().expect("stderr");
-    let mut lines = BufReader::new(stderr).lines();
-    let addr = loop {
-        let line = lines
-            .next()
-            .expect("stateseal exited before listening")
-            .expect("read stderr");
-        if let Some(a) = line
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix("addr="))
-        {
-            break a.to_string();
+    // Read on a thread of its own, so that a server that never reports its
+    // address ends the bench with an error instead of hanging it; then keep
+    // draining stderr so the server never blocks on it.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut tx = Some(tx);
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if let Some(a) = line
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix("addr="))
+            {
+                if let Some(tx) = tx.take() {
+                    let _ = tx.send(a.to_string());
+                }
+            }
         }
-    };
-    // Keep draining stderr so the server never blocks on it.
-    std::thread::spawn(move || for _ in lines {});
-    (Server { child, _dir: dir }, addr)
+    });
+    // Owned first: a panic below kills the server on the way out.
+    let server = Server { child, _dir: dir };
+    let addr = rx
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("stateseal exited, or logged no `addr=` line within 60 s");
+    (server, addr)
 }
 
 /// The echo baseline: the RequestState service answering Seal with a
