@@ -162,3 +162,116 @@ fn a_reservation_is_decoded_once_and_opens_only_as_sealed() {
         Some(Reject::Malformed)
     );
 }
+
+#[test]
+fn the_size_bound_is_the_state_limit_and_one_manifest_exactly() {
+    let max = 1024;
+    // Written out, not MANIFEST_ROOM: the bound itself is what is checked.
+    let limit = encoded_len(OVERHEAD + max + 2 + crate::domain::manifest::MAX_MANIFEST);
+    assert_eq!(
+        UntrustedToken::parse(&"A".repeat(limit + 1), max).err(),
+        Some(Reject::TooLarge),
+        "one character over the bound"
+    );
+    // At the bound the string is decoded, and refused for what it holds.
+    assert_eq!(
+        UntrustedToken::parse(&"A".repeat(limit), max).err(),
+        Some(Reject::Malformed)
+    );
+}
+
+#[test]
+fn an_empty_state_is_the_shortest_token_and_one_byte_less_is_malformed() {
+    let k = keys();
+    let t = seal(&k, H, &binding(), None, b"", Nonce::Fresh).unwrap();
+    let raw = URL_SAFE_NO_PAD.decode(&t).unwrap();
+    assert_eq!(raw.len(), OVERHEAD);
+    let opened = UntrustedToken::parse(&t, 1024)
+        .unwrap()
+        .open(&k, &binding())
+        .unwrap();
+    assert!(opened.state.is_empty());
+    let short = URL_SAFE_NO_PAD.encode(&raw[..OVERHEAD - 1]);
+    assert_eq!(
+        UntrustedToken::parse(&short, 1024).err(),
+        Some(Reject::Malformed)
+    );
+}
+
+#[test]
+fn the_header_written_follows_the_binding_and_the_manifest() {
+    let k = keys();
+    let mut b = binding();
+    b.version = crate::domain::binding::BindingVersion::V2;
+    // H says binding v1 and no manifest: the token says what was sealed.
+    let t = seal(&k, H, &b, Some(b"m"), b"x", Nonce::Fresh).unwrap();
+    let u = UntrustedToken::parse(&t, 1024).unwrap();
+    assert_eq!(u.header().binding, b.version);
+    assert!(u.header().manifest);
+    let opened = u.open(&k, &b).unwrap();
+    assert_eq!(opened.manifest.as_deref().map(|m| &m[..]), Some(&b"m"[..]));
+    assert_eq!(&opened.state[..], b"x");
+}
+
+#[test]
+fn a_manifest_is_bounded_at_its_maximum() {
+    let k = keys();
+    let max = crate::domain::manifest::MAX_MANIFEST;
+    assert!(seal(&k, H, &binding(), Some(&vec![0; max]), b"x", Nonce::Fresh).is_ok());
+    assert_eq!(
+        seal(
+            &k,
+            H,
+            &binding(),
+            Some(&vec![0; max + 1]),
+            b"x",
+            Nonce::Fresh
+        )
+        .err(),
+        Some(Reject::TooLarge)
+    );
+}
+
+#[test]
+fn ledger_ids_and_attempt_hashes_are_keyed_and_distinct() {
+    let k = keys();
+    let open = |t: &str| {
+        UntrustedToken::parse(t, 1024)
+            .unwrap()
+            .open(&k, &binding())
+            .unwrap()
+    };
+    let a = open(&seal(&k, H, &binding(), None, b"x", Nonce::Fixed(&[1; NONCE_LEN])).unwrap());
+    let b = open(&seal(&k, H, &binding(), None, b"x", Nonce::Fixed(&[2; NONCE_LEN])).unwrap());
+    assert_eq!(a.ledger_id(&k), ledger_id(&k, &[1; NONCE_LEN]));
+    assert_ne!(a.ledger_id(&k), b.ledger_id(&k));
+    assert_ne!(a.ledger_id(&k), [0; 32]);
+    assert_eq!(attempt_hash(&k, "x"), attempt_hash(&k, "x"));
+    assert_ne!(attempt_hash(&k, "x"), attempt_hash(&k, "y"));
+    assert_ne!(attempt_hash(&k, "x"), [0; 16]);
+    // Debug shows lengths, never bytes, and says what it is.
+    let t = seal(&k, H, &binding(), None, b"secret-state", Nonce::Fresh).unwrap();
+    let u = UntrustedToken::parse(&t, 1024).unwrap();
+    let shown = format!("{u:?}");
+    assert!(
+        shown.starts_with("UntrustedToken") && shown.contains("len"),
+        "{shown}"
+    );
+    let o = u.open(&k, &binding()).unwrap();
+    let shown = format!("{o:?}");
+    assert!(
+        shown.starts_with("Opened") && shown.contains("state_len") && !shown.contains("secret"),
+        "{shown}"
+    );
+    let claims = ReservationClaims {
+        expires_at: 1,
+        ledger_id: [9; 32],
+        rid: [8; 16],
+        lease_until: 77,
+    };
+    let shown = format!("{claims:?}");
+    assert!(
+        shown.starts_with("ReservationClaims") && shown.contains("77") && !shown.contains("9, 9"),
+        "{shown}"
+    );
+}
