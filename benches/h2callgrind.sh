@@ -17,20 +17,7 @@ cd "$(dirname "$0")/.."
 
 . benches/h2common.sh
 h2_require h2load:nghttp2-client valgrind:valgrind callgrind_control:valgrind
-BENCH=$(cargo bench --bench load --no-run 2>&1 | sed -n 's/.*Executable.*(\(.*\)).*/\1/p' | tail -1)
-SERVER=${STATESEAL_BIN:-target/release/stateseal}
-[ -x "$BENCH" ] && [ -x "$SERVER" ] || { echo "build failed (cargo build --release first)" >&2; exit 1; }
-WORK=$(mktemp -d)
-PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-valgrind --tool=callgrind --callgrind-out-file="$WORK/cg.%p" \
-    "$SERVER" serve --listen "127.0.0.1:$PORT" --data-dir "$WORK/data" 2>"$WORK/server.log" &
-PID=$!
-trap 'kill $PID 2>/dev/null; wait $PID 2>/dev/null; rm -rf "$WORK"' EXIT
-for _ in $(seq 300); do
-    grep -q "addr=" "$WORK/server.log" 2>/dev/null && break
-    sleep 0.2
-done
-"$BENCH" --bench --addr "127.0.0.1:$PORT" --h2load-bodies "$WORK/bodies" 2>/dev/null
+h2_start_server valgrind --tool=callgrind '--callgrind-out-file={WORK}/cg.%p'
 for sc in noop seal seal_json open noop; do
     callgrind_control --zero "$PID" >/dev/null 2>&1
     h2_run "$sc" "127.0.0.1:$PORT" "$REQUESTS" -c 1 -m 8

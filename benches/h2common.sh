@@ -16,18 +16,22 @@ h2_require() {
 
 # Sets BENCH, SERVER (STATESEAL_BIN, or this checkout's release build), WORK,
 # PORT and PID; the server's bodies are in $WORK/bodies. EXTRA_PIDS (set by
-# the caller after this) are stopped with the server on exit.
+# the caller after this) are stopped with the server on exit. Arguments, if
+# any, are a command the server runs under (valgrind, say); `{WORK}` in them
+# becomes $WORK.
 h2_start_server() {
     BENCH=$(cargo bench --bench load --no-run 2>&1 | sed -n 's/.*Executable.*(\(.*\)).*/\1/p' | tail -1)
     SERVER=${STATESEAL_BIN:-target/release/stateseal}   # another build to compare
     [ -x "$BENCH" ] && [ -x "$SERVER" ] || { echo "build failed" >&2; exit 1; }
     WORK=$(mktemp -d)
     PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-    "$SERVER" serve --listen "127.0.0.1:$PORT" --data-dir "$WORK/data" 2>"$WORK/server.log" &
+    local wrap=("${@//\{WORK\}/$WORK}")
+    "${wrap[@]}" "$SERVER" serve --listen "127.0.0.1:$PORT" --data-dir "$WORK/data" 2>"$WORK/server.log" &
     PID=$!
     EXTRA_PIDS=
     trap 'kill $PID $EXTRA_PIDS 2>/dev/null; wait $PID $EXTRA_PIDS 2>/dev/null; rm -rf "$WORK"' EXIT
-    for _ in $(seq 50); do
+    # Up to 30 s: a server under valgrind starts slowly.
+    for _ in $(seq 300); do
         grep -q "addr=" "$WORK/server.log" 2>/dev/null && break
         sleep 0.1
     done
