@@ -4,7 +4,8 @@
 //! run, interleaved round by round so the ratio holds on a noisy machine.
 //!
 //!     cargo bench --bench load -- [--addr HOST:PORT]
-//!         [--scenarios noop,echo,seal,seal_json,open,consume,flow,reserve,echo_fsync,redis]
+//!         [--scenarios noop,echo,seal,seal_json,open,consume,flow,reserve,
+//!                      open_reserve,commit,echo_fsync,fdatasync,redis]
 //!         [--client-io coalesced|vectored]
 //!         [--concurrency 64] [--connections 4] [--duration 3] [--requests N]
 //!         [--state-size 256] [--warmup 1] [--rounds 2] [--json FILE] [--plot FILE.svg]
@@ -31,6 +32,10 @@
 //! - reserve: two-phase consumption of a single-use token sealed beforehand,
 //!   Open with OPEN_MODE_RESERVE then Commit (two calls per op, each durable;
 //!   its ratio is per call);
+//! - open_reserve: the first call of reserve alone, Open with
+//!   OPEN_MODE_RESERVE of a single-use token sealed beforehand (durable);
+//! - commit: the second alone, Commit of a reservation made beforehand
+//!   (durable; the reservations are made before the window, 64 at a time);
 //! - echo: a Seal request of the seal scenario's size sent to a tonic server
 //!   inside this binary, with the transport settings of stateseal's server
 //!   (`TransportLimits::apply`), answering with a response of the token's
@@ -44,6 +49,10 @@
 //!   probe file, then every answer): the cheapest acknowledgement after its
 //!   own `fdatasync` through the same stack, deciding nothing — what bounds
 //!   consume on the machine and disk of the run;
+//! - fdatasync: no call at all: a 64-byte `pwrite` into a preallocated,
+//!   zero-filled file beside echo_fsync's journal, then `fdatasync`, in
+//!   the bench's own process — what one durable write costs the disk, the
+//!   floor a durable call at concurrency 1 is measured against;
 //! - redis: durable `SET key 1 NX EX 600` against a private `redis-server`
 //!   started in a temporary directory with `appendonly yes` and
 //!   `appendfsync always`, at the same concurrency over as many
@@ -84,7 +93,7 @@ struct Args {
     /// Comma-separated scenarios (noop always runs as the baseline).
     #[arg(
         long,
-        default_value = "echo,seal,seal_json,open,consume,flow,reserve,echo_fsync,redis"
+        default_value = "echo,seal,seal_json,open,consume,flow,reserve,open_reserve,commit,echo_fsync,fdatasync,redis"
     )]
     scenarios: String,
     /// Requests in flight.
@@ -179,7 +188,10 @@ enum Scenario {
     Consume,
     Flow,
     Reserve,
+    OpenReserve,
+    Commit,
     EchoFsync,
+    Fdatasync,
     Redis,
 }
 
@@ -193,6 +205,9 @@ impl Scenario {
             Scenario::Consume => "consume",
             Scenario::Flow => "flow",
             Scenario::Reserve => "reserve",
+            Scenario::OpenReserve => "open_reserve",
+            Scenario::Commit => "commit",
+            Scenario::Fdatasync => "fdatasync",
             Scenario::Echo => "echo",
             Scenario::EchoFsync => "echo_fsync",
             Scenario::Redis => "redis",
@@ -201,7 +216,10 @@ impl Scenario {
     /// Whether the calls go to stateseal (echo, echo_fsync and redis go to
     /// servers of their own, so stateseal's CPU says nothing about them).
     fn on_stateseal(self) -> bool {
-        !matches!(self, Scenario::Echo | Scenario::EchoFsync | Scenario::Redis)
+        !matches!(
+            self,
+            Scenario::Echo | Scenario::EchoFsync | Scenario::Fdatasync | Scenario::Redis
+        )
     }
     /// Whether every answer waits for an `fdatasync` of its own store.
     fn durable(self) -> bool {
@@ -210,7 +228,10 @@ impl Scenario {
             Scenario::Consume
                 | Scenario::Flow
                 | Scenario::Reserve
+                | Scenario::OpenReserve
+                | Scenario::Commit
                 | Scenario::EchoFsync
+                | Scenario::Fdatasync
                 | Scenario::Redis
         )
     }
@@ -230,6 +251,9 @@ impl Scenario {
             "consume" => Scenario::Consume,
             "flow" => Scenario::Flow,
             "reserve" => Scenario::Reserve,
+            "open_reserve" => Scenario::OpenReserve,
+            "commit" => Scenario::Commit,
+            "fdatasync" => Scenario::Fdatasync,
             "echo" => Scenario::Echo,
             "echo_fsync" => Scenario::EchoFsync,
             "redis" => Scenario::Redis,
@@ -714,6 +738,50 @@ impl Journal {
             .await
             .map_err(|_| tonic::Status::unavailable("echo journal stopped"))?
             .map_err(tonic::Status::unavailable)
+    }
+}
+
+/// The fdatasync scenario's file: preallocated and zero-filled as the echo
+/// journal's, so that `fdatasync` has no size to commit, written at the
+/// next 64-byte slot each time.
+struct FloorFile {
+    file: std::fs::File,
+    at: std::sync::Mutex<u64>,
+    /// Removed with the file.
+    dir: tempfile::TempDir,
+}
+
+impl FloorFile {
+    fn create(parent: Option<&std::path::Path>) -> std::io::Result<Self> {
+        use std::io::Write;
+        let dir = match parent {
+            Some(p) => tempfile::tempdir_in(p)?,
+            None => tempfile::tempdir()?,
+        };
+        let mut file = std::fs::OpenOptions::new()
+            .create_new(true)
+            .read(true)
+            .write(true)
+            .open(dir.path().join("floor"))?;
+        file.write_all(&vec![0u8; Journal::SIZE as usize])?;
+        file.sync_all()?;
+        std::fs::File::open(dir.path())?.sync_all()?;
+        Ok(FloorFile {
+            file,
+            at: std::sync::Mutex::new(0),
+            dir,
+        })
+    }
+
+    fn write(&self) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let mut at = self.at.lock().expect("floor offset");
+        if *at + Journal::RECORD as u64 > Journal::SIZE {
+            *at = 0;
+        }
+        self.file.write_all_at(&[0x5a; Journal::RECORD], *at)?;
+        *at += Journal::RECORD as u64;
+        self.file.sync_data()
     }
 }
 
@@ -1217,6 +1285,8 @@ struct Ctx {
     state: Vec<u8>,
     /// What echo_fsync sends as its token: as long as a sealed one.
     echo_token: String,
+    /// The fdatasync scenario's file.
+    floor: Option<FloorFile>,
 }
 
 impl Ctx {
@@ -1305,8 +1375,14 @@ impl Ctx {
 
     /// Open with OPEN_MODE_RESERVE, then Commit the reservation.
     async fn reserve_commit(&self, i: usize, token: String) -> Result<(), tonic::Status> {
-        let mut c = self.client(i);
-        let r = c
+        let reservation = self.reserve(i, token).await?;
+        self.commit(i, reservation).await
+    }
+
+    /// Open RESERVE: the reservation.
+    async fn reserve(&self, i: usize, token: String) -> Result<String, tonic::Status> {
+        Ok(self
+            .client(i)
             .open(OpenRequest {
                 request_state: token,
                 binding: Some(binding()),
@@ -1314,12 +1390,49 @@ impl Ctx {
                 ..Default::default()
             })
             .await?
-            .into_inner();
-        c.commit(stateseal::proto::CommitRequest {
-            reservation: r.reservation,
-        })
-        .await
-        .map(|_| ())
+            .into_inner()
+            .reservation)
+    }
+
+    async fn commit(&self, i: usize, reservation: String) -> Result<(), tonic::Status> {
+        self.client(i)
+            .commit(stateseal::proto::CommitRequest { reservation })
+            .await
+            .map(|_| ())
+    }
+
+    /// One 64-byte `pwrite` and one `fdatasync` of the fdatasync
+    /// scenario's file, on this worker thread (at one caller, the thread
+    /// would wait anyway).
+    fn fdatasync(&self) -> Result<(), tonic::Status> {
+        let floor = self.floor.as_ref().expect("the fdatasync scenario's file");
+        tokio::task::block_in_place(|| floor.write())
+            .map_err(|e| tonic::Status::unavailable(format!("fdatasync scenario: {e}")))
+    }
+
+    /// Reserves each of `tokens`, 64 at a time (not measured).
+    async fn prereserve(self: &Arc<Self>, tokens: Vec<String>) -> Vec<String> {
+        let queue = Arc::new(std::sync::Mutex::new(tokens));
+        let tasks: Vec<_> = (0..64)
+            .map(|w| {
+                let (ctx, queue) = (self.clone(), queue.clone());
+                tokio::spawn(async move {
+                    let mut v = Vec::new();
+                    loop {
+                        let next = queue.lock().expect("queue").pop();
+                        let Some(t) = next else { break v };
+                        if let Ok(r) = ctx.reserve(w, t).await {
+                            v.push(r);
+                        }
+                    }
+                })
+            })
+            .collect();
+        let mut all = Vec::new();
+        for t in tasks {
+            all.extend(t.await.expect("prereserve task"));
+        }
+        all
     }
 
     /// Seals `n` tokens with full concurrency (not measured).
@@ -1440,6 +1553,14 @@ async fn run(
                             ctx.reserve_commit(w, token.expect("pre-sealed token"))
                                 .await
                         }
+                        Scenario::OpenReserve => ctx
+                            .reserve(w, token.expect("pre-sealed token"))
+                            .await
+                            .map(|_| ()),
+                        Scenario::Commit => {
+                            ctx.commit(w, token.expect("pre-made reservation")).await
+                        }
+                        Scenario::Fdatasync => ctx.fdatasync(),
                     };
                     let us = t0.elapsed().as_micros().max(1) as u64;
                     hist.saturating_record(us);
@@ -1597,6 +1718,13 @@ fn main() {
     // echo_fsync's journal, on the file system of the server's data
     // directory where that is known (the system's temporary directory, as
     // for a server this bench starts, otherwise).
+    let floor_file = scenarios.contains(&Scenario::Fdatasync).then(|| {
+        FloorFile::create(args.server_data_dir.as_ref().and_then(|d| d.parent()))
+            .expect("create the fdatasync scenario's file")
+    });
+    let floor_disk_file = floor_file
+        .as_ref()
+        .and_then(|f| DiskStat::file_of(f.dir.path()));
     let mut echo_journal = scenarios.contains(&Scenario::EchoFsync).then(|| {
         if args.echo_fsync_delay_us > 0 {
             eprintln!(
@@ -1661,6 +1789,7 @@ fn main() {
             echo,
             redis: redis_cons,
             state: vec![0x5a; args.state_size],
+            floor: floor_file,
             echo_token: "A".repeat(stateseal::internals::token::encoded_len(
                 stateseal::internals::token::OVERHEAD + args.state_size,
             )),
@@ -1681,7 +1810,7 @@ fn main() {
             {
                 let pool = match sc {
                     Scenario::Open => Some(Tokens::Reusable(open_pool.clone(), Arc::default())),
-                    Scenario::Consume | Scenario::Reserve => {
+                    Scenario::Consume | Scenario::Reserve | Scenario::OpenReserve => {
                         // Enough for the warm-up and the measured window at
                         // up to 40k consumptions/s (a run that drains the
                         // pool ends early and reports its true duration).
@@ -1691,6 +1820,25 @@ fn main() {
                             .unwrap_or((40_000.0 * (args.duration + args.warmup)) as usize);
                         eprintln!("  (pre-sealing {need} single-use tokens)");
                         let v = ctx.preseal(need, true, args.concurrency).await;
+                        Some(Tokens::SingleUse(Arc::new(std::sync::Mutex::new(v))))
+                    }
+                    Scenario::Commit => {
+                        // Reservations cost a durable round each: enough
+                        // for 20k Commits/s, or for one caller 5k/s (a run
+                        // that drains the pool ends early and says so in
+                        // its duration).
+                        let rate = if args.concurrency == 1 {
+                            5_000.0
+                        } else {
+                            20_000.0
+                        };
+                        let need = args
+                            .requests
+                            .map(|r| r as usize + (rate * args.warmup) as usize)
+                            .unwrap_or((rate * (args.duration + args.warmup)) as usize);
+                        eprintln!("  (pre-sealing and reserving {need} single-use tokens)");
+                        let v = ctx.preseal(need, true, args.concurrency.max(64)).await;
+                        let v = ctx.prereserve(v).await;
                         Some(Tokens::SingleUse(Arc::new(std::sync::Mutex::new(v))))
                     }
                     _ => None,
@@ -1709,6 +1857,7 @@ fn main() {
                 let disk_file = match sc {
                     Scenario::Redis => redis_disk_file.as_deref(),
                     Scenario::EchoFsync => journal_disk_file.as_deref(),
+                    Scenario::Fdatasync => floor_disk_file.as_deref(),
                     _ => disk_file.as_deref(),
                 };
                 let disk_stat = || disk_file.and_then(DiskStat::read);

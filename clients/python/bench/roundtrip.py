@@ -8,11 +8,29 @@ with the real SDK server and client over streamable HTTP on 127.0.0.1.
 The variants run interleaved in blocks of 20, so machine noise hits both
 alike. Run from the repository root with the test requirements and the
 package installed (see clients/python/README.md).
+
+It then prints where the stateseal variant's time goes, per round trip
+(mean over the measured round trips, in ms), each step timed where it runs:
+- the middleware's own work: the boundary's time on the response path
+  minus the steps below (and minus the handler and the SDK inside it);
+- binding v2 (the params digest) and the subject, computed here;
+- the manifest: the questions' JSON when sealing, the answers' JSON sent
+  and the filtered answers parsed back;
+- each RPC as the middleware awaits it: Seal and Open RESERVE on the
+  response path, and the Commit, which runs beside the answer, apart;
+- the server's handling of each RPC (the mean of its
+  stateseal_request_duration_seconds histogram, scraped before and after)
+  and its durable rounds (stateseal_ledger_consume_duration_seconds);
+- the gRPC client and loopback: the RPCs as awaited minus the server's
+  handling of them.
+The SDK's and uvicorn's per-request logs are turned off: they would cost
+both variants alike.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 import socket
@@ -34,7 +52,100 @@ from mcp.server.request_state import RequestStateSecurity
 from pydantic import BaseModel
 
 import mcp_types as types
+import stateseal_mcp.middleware as middleware
 from stateseal_mcp import RequestStateClient, StatesealBoundary, install
+
+
+class Steps:
+    """Time spent per named step while `on` (perf_counter, seconds)."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self.total: dict[str, float] = {}
+        self.nesting = 0
+
+    def add(self, name: str, dt: float) -> None:
+        if self.on:
+            self.total[name] = self.total.get(name, 0.0) + dt
+
+    def sync(self, name: str, fn):
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.add(name, time.perf_counter() - t0)
+
+        return timed
+
+    def coro(self, name: str, fn):
+        async def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return await fn(*args, **kwargs)
+            finally:
+                self.add(name, time.perf_counter() - t0)
+
+        return timed
+
+
+class TimedJson:
+    """`json` as the middleware module sees it, its calls timed as the
+    manifest step (the questions' and answers' JSON)."""
+
+    def __init__(self, steps: Steps) -> None:
+        self.dumps = steps.sync("manifest", json.dumps)
+        self.loads = steps.sync("manifest", json.loads)
+
+
+class TimedBoundary(StatesealBoundary):
+    """The boundary, its time on the response path measured around the
+    handler (and the SDK inside `call_next`), which is not its own."""
+
+    steps: Steps
+
+    async def __call__(self, ctx, call_next):
+        steps = self.steps
+        inner = 0.0
+
+        async def timed_next(c):
+            nonlocal inner
+            t0 = time.perf_counter()
+            try:
+                return await call_next(c)
+            finally:
+                inner += time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        try:
+            return await super().__call__(ctx, timed_next)
+        finally:
+            steps.add("boundary", time.perf_counter() - t0 - inner)
+
+
+def instrument(boundary: TimedBoundary, client: RequestStateClient, steps: Steps) -> None:
+    boundary.steps = steps
+    middleware.params_digest = steps.sync("binding", middleware.params_digest)
+    middleware.subject_for = steps.sync("binding", middleware.subject_for)
+    middleware.json = TimedJson(steps)
+    client.seal = steps.coro("rpc Seal", client.seal)
+    client.open = steps.coro("rpc Open", client.open)
+    client.commit = steps.coro("rpc Commit", client.commit)
+    client.renew = steps.coro("rpc Renew", client.renew)
+
+
+def scrape(metrics_addr: str) -> dict[str, float]:
+    """The server's request and ledger histograms: sum and count by name."""
+    import urllib.request
+
+    text = urllib.request.urlopen(f"http://{metrics_addr}/metrics", timeout=5).read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        for prefix in ("stateseal_request_duration_seconds_", "stateseal_ledger_consume_duration_seconds_"):
+            if line.startswith(prefix + "sum") or line.startswith(prefix + "count"):
+                name, value = line.rsplit(" ", 1)
+                out[name] = float(value)
+    return out
 
 
 class Confirm(BaseModel):
@@ -45,15 +156,15 @@ def ask(amount: int) -> Elicit[Confirm]:
     return Elicit(f"Transfer {amount}?", Confirm)
 
 
-def server(stateseal: str | None) -> MCPServer:
+def server(boundary: StatesealBoundary | None) -> MCPServer:
     s = MCPServer("bench", request_state_security=RequestStateSecurity(keys=[secrets.token_bytes(32)]))
 
     @s.tool()
     async def transfer(amount: int, confirm: Annotated[Confirm, Resolve(ask)]) -> str:
         return f"transferred {amount}" if confirm.confirm else "cancelled"
 
-    if stateseal is not None:
-        install(s, StatesealBoundary(RequestStateClient(stateseal), audience="bench"))
+    if boundary is not None:
+        install(s, boundary)
     return s
 
 
@@ -63,10 +174,10 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_stateseal(tmp: str) -> tuple[subprocess.Popen, str]:
+def start_stateseal(tmp: str, metrics: str) -> tuple[subprocess.Popen, str]:
     binary = os.environ.get("STATESEAL_BIN", str(Path(__file__).parents[3] / "target" / "release" / "stateseal"))
     proc = subprocess.Popen(
-        [binary, "serve", "--listen", "127.0.0.1:0", "--data-dir", f"{tmp}/data"],
+        [binary, "serve", "--listen", "127.0.0.1:0", "--data-dir", f"{tmp}/data", "--metrics-listen", metrics],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -85,9 +196,15 @@ async def accept(context, params):
 
 
 async def main(n: int) -> None:
+
     with tempfile.TemporaryDirectory() as tmp:
-        proc, addr = start_stateseal(tmp)
-        variants = [("SDK boundary (AES-GCM)", server(None)), ("stateseal (reserve+commit, manifest)", server(addr))]
+        metrics = f"127.0.0.1:{free_port()}"
+        proc, addr = start_stateseal(tmp, metrics)
+        steps = Steps()
+        rsc = RequestStateClient(addr)
+        boundary = TimedBoundary(rsc, audience="bench")
+        instrument(boundary, rsc, steps)
+        variants = [("SDK boundary (AES-GCM)", server(None)), ("stateseal (reserve+commit, manifest)", server(boundary))]
         ports = [free_port() for _ in variants]
         servers = [
             uvicorn.Server(
@@ -100,6 +217,9 @@ async def main(n: int) -> None:
             )
             for (_, v), p in zip(variants, ports)
         ]
+        # After uvicorn's Config, which sets up logging.
+        for name in ("httpx", "mcp", "uvicorn"):
+            logging.getLogger(name).setLevel(logging.WARNING)
         times: list[list[float]] = [[] for _ in variants]
         async with anyio.create_task_group() as tg:
             for s in servers:
@@ -113,6 +233,9 @@ async def main(n: int) -> None:
                 for c in clients:
                     for i in range(20):
                         await c.call_tool("transfer", {"amount": i})
+                await settle(metrics)
+                before = scrape(metrics)
+                steps.on = True
                 for done in range(0, n, 20):
                     for v, c in enumerate(clients):
                         for i in range(20):
@@ -121,21 +244,84 @@ async def main(n: int) -> None:
                             times[v].append((time.perf_counter() - t0) * 1000)
                             if "transferred" not in json.dumps(r.model_dump(mode="json")):
                                 raise SystemExit(f"{variants[v][0]}: round trip failed")
+                if hasattr(boundary, "drain"):  # a build that commits beside the answer
+                    await boundary.drain()
+                await settle(metrics)
+                steps.on = False
+                after = scrape(metrics)
             for s in servers:
                 s.should_exit = True
         proc.terminate()
         proc.wait(timeout=20)
 
-    def q(xs: list[float], p: float) -> float:
-        s = sorted(xs)
-        return s[min(len(s) - 1, int(p * len(s)))]
+    report_times(variants, times)
+    report_steps(steps, before, after, len(times[1]))
 
+
+async def settle(metrics: str) -> None:
+    """Waits until the server has handled every RPC sent so far (the count
+    of its request histogram stops moving): a Commit off the response path
+    may still be running."""
+    last = None
+    for _ in range(50):
+        now = scrape(metrics)
+        count = sum(v for k, v in now.items() if k.startswith("stateseal_request_duration_seconds_count"))
+        if count == last:
+            return
+        last = count
+        await anyio.sleep(0.05)
+
+
+def q(xs: list[float], p: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(p * len(s)))]
+
+
+def report_times(variants, times: list[list[float]]) -> None:
     base = statistics.median(times[0])
     print(f"round trips per variant: {len(times[0])} (2 MCP requests each), python {sys.version.split()[0]}")
     print("variant | p50 ms | p90 ms | p99 ms | p50 vs SDK boundary")
     for (name, _), t in zip(variants, times):
         p50 = statistics.median(t)
         print(f"{name} | {p50:.2f} | {q(t, 0.9):.2f} | {q(t, 0.99):.2f} | {p50 - base:+.2f} ms (x{p50 / base:.2f})")
+
+
+def report_steps(steps: Steps, before: dict[str, float], after: dict[str, float], rounds: int) -> None:
+    def server(rpc: str) -> tuple[float, float]:
+        key = f'{{rpc="{rpc}"}}'
+        s = after.get(f"stateseal_request_duration_seconds_sum{key}", 0) - before.get(
+            f"stateseal_request_duration_seconds_sum{key}", 0)
+        n = after.get(f"stateseal_request_duration_seconds_count{key}", 0) - before.get(
+            f"stateseal_request_duration_seconds_count{key}", 0)
+        return s, n
+
+    ledger = [k for k in after if k.startswith("stateseal_ledger_consume_duration_seconds_sum")]
+    durable = sum(after[k] - before.get(k, 0) for k in ledger)
+    t = steps.total
+    per = lambda secs: secs * 1000 / rounds  # noqa: E731
+    on_path = ("Seal", "Open")
+    own = t.get("boundary", 0) - sum(t.get(k, 0) for k in ("binding", "manifest")) - sum(
+        t.get(f"rpc {r}", 0) for r in on_path)
+    awaited = sum(t.get(f"rpc {r}", 0) for r in on_path)
+    handled = sum(server(r)[0] for r in on_path)
+    print(f"where the stateseal variant's time goes, ms per round trip (mean of {rounds}):")
+    print("step | ms")
+    print(f"boundary on the response path, in all | {per(t.get('boundary', 0)):.3f}")
+    print(f"  its own work (not the steps below) | {per(own):.3f}")
+    print(f"  binding v2 and subject | {per(t.get('binding', 0)):.3f}")
+    print(f"  manifest: questions and answers JSON | {per(t.get('manifest', 0)):.3f}")
+    for rpc in on_path:
+        s, n = server(rpc)
+        print(f"  {rpc} as awaited ({n / rounds:.2f} per round trip) | {per(t.get(f'rpc {rpc}', 0)):.3f}")
+        print(f"    the server's handling of it | {per(s):.3f}")
+    print(f"  gRPC client and loopback (awaited minus handled) | {per(awaited - handled):.3f}")
+    for rpc in ("Commit", "Renew"):
+        s, n = server(rpc)
+        if n:
+            print(f"off the response path: {rpc} as awaited ({n / rounds:.2f} per round trip) | "
+                  f"{per(t.get(f'rpc {rpc}', 0)):.3f}")
+            print(f"  the server's handling of it | {per(s):.3f}")
+    print(f"the server's durable rounds (Open RESERVE and Commit, within their handling) | {per(durable):.3f}")
 
 
 if __name__ == "__main__":

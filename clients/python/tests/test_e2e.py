@@ -49,6 +49,16 @@ def ask_memo(text: str) -> Elicit[Confirm]:
 FAIL_ONCE: set[str] = set()
 
 
+#: The boundaries of the running deployment's replicas.
+BOUNDARIES: list[StatesealBoundary] = []
+
+
+async def drained() -> None:
+    """Waits for every Commit the replicas run beside their answers."""
+    for b in BOUNDARIES:
+        await b.drain()
+
+
 def replica(
     tag: str,
     stateseal_addr: str,
@@ -156,7 +166,9 @@ def replica(
         )
 
     client = RequestStateClient(stateseal_addr, bearer=bearer, credentials=credentials)
-    install(server, StatesealBoundary(client, audience="transfer-service", reask=reask, **boundary_options))
+    boundary = StatesealBoundary(client, audience="transfer-service", reask=reask, **boundary_options)
+    BOUNDARIES.append(boundary)
+    install(server, boundary)
 
     async def record(ctx, call_next):
         if ctx.method == "tools/call":
@@ -222,6 +234,7 @@ async def deployment(
     address for each replica (default: `stateseal_addr` for both);
     `boundary_options`: more StatesealBoundary options."""
     served: list = []
+    BOUNDARIES.clear()
     ports = [free_port(), free_port(), free_port()]
     apps = [
         replica(tag, addr, served, bearer, reask, credentials, **boundary_options).streamable_http_app(
@@ -326,6 +339,34 @@ async def test_a_replay_is_refused_when_reask_is_off(stateseal):
                 )
             assert e.value.error.code == types.INVALID_PARAMS
             assert e.value.error.message == "Invalid or expired requestState"
+
+
+async def test_the_commit_runs_beside_the_answer_and_a_replay_waits_for_it(stateseal, monkeypatch):
+    """Every Commit reaches stateseal 1 s late: the answer goes out before
+    it lands, the token stays held meanwhile (the handler never runs
+    twice), and a replay on the replica whose Commit is pending waits for
+    it and gets "already used" rather than "in progress"."""
+    commit = RequestStateClient.commit
+    landed: list[float] = []
+
+    async def late_commit(self, reservation):
+        await asyncio.sleep(1.0)
+        await commit(self, reservation)
+        landed.append(asyncio.get_running_loop().time())
+
+    monkeypatch.setattr(RequestStateClient, "commit", late_commit)
+    async with deployment(stateseal) as (url, served):
+        async with Client(url, elicitation_callback=accept) as client:
+            r = await first_round(client)  # on A
+            retry = {"input_responses": answers(r), "request_state": r.request_state}
+            done = await client.session.call_tool("transfer", {"amount": 42}, **retry)  # on B
+            assert "transferred 42" in text_of(done), done
+            assert landed == [], "the answer waited for the Commit"
+            await first_round(client)  # on A: the next request goes to B
+            assert_already_used(await error_of(client.session.call_tool("transfer", {"amount": 42}, **retry)))
+            assert len(landed) == 1
+            await drained()
+    assert [tag for tag, with_state in served if with_state] == ["B", "B"], served
 
 
 async def test_a_failed_handler_does_not_burn_the_retry(stateseal):
@@ -1008,8 +1049,9 @@ async def test_a_commit_whose_connection_drops_is_retried(tmp_path, caplog):
     """The connection to stateseal drops under the Commit (when the handler
     returns, a relay holds what its replica sends, then drops the
     connections 2 s later, so the Commit never reaches stateseal): the
-    boundary retries it (Commit is idempotent), so the token is consumed and
-    the replay gets "already used", not "in progress" until the lease runs
+    answer goes out at once (the Commit runs beside it), the boundary
+    retries the Commit (it is idempotent), so the token is consumed and the
+    replay gets "already used", not "in progress" until the lease runs
     out."""
     proc, addr = start_stateseal(tmp_path)
     relay, relay_addr, state, open_writers = await start_relay(addr)
@@ -1034,11 +1076,21 @@ async def test_a_commit_whose_connection_drops_is_retried(tmp_path, caplog):
                 retry = {"input_responses": answers(r), "request_state": r.request_state}
                 done = await client.session.call_tool("slow", {"amount": 4}, **retry)  # on B, through the relay
                 assert "slow 4" in text_of(done), done
-                assert state["dropped"] == 1
+                # The answer went out while the relay still held the
+                # Commit, which runs beside it, through the drop and the
+                # retry.
+                assert state["dropped"] == 0
                 SLOW["on_return"] = []
+                # On A, while B's Commit is held: the token is still B's.
+                # In progress, or already used if the hold ended first.
+                e = await error_of(client.session.call_tool("slow", {"amount": 4}, **retry, allow_input_required=True))
+                assert e.error.data in ({"reason": "in_progress"}, {"reason": "request_state_used"}), e.error
+                # On B: it waits for its own Commit, then answers.
                 replay = client.session.call_tool("slow", {"amount": 4}, **retry, allow_input_required=True)
                 assert_already_used(await error_of(replay))
-        assert [tag for tag, with_state in served if with_state] == ["B", "A"], served
+                await drained()
+                assert state["dropped"] == 1
+        assert [tag for tag, with_state in served if with_state] == ["B", "A", "B"], served
         assert SLOW["runs"] == 1, SLOW
         messages = [rec.getMessage() for rec in caplog.records]
         assert any("commit" in m and "retrying" in m for m in messages), caplog.text

@@ -7,7 +7,23 @@
 //     node dist/bench/roundtrip.js [rounds-per-variant, default 400]
 //
 // Variants run interleaved in blocks of 20, so machine noise hits all alike.
+//
+// It then prints where the reserve+commit variant's time goes, per round
+// trip (mean over the measured round trips, in ms):
+// - the boundary's time on the response path (around the handler, whose
+//   own time is not counted), and within it each RPC as awaited (Seal and
+//   Open RESERVE; the Commit runs beside the answer and is listed apart);
+// - binding v2 and the subject, and the manifest's JSON (the questions
+//   when sealing, the answers sent and the filtered answers parsed back),
+//   each timed over 10,000 runs on the bench's own params in the same run,
+//   times the runs per round trip;
+// - the server's handling of each RPC (the mean of its
+//   stateseal_request_duration_seconds histogram, scraped before and
+//   after) and its durable rounds (stateseal_ledger_consume_duration_seconds);
+// - the gRPC client and loopback: the RPCs as awaited minus the server's
+//   handling of them.
 import { randomBytes } from 'node:crypto';
+import { createServer as createNetServer } from 'node:net';
 import { type Server as HttpServer } from 'node:http';
 
 import { Client, StreamableHTTPClientTransport } from '@modelcontextprotocol/client';
@@ -15,7 +31,7 @@ import { acceptedContent, createRequestStateCodec, inputRequired, McpServer } fr
 import * as z from 'zod';
 
 import { serveHttp } from '../examples/transfer-server.js';
-import { install, RequestStateClient, StatesealBoundary } from '../src/index.js';
+import { install, paramsDigestOf, RequestStateClient, StatesealBoundary, subjectFor } from '../src/index.js';
 import { port, startStateseal } from '../test/helpers.js';
 
 const confirmSchema = z.object({ confirm: z.boolean() });
@@ -52,13 +68,115 @@ const quantile = (xs: number[], q: number) => {
   return s[Math.min(s.length - 1, Math.floor(q * s.length))];
 };
 
+/** Time spent per named step while `on`, in ms. */
+class Steps {
+  on = false;
+  total = new Map<string, number>();
+  add(name: string, ms: number) {
+    if (this.on) this.total.set(name, (this.total.get(name) ?? 0) + ms);
+  }
+  get(name: string) {
+    return this.total.get(name) ?? 0;
+  }
+}
+const steps = new Steps();
+const now = () => Number(process.hrtime.bigint()) / 1e6;
+
+/** The boundary, its time on the response path measured around the
+ * handler (whose own time is not the boundary's). */
+class TimedBoundary extends StatesealBoundary {
+  override wrapHandler<H extends (request: never, ctx: never) => unknown>(method: Parameters<StatesealBoundary['wrapHandler']>[0], handler: H): H {
+    let inner = 0;
+    const timedInner = (async (request: never, ctx: never) => {
+      const t0 = now();
+      try {
+        return await (handler as unknown as (r: never, c: never) => unknown)(request, ctx);
+      } finally {
+        inner += now() - t0;
+      }
+    }) as unknown as H;
+    const wrapped = super.wrapHandler(method, timedInner) as unknown as (r: never, c: never) => Promise<unknown>;
+    return (async (request: never, ctx: never) => {
+      inner = 0;
+      const t0 = now();
+      try {
+        return await wrapped(request, ctx);
+      } finally {
+        steps.add('boundary', now() - t0 - inner);
+      }
+    }) as unknown as H;
+  }
+}
+
+/** Each RPC of `client` timed as awaited. */
+function instrument(client: RequestStateClient) {
+  for (const rpc of ['seal', 'open', 'commit', 'renew'] as const) {
+    const original = (client[rpc] as (...a: unknown[]) => Promise<unknown>).bind(client);
+    (client as unknown as Record<string, unknown>)[rpc] = async (...a: unknown[]) => {
+      const t0 = now();
+      try {
+        return await original(...a);
+      } finally {
+        steps.add(`rpc ${rpc}`, now() - t0);
+      }
+    };
+  }
+}
+
+/** Mean ms of `f` over 10,000 runs. */
+function mean(f: () => unknown): number {
+  for (let i = 0; i < 1000; i++) f();
+  const t0 = now();
+  for (let i = 0; i < 10_000; i++) f();
+  return (now() - t0) / 10_000;
+}
+
+async function freePort(): Promise<number> {
+  const s = createNetServer();
+  await new Promise<void>((resolve) => s.listen(0, '127.0.0.1', resolve));
+  const p = (s.address() as { port: number }).port;
+  await new Promise((resolve) => s.close(resolve));
+  return p;
+}
+
+/** The server's request and ledger histograms: sum and count by name. */
+async function scrape(addr: string): Promise<Map<string, number>> {
+  const text = await (await fetch(`http://${addr}/metrics`)).text();
+  const out = new Map<string, number>();
+  for (const line of text.split('\n')) {
+    if (/^stateseal_(request|ledger_consume)_duration_seconds_(sum|count)/.test(line)) {
+      const at = line.lastIndexOf(' ');
+      out.set(line.slice(0, at), Number(line.slice(at + 1)));
+    }
+  }
+  return out;
+}
+
+/** Waits until the server has handled every RPC sent so far (a Commit
+ * beside an answer may still be running). */
+async function settle(addr: string) {
+  let last = -1;
+  for (let i = 0; i < 50; i++) {
+    let count = 0;
+    for (const [k, v] of await scrape(addr)) if (k.startsWith('stateseal_request_duration_seconds_count')) count += v;
+    if (count === last) return;
+    last = count;
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+}
+
 const n = Number(process.argv[2] ?? 400);
-const stateseal = await startStateseal();
+const metrics = `127.0.0.1:${await freePort()}`;
+const stateseal = await startStateseal('--metrics-listen', metrics);
 const grpc = new RequestStateClient(stateseal.addr);
+instrument(grpc);
 const codec = createRequestStateCodec<{ amount: number }>({ key: randomBytes(32), ttlSeconds: 600 });
 const quiet = { info() {}, warn() {}, error() {} };
-const boundary = new StatesealBoundary(grpc, { audience: 'bench', logger: quiet });
-const consume = new StatesealBoundary(grpc, { audience: 'bench', logger: quiet, atMostOnce: ['transfer'] });
+const boundary = new TimedBoundary(grpc, { audience: 'bench', logger: quiet });
+// Its calls are not in the breakdown: a stateseal and a client of its own.
+const other = await startStateseal();
+const otherGrpc = new RequestStateClient(other.addr);
+const consume = new StatesealBoundary(otherGrpc, { audience: 'bench', logger: quiet, atMostOnce: ['transfer'] });
 const variants: Array<[string, HttpServer]> = [
   ['none (plain JSON state)', await serveHttp(() => server(async (a) => JSON.stringify({ amount: a })), 0)],
   ['SDK HMAC codec', await serveHttp(() => server((a) => codec.mint({ amount: a }), { requestState: { verify: codec.verify } }), 0)],
@@ -69,6 +187,10 @@ const clients = await Promise.all(variants.map(([, h]) => client(h)));
 const times: number[][] = variants.map(() => []);
 // Warm up every path.
 for (const c of clients) for (let i = 0; i < 20; i++) await c.callTool({ name: 'transfer', arguments: { amount: i } });
+await boundary.drain();
+await settle(metrics);
+const before = await scrape(metrics);
+steps.on = true;
 for (let done = 0; done < n; done += 20) {
   for (let v = 0; v < variants.length; v++) {
     for (let i = 0; i < 20; i++) {
@@ -79,6 +201,10 @@ for (let done = 0; done < n; done += 20) {
     }
   }
 }
+await boundary.drain();
+await settle(metrics);
+steps.on = false;
+const after = await scrape(metrics);
 const base = quantile(times[1], 0.5);
 console.log(`round trips per variant: ${times[0].length} (2 MCP requests each), node ${process.version}`);
 console.log('variant | p50 ms | p90 ms | p99 ms | p50 vs SDK codec');
@@ -88,7 +214,48 @@ for (let v = 0; v < variants.length; v++) {
     `${variants[v][0]} | ${p50.toFixed(2)} | ${quantile(times[v], 0.9).toFixed(2)} | ${quantile(times[v], 0.99).toFixed(2)} | ${(p50 - base >= 0 ? '+' : '') + (p50 - base).toFixed(2)} ms (×${(p50 / base).toFixed(2)})`,
   );
 }
+const rounds = times[2].length;
+const per = (ms: number) => (ms / rounds).toFixed(3);
+const handling = (rpc: string): [number, number] => {
+  const d = (k: string) => (after.get(k) ?? 0) - (before.get(k) ?? 0);
+  return [d(`stateseal_request_duration_seconds_sum{rpc="${rpc}"}`) * 1000, d(`stateseal_request_duration_seconds_count{rpc="${rpc}"}`)];
+};
+let durable = 0;
+for (const [k, v] of after) if (k.startsWith('stateseal_ledger_consume_duration_seconds_sum')) durable += (v - (before.get(k) ?? 0)) * 1000;
+// What the boundary computes per round trip, on the bench's own params:
+// binding v2 and the subject twice (the Seal, then the Open); the
+// questions' JSON once, the answers' JSON sent and the filtered answers
+// parsed back once.
+const round1 = { name: 'transfer', arguments: { amount: 123 } };
+const round2 = { ...round1, requestState: 'A'.repeat(200), inputResponses: { confirm: { action: 'accept', content: { confirm: true } } } };
+const bindingMs = mean(() => [subjectFor('bench', null), paramsDigestOf('tools/call', round1)]) + mean(() => [subjectFor('bench', null), paramsDigestOf('tools/call', round2)]);
+const questions = { confirm: inputRequired.elicit({ message: 'Transfer 123?', requestedSchema: confirmSchema }) };
+const manifestMs = mean(() => [JSON.stringify(questions), JSON.stringify(round2.inputResponses), JSON.parse(JSON.stringify(round2.inputResponses))]);
+const onPath = ['seal', 'open'];
+const awaited = onPath.reduce((a, r) => a + steps.get(`rpc ${r}`), 0);
+const handled = ['Seal', 'Open'].reduce((a, r) => a + handling(r)[0], 0);
+console.log(`where the stateseal (reserve+commit) variant's time goes, ms per round trip (mean of ${rounds}):`);
+console.log('step | ms');
+console.log(`boundary on the response path, in all | ${per(steps.get('boundary'))}`);
+console.log(`  its own work (not the steps below; binding and manifest are in it) | ${per(steps.get('boundary') - awaited)}`);
+console.log(`  binding v2 and subject, computed twice (10,000 runs each) | ${bindingMs.toFixed(3)}`);
+console.log(`  manifest: questions and answers JSON (10,000 runs) | ${manifestMs.toFixed(3)}`);
+for (const [rpc, name] of [['seal', 'Seal'], ['open', 'Open']]) {
+  const [ms, calls] = handling(name);
+  console.log(`  ${name} as awaited (${(calls / rounds).toFixed(2)} per round trip) | ${per(steps.get(`rpc ${rpc}`))}`);
+  console.log(`    the server's handling of it | ${per(ms)}`);
+}
+console.log(`  gRPC client and loopback (awaited minus handled) | ${per(awaited - handled)}`);
+for (const [rpc, name] of [['commit', 'Commit'], ['renew', 'Renew']]) {
+  const [ms, calls] = handling(name);
+  if (calls === 0) continue;
+  console.log(`off the response path: ${name} as awaited (${(calls / rounds).toFixed(2)} per round trip) | ${per(steps.get(`rpc ${rpc}`))}`);
+  console.log(`  the server's handling of it | ${per(ms)}`);
+}
+console.log(`the server's durable rounds (Open RESERVE and Commit, within their handling) | ${per(durable)}`);
 for (const c of clients) await c.close();
 for (const [, h] of variants) h.close();
 grpc.close();
+otherGrpc.close();
 stateseal.proc.kill('SIGTERM');
+other.proc.kill('SIGTERM');

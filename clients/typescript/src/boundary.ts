@@ -38,6 +38,15 @@ interface Ctx {
  * nowhere. */
 export type Logger = Pick<Console, 'info' | 'warn' | 'error'> & { debug?: (message: string) => void };
 
+/** How long an Open that found its token IN_USE waits, at most, for this
+ * process's Commits still running after their answers went out. */
+const COMMIT_WAIT_MS = 5000;
+/** The pauses before an Open that found its token IN_USE is sent again (the
+ * same attempt id), while no Commit of this process is pending: another
+ * replica's handler may have answered with its Commit on the way. 175 ms in
+ * all, after which IN_USE is answered as such (as in the Python package). */
+const BUSY_WAITS_MS = [25, 50, 100];
+
 /** The shortest renewal period, in milliseconds. */
 const MIN_RENEW_MS = 500;
 
@@ -219,6 +228,8 @@ export class StatesealBoundary {
   readonly #maxState: number;
   readonly #maxAnswers: number;
   readonly #log: Logger;
+  /** Commits running after their handler's answer went out. */
+  readonly #committing = new Set<Promise<void>>();
 
   constructor(client: RequestStateClient, options: BoundaryOptions) {
     this.#client = client;
@@ -335,25 +346,44 @@ export class StatesealBoundary {
       return result;
     }
     if (reservation) {
-      try {
-        await this.#commit(method, reservation);
-      } catch (e) {
-        // The handler ran; its answer stands.
-        if (renewalLost(e)) {
-          // Renewals failed for longer than the lease (stateseal
-          // unreachable, or this process stalled) and another attempt took
-          // the token over: it may run the handler again.
-          this.#log.error(
-            `stateseal: commit failed on ${method}: LEASE_EXPIRED: the token was taken over by another attempt while the handler ran; this result stands, and that attempt may run the handler again`,
-          );
-        } else {
-          // Without the commit the token may open again after the lease
-          // (reserve mode: handlers there must be idempotent).
-          this.#log.error(`stateseal: commit failed on ${method}: ${reasonText(e)}`);
-        }
-      }
+      // The handler ran and the renewals have stopped: its answer goes out
+      // now, and the Commit runs beside it. Until the Commit lands the
+      // lease keeps the token IN_USE, so no other attempt runs the handler
+      // in the meantime.
+      const committing: Promise<void> = this.#finish(method, reservation).finally(() => this.#committing.delete(committing));
+      this.#committing.add(committing);
     }
     return result;
+  }
+
+  /** Commits a reservation whose handler returned, after its answer went
+   * out. Never rejects: a failure is logged. */
+  async #finish(method: string, reservation: string): Promise<void> {
+    try {
+      await this.#commit(method, reservation);
+    } catch (e) {
+      // The handler ran; its answer stands.
+      if (renewalLost(e)) {
+        // Renewals failed for longer than the lease (stateseal
+        // unreachable, or this process stalled) and another attempt took
+        // the token over: it may run the handler again.
+        this.#log.error(
+          `stateseal: commit failed on ${method}: LEASE_EXPIRED: the token was taken over by another attempt while the handler ran; this result stands, and that attempt may run the handler again`,
+        );
+      } else {
+        // Without the commit the token may open again after the lease
+        // (reserve mode: handlers there must be idempotent).
+        this.#log.error(`stateseal: commit failed on ${method}: ${reasonText(e)}`);
+      }
+    }
+  }
+
+  /** Resolves once every Commit still running after its handler's answer
+   * went out has ended. Await it before the process exits (a graceful
+   * shutdown): a Commit that never lands leaves its token reserved until
+   * the lease ends, after which a retry may run the handler again. */
+  async drain(): Promise<void> {
+    while (this.#committing.size > 0) await Promise.all([...this.#committing]);
   }
 
   /** Commit is idempotent (a committed reservation commits again), so a
@@ -426,7 +456,9 @@ export class StatesealBoundary {
 
   async #open(wire: string, binding: Binding, reserve: boolean, inputResponsesJson: string): Promise<Opened> {
     const attemptId = randomBytes(16).toString('hex');
-    for (let n = 0; ; n++) {
+    let resent = 0;
+    let busy = 0;
+    for (;;) {
       try {
         return await this.#client.open({
           requestState: wire,
@@ -439,8 +471,27 @@ export class StatesealBoundary {
       } catch (e) {
         // Safe: the same attempt id gets the same success if the first try
         // was recorded.
-        if (n < 2 && resend(e)) {
+        if (resent < 2 && resend(e)) {
+          resent++;
           this.#log.warn(`stateseal: open on ${binding.method}: ${reasonText(e)}; retrying`);
+          continue;
+        }
+        if (busy < BUSY_WAITS_MS.length && e instanceof StatesealError && e.fromStateseal && e.reason === 'IN_USE') {
+          // A handler that has answered holds the token until its Commit,
+          // which runs beside its answer, lands: perhaps this process's own
+          // (wait for those), perhaps another replica's (wait a little).
+          // Then the token's true state (used, or still in progress) is
+          // what this Open gets.
+          let timer: NodeJS.Timeout | undefined;
+          const pause = this.#committing.size > 0 ? COMMIT_WAIT_MS : BUSY_WAITS_MS[busy];
+          await Promise.race([
+            ...(this.#committing.size > 0 ? [Promise.all([...this.#committing])] : []),
+            new Promise((resolve) => {
+              timer = setTimeout(resolve, pause);
+            }),
+          ]);
+          clearTimeout(timer);
+          busy++;
           continue;
         }
         throw e;

@@ -160,3 +160,35 @@ test('URL-mode answers reach the handler without content', async () => {
   assert.deepEqual(SEEN_ANSWERS.at(-1), { signin: { action: 'accept' } });
   await client.close();
 });
+
+test('the Commit runs beside the answer, and a replay on its replica waits for it', async () => {
+  // Every Commit reaches stateseal 1 s late.
+  const landed: number[] = [];
+  class LateCommit extends RequestStateClient {
+    override async commit(reservation: string): Promise<void> {
+      await new Promise((resolve) => setTimeout(resolve, 1000));
+      await super.commit(reservation);
+      landed.push(Date.now());
+    }
+  }
+  const grpc = new LateCommit(stateseal.addr);
+  const boundary = new StatesealBoundary(grpc, { audience: 'transfer-service', logger: quiet });
+  const replica = await serveHttp(() => transferServer(boundary), 0);
+  const client = await connectTo(`http://127.0.0.1:${port(replica)}/mcp`);
+  try {
+    const r = await call(client, 'transfer', { amount: 9 });
+    const retry = { inputResponses: yes(r), requestState: r.requestState };
+    const done = await call(client, 'transfer', { amount: 9 }, retry);
+    assert.match(text(done), /transferred 9/);
+    assert.deepEqual(landed, [], 'the answer waited for the Commit');
+    // The token is held until the Commit lands; this replica waits for its
+    // own pending Commit, then answers what stateseal says.
+    await assert.rejects(call(client, 'transfer', { amount: 9 }, retry), rpcError(-32602, 'requestState already used', 'request_state_used'));
+    assert.equal(landed.length, 1);
+    await boundary.drain();
+  } finally {
+    await client.close();
+    replica.close();
+    grpc.close();
+  }
+});

@@ -212,6 +212,7 @@ test('stateseal unreachable from the holder for longer than the lease: another a
   const holderGrpc = new RequestStateClient(relay.addr, { timeoutMs: 2000 });
   const otherGrpc = new RequestStateClient(ss.addr);
   const replicas: HttpServer[] = [];
+  const boundaries: StatesealBoundary[] = [];
   const route: number[] = [];
   let lb: (HttpServer & { served: number[] }) | undefined;
   let client: Awaited<ReturnType<typeof connect>> | undefined;
@@ -221,6 +222,7 @@ test('stateseal unreachable from the holder for longer than the lease: another a
       [otherGrpc, recordingLogger()],
     ] as const) {
       const boundary = new StatesealBoundary(c, { audience: 'transfer-service', logger });
+      boundaries.push(boundary);
       replicas.push(await serveHttp(() => addSlowTool(transferServer(boundary), slow), 0));
     }
     const [holder, other] = replicas.map(port);
@@ -257,6 +259,8 @@ test('stateseal unreachable from the holder for longer than the lease: another a
     const done = await running;
     assert.ok(done.ok, 'the holder\'s result stands');
     if (done.ok) assert.match(text(done.value), /slow 13 done/);
+    // The holder's Commit runs beside its answer.
+    await boundaries[0].drain();
     assert.ok(
       holderLog.lines.error.some((m) => /commit failed on tools\/call: LEASE_EXPIRED: the token was taken over by another attempt/.test(m)),
       holderLog.lines.error.join('\n'),

@@ -12,6 +12,7 @@ doubles already.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -68,7 +69,14 @@ def _es_number(x: float) -> str:
     return ("-" if x < 0 else "") + out
 
 
+#: Every int of at most this magnitude is a double exactly, and ECMAScript
+#: prints it as its decimal digits (it is below 1e21).
+_EXACT_INT = 2**53
+
+
 def _number(v: int | float | Decimal) -> str:
+    if type(v) is int and -_EXACT_INT <= v <= _EXACT_INT:
+        return str(v)
     if isinstance(v, float):
         if not math.isfinite(v):
             raise BindingError()
@@ -155,8 +163,37 @@ def params_digest(method: str, params: Mapping[str, Any]) -> bytes:
     # text); values a handler sees went through JSON already.
     for k, v in params.items():
         if k not in ("name", "arguments", "uri"):
-            canonical(v, 1)
+            _check(v, 1)
     return hashlib.sha256(bound.encode("utf-8")).digest()
+
+
+def _check(v: Any, depth: int) -> None:
+    """Raises BindingError where `canonical` would, without writing the
+    canonical form."""
+    if v is None or v is True or v is False:
+        return
+    if isinstance(v, str):
+        if _LONE_SURROGATE.search(v):
+            raise BindingError()
+        return
+    if isinstance(v, (int, float, Decimal)):
+        _number(v)
+        return
+    if isinstance(v, Mapping):
+        if depth >= MAX_DEPTH:
+            raise BindingError()
+        for k in v:
+            if not isinstance(k, str) or _LONE_SURROGATE.search(k):
+                raise BindingError()
+            _check(v[k], depth + 1)
+        return
+    if isinstance(v, (list, tuple)):
+        if depth >= MAX_DEPTH:
+            raise BindingError()
+        for x in v:
+            _check(x, depth + 1)
+        return
+    raise BindingError()
 
 
 def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -184,8 +221,9 @@ def params_digest_of_text(method: str, params_json: str) -> bytes:
     return params_digest(method, params)
 
 
+@functools.lru_cache(maxsize=1024)
 def subject_for(audience: str, principal: str | None) -> str:
     """`"mcp:" + hex(SHA-256(JSON [audience, principal]))`, as the TypeScript
-    package computes it."""
+    package computes it (remembered for the last 1,024 principals)."""
     ident = json.dumps([audience, principal], separators=(",", ":"), ensure_ascii=False)
     return "mcp:" + hashlib.sha256(ident.encode("utf-8", "surrogatepass")).hexdigest()

@@ -103,6 +103,15 @@ DEFAULT_MAX_REQUEST_STATE_BYTES = ((65536 + 16384 + 512) * 4 + 2) // 3
 #: stateseal: the service's `--max-input-bytes` default, 256 KiB.
 DEFAULT_MAX_INPUT_RESPONSES_BYTES = 256 * 1024
 
+#: How long an Open that found its token IN_USE waits, at most, for this
+#: replica's Commits still running after their answers went out.
+_COMMIT_WAIT = 5.0
+#: The pauses before an Open that found its token IN_USE is sent again (the
+#: same attempt id), while no Commit of this replica is pending: another
+#: replica's handler may have answered with its Commit on the way. 175 ms
+#: in all, after which IN_USE is answered as such.
+_BUSY_WAITS = (0.025, 0.05, 0.1)
+
 #: Transport failures after which an Open (same attempt id) or a Release is
 #: sent again: the connection was lost or the call timed out.
 _LOST = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
@@ -278,6 +287,10 @@ class StatesealBoundary:
         self._lease = lease_seconds
         self._max_state = max_request_state_bytes
         self._max_answers = max_input_responses_bytes
+        # Commits running after their handler's answer went out (see
+        # _finish): held here so they are not collected, and awaited by
+        # drain() and by an Open that finds its token IN_USE.
+        self._committing: set[asyncio.Task[None]] = set()
 
     def _subject(self, ctx: ServerRequestContext[Any, Any]) -> str:
         try:
@@ -359,19 +372,43 @@ class StatesealBoundary:
             if reservation:
                 await self._release(ctx.method, reservation)
             raise
-        if keeper is not None:
-            keeper.cancel()
-            # Wait for it to end (asyncio.wait never raises the task's own
-            # cancellation), so no Renew is sent after this point.
-            await asyncio.wait({keeper})
         if reservation and _is_error(result):
             # The tool reported failure (the SDK turns a raising tool into an
             # error result): give the token back for the corrected retry.
+            await self._stop(keeper)
             await self._release(ctx.method, reservation)
             return result
         if reservation:
-            await self._commit(ctx.method, reservation)
+            # The handler ran: its answer goes out now, and the Commit runs
+            # beside it. Until the Commit lands the lease keeps the token
+            # IN_USE, so no other attempt runs the handler in the meantime.
+            task = asyncio.get_running_loop().create_task(self._finish(ctx.method, reservation, keeper))
+            self._committing.add(task)
+            task.add_done_callback(self._committing.discard)
         return result
+
+    @staticmethod
+    async def _stop(keeper: asyncio.Task[None] | None) -> None:
+        """Stops renewing and waits for the keeper to end (asyncio.wait never
+        raises the task's own cancellation), so no Renew is sent after."""
+        if keeper is not None:
+            keeper.cancel()
+            await asyncio.wait({keeper})
+
+    async def _finish(self, method: str, reservation: str, keeper: asyncio.Task[None] | None) -> None:
+        """Commits a reservation whose handler returned, after its answer
+        went out: the renewals stop first (a Renew after the Commit would
+        find the token taken), then the Commit, retried while transient."""
+        await self._stop(keeper)
+        await self._commit(method, reservation)
+
+    async def drain(self) -> None:
+        """Waits for every Commit still running after its handler's answer
+        went out. Call it before the event loop ends (a graceful shutdown):
+        a Commit that never lands leaves its token reserved until the lease
+        ends, after which a retry may run the handler again."""
+        while self._committing:
+            await asyncio.wait(set(self._committing))
 
     async def _commit(self, method: str, reservation: str) -> None:
         # The handler ran; its answer stands whatever Commit answers. Commit
@@ -431,7 +468,8 @@ class StatesealBoundary:
 
     async def _open(self, wire: str, subject: str, method: str, digest: bytes, reserve: bool, answers_json: str):
         attempt = uuid.uuid4().hex
-        for n in range(3):
+        resent = busy = 0
+        while True:
             try:
                 return await self._client.open(
                     wire,
@@ -446,11 +484,23 @@ class StatesealBoundary:
             except StatesealError as e:
                 # Safe: the same attempt id gets the same success if the
                 # first try was recorded.
-                if n < 2 and resend(e):
+                if resent < 2 and resend(e):
+                    resent += 1
                     logger.warning("stateseal open on %s: %s; retrying", method, e.reason)
                     continue
+                if busy < len(_BUSY_WAITS) and e.from_stateseal and e.reason == "IN_USE":
+                    # A handler that has answered holds the token until its
+                    # Commit, which runs beside its answer, lands: perhaps
+                    # this replica's own (wait for those), perhaps
+                    # another's (wait a little). Then the token's true state
+                    # (used, or still in progress) is what this Open gets.
+                    if self._committing:
+                        await asyncio.wait(set(self._committing), timeout=_COMMIT_WAIT)
+                    else:
+                        await asyncio.sleep(_BUSY_WAITS[busy])
+                    busy += 1
+                    continue
                 raise
-        raise AssertionError("unreachable")
 
     async def _release(self, method: str, reservation: str) -> None:
         # Safe to repeat: a reservation names one lease (its rid), so a
