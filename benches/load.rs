@@ -1819,7 +1819,7 @@ fn main() {
                             .map(|r| r as usize + (40_000.0 * args.warmup) as usize)
                             .unwrap_or((40_000.0 * (args.duration + args.warmup)) as usize);
                         eprintln!("  (pre-sealing {need} single-use tokens)");
-                        let v = ctx.preseal(need, true, args.concurrency).await;
+                        let v = ctx.preseal(need, true, args.concurrency.max(64)).await;
                         Some(Tokens::SingleUse(Arc::new(std::sync::Mutex::new(v))))
                     }
                     Scenario::Commit => {
