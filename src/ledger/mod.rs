@@ -22,6 +22,7 @@ use std::time::Duration;
 use crate::clock::guard::{Reference, ReferenceError, TimeGuard, Vouch};
 use crate::clock::Clock;
 
+mod journal;
 pub mod pgtls;
 pub mod postgres;
 pub mod sled;

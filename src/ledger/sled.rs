@@ -1,32 +1,30 @@
 //! The embedded sled ledger, for one replica.
 //!
-//! sled writes to disk when it is flushed: by this writer, or by sled's own
-//! flusher every 500 ms. One writer thread owns every
-//! consumption: callers hand it their key and wait; it takes everything that
-//! queued up while its previous round ran (group commit), decides each key
-//! (absent from the tree and not earlier in this round → consumed now;
-//! otherwise consumed before), writes each changed key with its own sled
-//! `insert` or `remove`, flushes once, `fdatasync`s sled's data file, and
-//! only then answers. N concurrent consumptions cost one flush, not N.
-//! A single writer makes check-then-insert atomic without a per-key
-//! compare-and-swap (the garbage collector only ever removes records that
-//! expired, which no open can ask about).
+//! One writer thread owns every consumption: callers hand it their key and
+//! wait; it takes everything that queued up while its previous round ran
+//! (group commit), decides each key (absent from the tree and not earlier
+//! in this round → consumed now; otherwise consumed before), writes the
+//! round's changes as one record of the ledger's journal, `fdatasync`s it,
+//! then applies them to sled, and only then answers. N concurrent
+//! consumptions cost one write and one `fdatasync`, not N. A single writer
+//! makes check-then-insert atomic without a per-key compare-and-swap (the
+//! garbage collector only ever removes records that expired, which no open
+//! can ask about). A round that changes nothing answers without writing:
+//! what it read, earlier rounds made durable before they answered.
 //!
-//! Not one `apply_batch` per round: sled makes a batch atomic by writing its
-//! log buffer out before the batch and sealing another right after the
-//! batch's manifest, so a batch costs more device writes, each waited for
-//! in turn (how many depends on the disk, file system and sled's version:
-//! docs/performance.md, "What a durable round asks of the disk"). Nothing
-//! needs a round to be atomic as a whole: every record is one key's, each
-//! key is written at most once per round, and nobody is answered before the
-//! round's flush and `fdatasync`. A crash in the middle of a round may keep
-//! some of its records (sled's own flusher writes every 500 ms): those
-//! consumptions were never acknowledged, as after a crash between a durable
-//! round and its answers, and the tokens stay burned (the same attempt,
-//! named by its attempt id, gets its success again).
-//!
-//! sled's own flush uses `sync_file_range`, which survives a killed process
-//! but not a power loss; the `fdatasync` covers the latter.
+//! sled itself is not flushed per round (nor by its own flusher, which is
+//! off): a flush hands sled's log write to its thread pool and waits for
+//! it, which cost more than the `fdatasync` (docs/performance.md). The
+//! journal (journal.rs) holds every round since the last checkpoint; at
+//! start it is replayed into sled, which is then flushed and `fdatasync`ed
+//! before the journal starts afresh. A checkpoint (sled flushed and its
+//! file `fdatasync`ed) also runs when the journal is full, and the garbage
+//! collector's horizon is written into sled and flushed as before. A crash
+//! in the middle of a round keeps the round's record or not; either way
+//! nothing of it was acknowledged, and a token whose record was replayed
+//! stays burned (the same attempt, named by its attempt id, gets its
+//! success again). A round too large for the journal is written into sled
+//! and flushed instead.
 //!
 //! Garbage collection runs on the same writer thread, between rounds: it
 //! first raises the *horizon* (kept in a meta tree) and makes it durable,
@@ -40,11 +38,11 @@
 //! them). Every later consumption fails (`LEDGER_UNAVAILABLE`), readiness
 //! goes `NOT_SERVING`, and [`Ledger::failed_for_good`] tells the server to
 //! exit non-zero, so that the orchestrator restarts the process and sled
-//! recovers from its log: everything acknowledged was fsynced before its
-//! answer.
+//! recovers from its log and the ledger's journal: everything acknowledged
+//! was fsynced before its answer.
 //!
 //! fsync's answer alone is not enough: on ext4, an `fdatasync` that races the
-//! journal abort of a filesystem error can return success and the write is
+//! abort of the filesystem's own journal after an error can return success and the write is
 //! still lost (reproduced by `tests/data/fsync_abort_race.py`; the trials
 //! and the kernel they ran on are in docs/operations.md, "fsync's answer is
 //! checked too"). So after each `fdatasync` the writer changes the size
@@ -62,6 +60,7 @@ use std::sync::{mpsc, Arc};
 
 use tokio::sync::oneshot;
 
+use super::journal::{self, Change, Journal};
 use super::{
     Consumed, FlushStats, Held, Lease, LeaseAsk, LeaseEnd, Ledger, LedgerError, LedgerKey,
     Reserved, TenantTag,
@@ -174,6 +173,9 @@ impl SledLedger {
             .path(dir)
             // sled's page cache; the ledger holds 40-byte keys, so this bounds memory.
             .cache_capacity(16 * 1024 * 1024)
+            // The journal makes rounds durable; sled is flushed at
+            // checkpoints only (journal.rs).
+            .flush_every_ms(None)
             .open()
             .map_err(|e| LedgerError::storage("open sled ledger", e))?;
         let tree = db
@@ -182,8 +184,6 @@ impl SledLedger {
         let meta = db
             .open_tree(META_TREE)
             .map_err(|e| LedgerError::storage("open ledger meta tree", e))?;
-        let horizon = read_u64(&meta, META_HORIZON)?.unwrap_or(0);
-        let stored_high_water = read_u64(&meta, META_HIGH_WATER)?;
         let data_file = dir.join("db");
         let file =
             File::open(&data_file).map_err(|e| LedgerError::storage("open ledger data file", e))?;
@@ -194,6 +194,19 @@ impl SledLedger {
             .truncate(false)
             .open(dir.join(PROBE_FILE))
             .map_err(|e| LedgerError::storage("open the ledger's probe file", e))?;
+        // Rounds acknowledged since the last checkpoint, into sled again;
+        // then durable there, and the journal starts afresh.
+        let (mut journal, replayed) = Journal::open(dir, |c| apply(&tree, &meta, &c))?;
+        if replayed > 0 {
+            db.flush()
+                .map_err(|e| LedgerError::storage("flush after the journal's replay", e))?;
+            file.sync_data()
+                .map_err(|e| LedgerError::storage("fdatasync after the journal's replay", e))?;
+            journal.rotate()?;
+            tracing::info!(rounds = replayed, "sled ledger: journal replayed");
+        }
+        let horizon = read_u64(&meta, META_HORIZON)?.unwrap_or(0);
+        let stored_high_water = read_u64(&meta, META_HIGH_WATER)?;
         let dead = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(FlushStats::default());
         // sled keeps every live record in memory whatever its cache capacity
@@ -227,6 +240,7 @@ impl SledLedger {
                 tree,
                 meta,
                 file,
+                journal,
                 probe,
                 probe_len: std::cell::Cell::new(0),
                 horizon,
@@ -327,6 +341,7 @@ struct Writer {
     tree: sled::Tree,
     meta: sled::Tree,
     file: File,
+    journal: Journal,
     /// Resized after every fdatasync (see the module's notes).
     probe: File,
     probe_len: std::cell::Cell<u64>,
@@ -560,25 +575,63 @@ impl Writer {
             };
             answers.push(answer);
         }
-        let mut changes = Vec::with_capacity(overlay.len());
+        let high_water = high_water.map(u64::to_be_bytes);
+        let changes: Vec<Change<'_>> = overlay
+            .iter()
+            .map(|(k, slot)| Change {
+                tree: journal::Tree::Records,
+                key: &k[..],
+                value: slot.now.as_deref(),
+            })
+            .chain(high_water.as_ref().map(|t| Change {
+                tree: journal::Tree::Meta,
+                key: META_HIGH_WATER,
+                value: Some(&t[..]),
+            }))
+            .collect();
+        // A round that changes nothing answers from what earlier rounds
+        // made durable before they answered.
+        if !changes.is_empty() {
+            self.durable_round(&changes)?;
+        }
+        drop(changes);
         for (k, slot) in overlay {
-            match &slot.now {
-                Some(v) => self.tree.insert(&k[..], v.as_slice()).map(|_| ()),
-                None => self.tree.remove(&k[..]).map(|_| ()),
-            }
-            .map_err(|e| LedgerError::storage("write", e))?;
-            changes.push((k, slot));
-        }
-        if let Some(t) = high_water {
-            self.meta
-                .insert(META_HIGH_WATER, &t.to_be_bytes()[..])
-                .map_err(|e| LedgerError::storage("meta write", e))?;
-        }
-        self.sync()?;
-        for (k, slot) in changes {
             self.account(k, slot.was, slot.now.as_deref());
         }
         Ok(answers)
+    }
+
+    /// Makes a round's changes durable, then applies them to sled: one
+    /// journal record and its `fdatasync` (after a checkpoint when the
+    /// journal is full). A round too large for the journal itself is
+    /// written into sled and flushed, as every round was before it.
+    fn durable_round(&mut self, changes: &[Change<'_>]) -> Result<(), LedgerError> {
+        let fits = match self.journal.encode(changes) {
+            None => {
+                self.checkpoint()?;
+                self.journal.encode(changes)
+            }
+            fits => fits,
+        };
+        if fits == Some(true) {
+            self.journal.write()?;
+            self.probe()?;
+            for c in changes {
+                apply(&self.tree, &self.meta, c)?;
+            }
+        } else {
+            for c in changes {
+                apply(&self.tree, &self.meta, c)?;
+            }
+            self.sync()?;
+        }
+        Ok(())
+    }
+
+    /// Makes sled durable on its own, then starts the journal's next epoch.
+    fn checkpoint(&mut self) -> Result<(), LedgerError> {
+        self.sync()?;
+        self.journal.rotate()
     }
 
     /// Keeps the counts and the lease index in step with a record of `k`
@@ -616,6 +669,7 @@ impl Writer {
         }
     }
 
+    /// sled flushed, and its data file `fdatasync`ed.
     fn sync(&self) -> Result<(), LedgerError> {
         self.db
             .flush()
@@ -623,8 +677,13 @@ impl Writer {
         self.file
             .sync_data()
             .map_err(|e| LedgerError::storage("fdatasync", e))?;
-        // A journalled metadata change: fails if the filesystem's journal was
-        // aborted, even when the fdatasync above raced the abort and said 0.
+        self.probe()
+    }
+
+    /// After an `fdatasync`: a journalled metadata change of the file
+    /// system, which fails if its journal was aborted, even when the
+    /// `fdatasync` raced the abort and said 0.
+    fn probe(&self) -> Result<(), LedgerError> {
         self.probe_len.set(self.probe_len.get() ^ 1);
         self.probe
             .set_len(self.probe_len.get())
@@ -885,6 +944,19 @@ impl Record {
             Some(_) => Record::Consumed { attempt: None },
         }
     }
+}
+
+/// One change into sled (no flush).
+fn apply(tree: &sled::Tree, meta: &sled::Tree, c: &Change<'_>) -> Result<(), LedgerError> {
+    let tree = match c.tree {
+        journal::Tree::Records => tree,
+        journal::Tree::Meta => meta,
+    };
+    match c.value {
+        Some(v) => tree.insert(c.key, v).map(|_| ()),
+        None => tree.remove(c.key).map(|_| ()),
+    }
+    .map_err(|e| LedgerError::storage("write", e))
 }
 
 fn refuse(jobs: Vec<Job>) {

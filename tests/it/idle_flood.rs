@@ -157,11 +157,18 @@ async fn probe_on(addr: SocketAddr, port: &Port) -> bool {
         Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
     };
     // The kubelet's default probe timeout is 1 s; this bound is generous
-    // for a busy 2-core machine.
-    matches!(
-        tokio::time::timeout(Duration::from_secs(5), check).await,
-        Ok(Ok(()))
-    )
+    // for a busy 2-core machine. A failure says why, for the record.
+    match tokio::time::timeout(Duration::from_secs(5), check).await {
+        Ok(Ok(())) => true,
+        Ok(Err(e)) => {
+            eprintln!("probe of {addr} failed: {e:?}");
+            false
+        }
+        Err(_) => {
+            eprintln!("probe of {addr} timed out after 5 s");
+            false
+        }
+    }
 }
 
 /// A Seal then Open on a fresh connection.

@@ -342,19 +342,20 @@ async def test_a_replay_is_refused_when_reask_is_off(stateseal):
 
 
 async def test_the_commit_runs_beside_the_answer_and_a_replay_waits_for_it(stateseal, monkeypatch):
-    """Every Commit reaches stateseal 1 s late: the answer goes out before
-    it lands, the token stays held meanwhile (the handler never runs
-    twice), and a replay on the replica whose Commit is pending waits for
-    it and gets "already used" rather than "in progress"."""
+    """Every Commit is held until the test lets it go: the answer goes out
+    before it lands, the token stays held meanwhile (the handler never runs
+    twice), and a replay on the other replica of this process waits for
+    that Commit and gets "already used" rather than "in progress"."""
     commit = RequestStateClient.commit
-    landed: list[float] = []
+    gate = asyncio.Event()
+    landed: list[str] = []
 
-    async def late_commit(self, reservation):
-        await asyncio.sleep(1.0)
+    async def held_commit(self, reservation):
+        await gate.wait()
         await commit(self, reservation)
-        landed.append(asyncio.get_running_loop().time())
+        landed.append(reservation)
 
-    monkeypatch.setattr(RequestStateClient, "commit", late_commit)
+    monkeypatch.setattr(RequestStateClient, "commit", held_commit)
     async with deployment(stateseal) as (url, served):
         async with Client(url, elicitation_callback=accept) as client:
             r = await first_round(client)  # on A
@@ -362,11 +363,18 @@ async def test_the_commit_runs_beside_the_answer_and_a_replay_waits_for_it(state
             done = await client.session.call_tool("transfer", {"amount": 42}, **retry)  # on B
             assert "transferred 42" in text_of(done), done
             assert landed == [], "the answer waited for the Commit"
-            await first_round(client)  # on A: the next request goes to B
-            assert_already_used(await error_of(client.session.call_tool("transfer", {"amount": 42}, **retry)))
+            # On A, while B's Commit is held: it waits for it. The Commit
+            # is let go after 1 s, longer than the 375 ms an Open would
+            # otherwise retry IN_USE for.
+            replay = asyncio.ensure_future(
+                error_of(client.session.call_tool("transfer", {"amount": 42}, **retry))
+            )
+            await asyncio.sleep(1.0)
+            gate.set()
+            assert_already_used(await replay)
             assert len(landed) == 1
             await drained()
-    assert [tag for tag, with_state in served if with_state] == ["B", "B"], served
+    assert [tag for tag, with_state in served if with_state] == ["B", "A"], served
 
 
 async def test_a_failed_handler_does_not_burn_the_retry(stateseal):
@@ -914,8 +922,10 @@ async def test_a_holder_cut_off_from_stateseal_loses_its_lease(tmp_path, caplog)
                         assert "slow 8" in text_of(taken_over), taken_over
                         state["flowing"].set()
                         SLOW["gate"].set()
-                    # B's handler ran too: its result stands.
+                    # B's handler ran too: its result stands, and its
+                    # Commit, beside the answer, finds the token taken.
                     assert "slow 8" in text_of(outcome["result"]), outcome
+                    await drained()
             finally:
                 state["flowing"].set()
                 SLOW["gate"].set()

@@ -12,7 +12,7 @@
 // JSON-RPC error, where the SDK turns a tool callback's throw into an
 // `isError` result.
 
-import { randomBytes } from 'node:crypto';
+import { createHash, randomBytes } from 'node:crypto';
 
 import { status } from '@grpc/grpc-js';
 import { ProtocolError } from '@modelcontextprotocol/server';
@@ -38,14 +38,24 @@ interface Ctx {
  * nowhere. */
 export type Logger = Pick<Console, 'info' | 'warn' | 'error'> & { debug?: (message: string) => void };
 
-/** How long an Open that found its token IN_USE waits, at most, for this
- * process's Commits still running after their answers went out. */
+/** How long an Open that found its token IN_USE waits, at most, for the
+ * Commit of that token still running in this process after its answer went
+ * out. */
 const COMMIT_WAIT_MS = 5000;
 /** The pauses before an Open that found its token IN_USE is sent again (the
- * same attempt id), while no Commit of this process is pending: another
- * replica's handler may have answered with its Commit on the way. 175 ms in
- * all, after which IN_USE is answered as such (as in the Python package). */
-const BUSY_WAITS_MS = [25, 50, 100];
+ * same attempt id): another replica's handler may have answered with its
+ * Commit on the way. 375 ms in all, after which IN_USE is answered as such
+ * (as in the Python package). */
+const BUSY_WAITS_MS = [25, 50, 100, 200];
+/** The Commits running beside their answers in this process, by the SHA-256
+ * of their token: what an Open that finds a token IN_USE waits for,
+ * whichever boundary (replica) it reached. */
+const PENDING = new Map<string, Promise<void>>();
+
+const sleep = (ms: number) =>
+  new Promise<void>((resolve) => {
+    setTimeout(resolve, ms).unref();
+  });
 
 /** The shortest renewal period, in milliseconds. */
 const MIN_RENEW_MS = 500;
@@ -296,10 +306,11 @@ export class StatesealBoundary {
     this.#checkState(method, wire as string);
     const answers = ctx.mcpReq.inputResponses;
     const answersJson = answers === undefined ? '' : this.#answersJson(method, answers);
+    const token = createHash('sha256').update(wire as string).digest('base64');
     const binding = this.#binding(method, params, ctx);
     let opened: Opened;
     try {
-      opened = await this.#open(wire as string, binding, !this.#atMostOnce.has(target), answersJson);
+      opened = await this.#open(wire as string, token, binding, !this.#atMostOnce.has(target), answersJson);
     } catch (e) {
       if (!(e instanceof StatesealError)) throw e;
       const refusal = openRefusal(e, { onReplay: this.#onReplay, reask: this.#reask });
@@ -350,40 +361,60 @@ export class StatesealBoundary {
       // now, and the Commit runs beside it. Until the Commit lands the
       // lease keeps the token IN_USE, so no other attempt runs the handler
       // in the meantime.
-      const committing: Promise<void> = this.#finish(method, reservation).finally(() => this.#committing.delete(committing));
+      const committing: Promise<void> = this.#finish(method, reservation).finally(() => {
+        this.#committing.delete(committing);
+        if (PENDING.get(token) === committing) PENDING.delete(token);
+      });
       this.#committing.add(committing);
+      PENDING.set(token, committing);
     }
     return result;
   }
 
   /** Commits a reservation whose handler returned, after its answer went
-   * out. Never rejects: a failure is logged. */
+   * out. Never rejects: a failure is logged (and a logger that throws is
+   * ignored). */
   async #finish(method: string, reservation: string): Promise<void> {
     try {
       await this.#commit(method, reservation);
     } catch (e) {
-      // The handler ran; its answer stands.
-      if (renewalLost(e)) {
-        // Renewals failed for longer than the lease (stateseal
-        // unreachable, or this process stalled) and another attempt took
-        // the token over: it may run the handler again.
-        this.#log.error(
-          `stateseal: commit failed on ${method}: LEASE_EXPIRED: the token was taken over by another attempt while the handler ran; this result stands, and that attempt may run the handler again`,
-        );
-      } else {
-        // Without the commit the token may open again after the lease
-        // (reserve mode: handlers there must be idempotent).
-        this.#log.error(`stateseal: commit failed on ${method}: ${reasonText(e)}`);
+      try {
+        this.#commitFailed(method, e);
+      } catch {
+        // The logger's own failure: nothing else to tell.
       }
     }
   }
 
+  #commitFailed(method: string, e: unknown): void {
+    // The handler ran; its answer stands.
+    if (renewalLost(e)) {
+      // Renewals failed for longer than the lease (stateseal unreachable, or
+      // this process stalled) and another attempt took the token over: it
+      // may run the handler again.
+      this.#log.error(
+        `stateseal: commit failed on ${method}: LEASE_EXPIRED: the token was taken over by another attempt while the handler ran; this result stands, and that attempt may run the handler again`,
+      );
+    } else {
+      // Without the commit the token may open again after the lease
+      // (reserve mode: handlers there must be idempotent).
+      this.#log.error(`stateseal: commit failed on ${method}: ${reasonText(e)}`);
+    }
+  }
+
   /** Resolves once every Commit still running after its handler's answer
-   * went out has ended. Await it before the process exits (a graceful
-   * shutdown): a Commit that never lands leaves its token reserved until
-   * the lease ends, after which a retry may run the handler again. */
-  async drain(): Promise<void> {
-    while (this.#committing.size > 0) await Promise.all([...this.#committing]);
+   * went out has ended (true), or after `timeoutMs` (false). Await it before
+   * the process exits (a graceful shutdown): a Commit that never lands
+   * leaves its token reserved until the lease ends, after which a retry may
+   * run the handler again. */
+  async drain(timeoutMs = Infinity): Promise<boolean> {
+    const deadline = Date.now() + timeoutMs;
+    while (this.#committing.size > 0) {
+      const left = deadline - Date.now();
+      if (left <= 0) return false;
+      await Promise.race([Promise.all([...this.#committing]), ...(Number.isFinite(left) ? [sleep(left)] : [])]);
+    }
+    return true;
   }
 
   /** Commit is idempotent (a committed reservation commits again), so a
@@ -454,10 +485,11 @@ export class StatesealBoundary {
     return json;
   }
 
-  async #open(wire: string, binding: Binding, reserve: boolean, inputResponsesJson: string): Promise<Opened> {
+  async #open(wire: string, token: string, binding: Binding, reserve: boolean, inputResponsesJson: string): Promise<Opened> {
     const attemptId = randomBytes(16).toString('hex');
     let resent = 0;
     let busy = 0;
+    let waited = false;
     for (;;) {
       try {
         return await this.#client.open({
@@ -476,23 +508,22 @@ export class StatesealBoundary {
           this.#log.warn(`stateseal: open on ${binding.method}: ${reasonText(e)}; retrying`);
           continue;
         }
-        if (busy < BUSY_WAITS_MS.length && e instanceof StatesealError && e.fromStateseal && e.reason === 'IN_USE') {
+        if (e instanceof StatesealError && e.fromStateseal && e.reason === 'IN_USE') {
           // A handler that has answered holds the token until its Commit,
-          // which runs beside its answer, lands: perhaps this process's own
-          // (wait for those), perhaps another replica's (wait a little).
-          // Then the token's true state (used, or still in progress) is
-          // what this Open gets.
-          let timer: NodeJS.Timeout | undefined;
-          const pause = this.#committing.size > 0 ? COMMIT_WAIT_MS : BUSY_WAITS_MS[busy];
-          await Promise.race([
-            ...(this.#committing.size > 0 ? [Promise.all([...this.#committing])] : []),
-            new Promise((resolve) => {
-              timer = setTimeout(resolve, pause);
-            }),
-          ]);
-          clearTimeout(timer);
-          busy++;
-          continue;
+          // which runs beside its answer, lands. If that Commit is this
+          // process's, wait for it (once); else perhaps another replica's:
+          // wait a little, a few times. Then the token's true state (used,
+          // or still in progress) is what this Open gets.
+          const pending = PENDING.get(token);
+          if (pending && !waited) {
+            waited = true;
+            await Promise.race([pending, sleep(COMMIT_WAIT_MS)]);
+            continue;
+          }
+          if (busy < BUSY_WAITS_MS.length) {
+            await sleep(BUSY_WAITS_MS[busy++]);
+            continue;
+          }
         }
         throw e;
       }

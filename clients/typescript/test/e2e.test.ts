@@ -161,34 +161,47 @@ test('URL-mode answers reach the handler without content', async () => {
   await client.close();
 });
 
-test('the Commit runs beside the answer, and a replay on its replica waits for it', async () => {
-  // Every Commit reaches stateseal 1 s late.
-  const landed: number[] = [];
-  class LateCommit extends RequestStateClient {
+test('the Commit runs beside the answer, and a replay on another replica of the process waits for it', async () => {
+  // Every Commit is held until the test lets it go.
+  const landed: string[] = [];
+  let letGo: () => void = () => {};
+  const gate = new Promise<void>((resolve) => {
+    letGo = resolve;
+  });
+  class HeldCommit extends RequestStateClient {
     override async commit(reservation: string): Promise<void> {
-      await new Promise((resolve) => setTimeout(resolve, 1000));
+      await gate;
       await super.commit(reservation);
-      landed.push(Date.now());
+      landed.push(reservation);
     }
   }
-  const grpc = new LateCommit(stateseal.addr);
-  const boundary = new StatesealBoundary(grpc, { audience: 'transfer-service', logger: quiet });
-  const replica = await serveHttp(() => transferServer(boundary), 0);
-  const client = await connectTo(`http://127.0.0.1:${port(replica)}/mcp`);
+  const grpc = new HeldCommit(stateseal.addr);
+  const boundaries = [0, 1].map(() => new StatesealBoundary(grpc, { audience: 'transfer-service', logger: quiet }));
+  const pair = await Promise.all(boundaries.map((b) => serveHttp(() => transferServer(b), 0)));
+  const [a, b] = await Promise.all(pair.map((r) => connectTo(`http://127.0.0.1:${port(r)}/mcp`)));
   try {
-    const r = await call(client, 'transfer', { amount: 9 });
+    const r = await call(a, 'transfer', { amount: 9 });
     const retry = { inputResponses: yes(r), requestState: r.requestState };
-    const done = await call(client, 'transfer', { amount: 9 }, retry);
+    const done = await call(a, 'transfer', { amount: 9 }, retry);
     assert.match(text(done), /transferred 9/);
     assert.deepEqual(landed, [], 'the answer waited for the Commit');
-    // The token is held until the Commit lands; this replica waits for its
-    // own pending Commit, then answers what stateseal says.
-    await assert.rejects(call(client, 'transfer', { amount: 9 }, retry), rpcError(-32602, 'requestState already used', 'request_state_used'));
+    // On the other replica, while the Commit is held: it waits for it. The
+    // Commit is let go after 1 s, longer than the 375 ms an Open would
+    // otherwise retry IN_USE for.
+    const replay = call(b, 'transfer', { amount: 9 }, retry).then(
+      () => assert.fail('the replay ran'),
+      (e: unknown) => e,
+    );
+    await new Promise((resolve) => setTimeout(resolve, 1000));
+    letGo();
+    rpcError(-32602, 'requestState already used', 'request_state_used')((await replay) as never);
     assert.equal(landed.length, 1);
-    await boundary.drain();
+    assert.equal(await boundaries[0].drain(5000), true);
   } finally {
-    await client.close();
-    replica.close();
+    letGo();
+    await a.close();
+    await b.close();
+    for (const r of pair) r.close();
     grpc.close();
   }
 });

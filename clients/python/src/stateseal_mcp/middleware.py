@@ -62,9 +62,11 @@ nothing: no serialization, no principal call.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import uuid
+import weakref
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal, NoReturn
@@ -103,14 +105,20 @@ DEFAULT_MAX_REQUEST_STATE_BYTES = ((65536 + 16384 + 512) * 4 + 2) // 3
 #: stateseal: the service's `--max-input-bytes` default, 256 KiB.
 DEFAULT_MAX_INPUT_RESPONSES_BYTES = 256 * 1024
 
-#: How long an Open that found its token IN_USE waits, at most, for this
-#: replica's Commits still running after their answers went out.
+#: How long an Open that found its token IN_USE waits, at most, for the
+#: Commit of that token still running in this process after its answer
+#: went out.
 _COMMIT_WAIT = 5.0
 #: The pauses before an Open that found its token IN_USE is sent again (the
-#: same attempt id), while no Commit of this replica is pending: another
-#: replica's handler may have answered with its Commit on the way. 175 ms
-#: in all, after which IN_USE is answered as such.
-_BUSY_WAITS = (0.025, 0.05, 0.1)
+#: same attempt id): another replica's handler may have answered with its
+#: Commit on the way. 375 ms in all, after which IN_USE is answered as such.
+_BUSY_WAITS = (0.025, 0.05, 0.1, 0.2)
+#: The Commits running beside their answers in this process, by event loop
+#: and by the SHA-256 of their token: what an Open that finds a token
+#: IN_USE waits for, whichever boundary (replica) it reached.
+_PENDING: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[bytes, asyncio.Task[None]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 #: Transport failures after which an Open (same attempt id) or a Release is
 #: sent again: the connection was lost or the call timed out.
@@ -288,8 +296,7 @@ class StatesealBoundary:
         self._max_state = max_request_state_bytes
         self._max_answers = max_input_responses_bytes
         # Commits running after their handler's answer went out (see
-        # _finish): held here so they are not collected, and awaited by
-        # drain() and by an Open that finds its token IN_USE.
+        # _finish): held here so they are not collected, for drain().
         self._committing: set[asyncio.Task[None]] = set()
 
     def _subject(self, ctx: ServerRequestContext[Any, Any]) -> str:
@@ -327,8 +334,9 @@ class StatesealBoundary:
         digest = self._digest(ctx.method, params)
         target = _target(ctx.method, params)
         reserve = target not in self._at_most_once
+        token = hashlib.sha256(wire.encode("utf-8")).digest()
         try:
-            opened = await self._open(wire, subject, ctx.method, digest, reserve, answers_json)
+            opened = await self._open(wire, token, subject, ctx.method, digest, reserve, answers_json)
         except StatesealError as e:
             refusal = open_refusal(e, on_replay=self._on_replay, reask=self._reask)
             if refusal.reask:
@@ -382,9 +390,15 @@ class StatesealBoundary:
             # The handler ran: its answer goes out now, and the Commit runs
             # beside it. Until the Commit lands the lease keeps the token
             # IN_USE, so no other attempt runs the handler in the meantime.
-            task = asyncio.get_running_loop().create_task(self._finish(ctx.method, reservation, keeper))
+            loop = asyncio.get_running_loop()
+            task = loop.create_task(self._finish(ctx.method, reservation, keeper))
             self._committing.add(task)
             task.add_done_callback(self._committing.discard)
+            # Any boundary of this process and loop whose Open finds this
+            # token IN_USE waits for this Commit (see _open).
+            pending = _PENDING.setdefault(loop, {})
+            pending[token] = task
+            task.add_done_callback(lambda t: pending.pop(token, None) if pending.get(token) is t else None)
         return result
 
     @staticmethod
@@ -398,17 +412,39 @@ class StatesealBoundary:
     async def _finish(self, method: str, reservation: str, keeper: asyncio.Task[None] | None) -> None:
         """Commits a reservation whose handler returned, after its answer
         went out: the renewals stop first (a Renew after the Commit would
-        find the token taken), then the Commit, retried while transient."""
-        await self._stop(keeper)
-        await self._commit(method, reservation)
+        find the token taken, a false lost lease), then the Commit, retried
+        while transient. Never raises but its own cancellation, which is
+        logged: the token then stays reserved until its lease ends."""
+        try:
+            await self._stop(keeper)
+            await self._commit(method, reservation)
+        except asyncio.CancelledError:
+            logger.error(
+                "stateseal commit on %s cancelled before it landed (the event loop stopped without "
+                "drain()?): the token opens again once its lease ends",
+                method,
+            )
+            raise
+        except Exception:
+            logger.exception("stateseal commit on %s raised", method)
 
-    async def drain(self) -> None:
-        """Waits for every Commit still running after its handler's answer
-        went out. Call it before the event loop ends (a graceful shutdown):
-        a Commit that never lands leaves its token reserved until the lease
-        ends, after which a retry may run the handler again."""
-        while self._committing:
-            await asyncio.wait(set(self._committing))
+    async def drain(self, timeout: float | None = None) -> bool:
+        """Waits (at most `timeout` seconds) for every Commit of the running
+        event loop still running after its handler's answer went out; True
+        when none is left. Call it before the loop ends (a graceful
+        shutdown): a Commit that never lands leaves its token reserved
+        until the lease ends, after which a retry may run the handler
+        again."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            mine = {t for t in self._committing if t.get_loop() is loop}
+            if not mine:
+                return True
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0:
+                return False
+            await asyncio.wait(mine, timeout=left)
 
     async def _commit(self, method: str, reservation: str) -> None:
         # The handler ran; its answer stands whatever Commit answers. Commit
@@ -466,9 +502,12 @@ class StatesealBoundary:
             if lease.lease_seconds > 0:
                 interval = max(_MIN_RENEW_INTERVAL, lease.lease_seconds / 3)
 
-    async def _open(self, wire: str, subject: str, method: str, digest: bytes, reserve: bool, answers_json: str):
+    async def _open(
+        self, wire: str, token: bytes, subject: str, method: str, digest: bytes, reserve: bool, answers_json: str
+    ):
         attempt = uuid.uuid4().hex
         resent = busy = 0
+        waited = False
         while True:
             try:
                 return await self._client.open(
@@ -488,18 +527,22 @@ class StatesealBoundary:
                     resent += 1
                     logger.warning("stateseal open on %s: %s; retrying", method, e.reason)
                     continue
-                if busy < len(_BUSY_WAITS) and e.from_stateseal and e.reason == "IN_USE":
+                if e.from_stateseal and e.reason == "IN_USE":
                     # A handler that has answered holds the token until its
-                    # Commit, which runs beside its answer, lands: perhaps
-                    # this replica's own (wait for those), perhaps
-                    # another's (wait a little). Then the token's true state
-                    # (used, or still in progress) is what this Open gets.
-                    if self._committing:
-                        await asyncio.wait(set(self._committing), timeout=_COMMIT_WAIT)
-                    else:
+                    # Commit, which runs beside its answer, lands. If that
+                    # Commit is this process's, wait for it (once); else
+                    # perhaps another replica's: wait a little, three
+                    # times. Then the token's true state (used, or still in
+                    # progress) is what this Open gets.
+                    pending = _PENDING.get(asyncio.get_running_loop(), {}).get(token)
+                    if pending is not None and not waited:
+                        waited = True
+                        await asyncio.wait({pending}, timeout=_COMMIT_WAIT)
+                        continue
+                    if busy < len(_BUSY_WAITS):
                         await asyncio.sleep(_BUSY_WAITS[busy])
-                    busy += 1
-                    continue
+                        busy += 1
+                        continue
                 raise
 
     async def _release(self, method: str, reservation: str) -> None:
