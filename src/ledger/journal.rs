@@ -21,7 +21,9 @@
 //! `fdatasync` of its data file) and only then writes the next epoch into
 //! the header and `fdatasync`s it: every record of the old epoch is in
 //! sled's file by then, so none is needed again. A checkpoint runs at
-//! start after replay, and when the next round's record would not fit.
+//! start after replay, when the next round's record would not fit, at
+//! least every second while rounds come, and after a round too large for
+//! the journal (written straight into sled).
 //! Replaying a record again is harmless: each change sets a key to a value
 //! or removes it, in the order the writer decided them.
 
@@ -99,7 +101,12 @@ impl Journal {
         mut apply: impl FnMut(Change<'_>) -> Result<(), LedgerError>,
     ) -> Result<(Self, usize), LedgerError> {
         let path = dir.join(FILE);
-        if !path.exists() {
+        // Only a journal known to be absent is created: any other failure
+        // to look (an I/O error, a permission) must not replace one.
+        if !path
+            .try_exists()
+            .map_err(|e| LedgerError::storage("look for the ledger journal", e))?
+        {
             return Ok((Self::create(dir)?, 0));
         }
         let file = std::fs::OpenOptions::new()

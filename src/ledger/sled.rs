@@ -10,16 +10,20 @@
 //! makes check-then-insert atomic without a per-key compare-and-swap (the
 //! garbage collector only ever removes records that expired, which no open
 //! can ask about). A round that changes nothing answers without writing:
-//! what it read, earlier rounds made durable before they answered.
+//! what it read, earlier rounds made durable before they answered (but for
+//! the collector's removals of expired records and ended leases, which are
+//! not journaled: one may be undone by a crash, and is removed again later;
+//! neither kind can be consumed afresh).
 //!
 //! sled itself is not flushed per round (nor by its own flusher, which is
 //! off): a flush hands sled's log write to its thread pool and waits for
 //! it, which cost more than the `fdatasync` (docs/performance.md). The
 //! journal (journal.rs) holds every round since the last checkpoint; at
 //! start it is replayed into sled, which is then flushed and `fdatasync`ed
-//! before the journal starts afresh. A checkpoint (sled flushed and its
-//! file `fdatasync`ed) also runs when the journal is full, and the garbage
-//! collector's horizon is written into sled and flushed as before. A crash
+//! before the journal starts afresh. A checkpoint (sled flushed, its file
+//! `fdatasync`ed, the probe) also runs when the journal is full and at
+//! least every second while rounds come; the garbage collector's horizon
+//! is written into sled and flushed as before. A crash
 //! in the middle of a round keeps the round's record or not; either way
 //! nothing of it was acknowledged, and a token whose record was replayed
 //! stays burned (the same attempt, named by its attempt id, gets its
@@ -123,7 +127,7 @@ enum Job {
         rid: [u8; 16],
         reply: oneshot::Sender<Result<(), LedgerError>>,
     },
-    /// Answer after a flush that starts after this job was queued.
+    /// Answer once every round decided before it is durable.
     Barrier(oneshot::Sender<Result<(), LedgerError>>),
     /// Raise the horizon to `before`, durably, then remove up to `limit`
     /// records below it and up to `limit` reservations whose lease ended
@@ -194,17 +198,32 @@ impl SledLedger {
             .truncate(false)
             .open(dir.join(PROBE_FILE))
             .map_err(|e| LedgerError::storage("open the ledger's probe file", e))?;
+        // The probe's next size: the other one than it has.
+        let probe_len = u64::from(
+            probe
+                .metadata()
+                .map_err(|e| LedgerError::storage("read the ledger's probe file", e))?
+                .len()
+                == 0,
+        );
         // Rounds acknowledged since the last checkpoint, into sled again;
-        // then durable there, and the journal starts afresh.
+        // then durable there (flush, fdatasync, probe), and only then does
+        // the journal start afresh.
         let (mut journal, replayed) = Journal::open(dir, |c| apply(&tree, &meta, &c))?;
-        if replayed > 0 {
+        let probe_len = if replayed > 0 {
             db.flush()
                 .map_err(|e| LedgerError::storage("flush after the journal's replay", e))?;
             file.sync_data()
                 .map_err(|e| LedgerError::storage("fdatasync after the journal's replay", e))?;
+            probe
+                .set_len(probe_len)
+                .map_err(|e| LedgerError::storage("filesystem check after fdatasync", e))?;
             journal.rotate()?;
             tracing::info!(rounds = replayed, "sled ledger: journal replayed");
-        }
+            probe_len ^ 1
+        } else {
+            probe_len
+        };
         let horizon = read_u64(&meta, META_HORIZON)?.unwrap_or(0);
         let stored_high_water = read_u64(&meta, META_HIGH_WATER)?;
         let dead = Arc::new(AtomicBool::new(false));
@@ -242,7 +261,9 @@ impl SledLedger {
                 file,
                 journal,
                 probe,
-                probe_len: std::cell::Cell::new(0),
+                // The value it takes at the next probe.
+                probe_len: std::cell::Cell::new(probe_len ^ 1),
+                checkpointed: std::time::Instant::now(),
                 horizon,
                 dead: dead.clone(),
                 stats: stats.clone(),
@@ -319,7 +340,7 @@ impl SledLedger {
         }
     }
 
-    /// Waits for a flush that starts after this call.
+    /// Waits until every round decided before this call is durable.
     async fn durable(&self) -> Result<(), LedgerError> {
         self.ask(Job::Barrier).await
     }
@@ -342,6 +363,8 @@ struct Writer {
     meta: sled::Tree,
     file: File,
     journal: Journal,
+    /// When sled was last made durable on its own (see `durable_round`).
+    checkpointed: std::time::Instant,
     /// Resized after every fdatasync (see the module's notes).
     probe: File,
     probe_len: std::cell::Cell<u64>,
@@ -357,13 +380,20 @@ struct Writer {
 
 /// In the ledger directory, beside sled's files.
 const PROBE_FILE: &str = "stateseal-probe";
+/// The most jobs one round decides: a change is at most 6 + 40 + 50 bytes
+/// in the journal, so a round's record stays under 1 MiB.
+const MAX_ROUND: usize = 8192;
+/// The longest a round goes without a checkpoint after the last one.
+const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Writer {
     fn run(&mut self, rx: &mpsc::Receiver<Job>) {
         // Ends when the ledger (the only sender) is dropped.
         while let Ok(first) = rx.recv() {
             let mut jobs = vec![first];
-            jobs.extend(rx.try_iter());
+            // At most MAX_ROUND per round (the rest wait for the next), so
+            // that a round's journal record always fits in the journal.
+            jobs.extend(rx.try_iter().take(MAX_ROUND - 1));
             if self.dead.load(Ordering::SeqCst) {
                 refuse(jobs);
                 continue;
@@ -619,11 +649,21 @@ impl Writer {
             for c in changes {
                 apply(&self.tree, &self.meta, c)?;
             }
+            // sled writes its log buffers out by itself when they fill
+            // (with `sync_file_range`, no `fdatasync`), and may then reuse
+            // the space of what it moved: a checkpoint at least every
+            // second bounds how long such writes wait for an `fdatasync`
+            // of sled's file and its size.
+            if self.checkpointed.elapsed() >= CHECKPOINT_EVERY {
+                self.checkpoint()?;
+            }
         } else {
+            // Straight into sled and made durable there; and a checkpoint,
+            // so that no older record of this epoch is replayed over it.
             for c in changes {
                 apply(&self.tree, &self.meta, c)?;
             }
-            self.sync()?;
+            self.checkpoint()?;
         }
         Ok(())
     }
@@ -631,7 +671,9 @@ impl Writer {
     /// Makes sled durable on its own, then starts the journal's next epoch.
     fn checkpoint(&mut self) -> Result<(), LedgerError> {
         self.sync()?;
-        self.journal.rotate()
+        self.journal.rotate()?;
+        self.checkpointed = std::time::Instant::now();
+        Ok(())
     }
 
     /// Keeps the counts and the lease index in step with a record of `k`
@@ -1063,7 +1105,10 @@ impl Ledger for SledLedger {
             "sled ledger group commit"
         );
         self.durable().await?;
-        let _ = self.db.flush_async().await;
+        self.db
+            .flush_async()
+            .await
+            .map_err(|e| LedgerError::storage("final flush", e))?;
         File::open(&self.data_file)
             .and_then(|f| f.sync_data())
             .map_err(|e| LedgerError::storage("final fdatasync", e))
