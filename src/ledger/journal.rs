@@ -22,7 +22,7 @@
 //! the header and `fdatasync`s it: every record of the old epoch is in
 //! sled's file by then, so none is needed again. A checkpoint runs at
 //! start after replay, when the next round's record would not fit, at
-//! least every second while rounds come, and after a round too large for
+//! least every five seconds while rounds come, and after a round too large for
 //! the journal (written straight into sled).
 //! Replaying a record again is harmless: each change sets a key to a value
 //! or removes it, in the order the writer decided them.
