@@ -354,6 +354,90 @@ mod tests {
     }
 
     #[test]
+    fn a_record_of_an_earlier_epoch_or_out_of_sequence_is_not_replayed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut j, _, _) = replay(dir.path());
+        j.encode(&[put(b"a", b"1")]);
+        j.write().unwrap();
+        j.encode(&[put(b"b", b"2")]);
+        j.write().unwrap();
+        j.rotate().unwrap();
+        // As long as the first old record: the second old one (sequence 1,
+        // a good CRC, the old epoch) lies right after it.
+        j.encode(&[put(b"c", b"3")]);
+        j.write().unwrap();
+        drop(j);
+        let (mut j, n, seen) = replay(dir.path());
+        assert_eq!(n, 1);
+        assert_eq!(
+            seen,
+            vec![(Tree::Records, b"c".to_vec(), Some(b"3".to_vec()))]
+        );
+        // The current epoch's first record again after its second: a good
+        // CRC and epoch, the wrong sequence number.
+        j.rotate().unwrap();
+        let first = j.at;
+        j.encode(&[put(b"d", b"4")]);
+        j.write().unwrap();
+        let len = j.at - first;
+        j.encode(&[put(b"e", b"5")]);
+        j.write().unwrap();
+        let mut copy = vec![0u8; len as usize];
+        j.file.read_exact_at(&mut copy, first).unwrap();
+        j.file.write_all_at(&copy, j.at).unwrap();
+        drop(j);
+        let (_, n, seen) = replay(dir.path());
+        assert_eq!(n, 2);
+        assert_eq!(seen.len(), 2);
+    }
+
+    #[test]
+    fn an_empty_record_replays_and_a_length_too_short_ends_the_replay() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut j, _, _) = replay(dir.path());
+        assert_eq!(j.encode(&[]), Some(true));
+        j.write().unwrap();
+        j.encode(&[put(b"a", b"1")]);
+        j.write().unwrap();
+        // A record claiming 8 bytes after its CRC, which is their CRC, in
+        // the right epoch and sequence: shorter than any record can be.
+        let mut short = Vec::new();
+        short.extend_from_slice(&8u32.to_be_bytes());
+        short.extend_from_slice(&crc32fast::hash(&j.epoch.to_be_bytes()).to_be_bytes());
+        short.extend_from_slice(&j.epoch.to_be_bytes());
+        short.extend_from_slice(&j.seq.to_be_bytes());
+        j.file.write_all_at(&short, j.at).unwrap();
+        drop(j);
+        let (_, n, seen) = replay(dir.path());
+        assert_eq!(n, 2);
+        assert_eq!(
+            seen,
+            vec![(Tree::Records, b"a".to_vec(), Some(b"1".to_vec()))]
+        );
+    }
+
+    #[test]
+    fn a_removal_carrying_a_value_is_corrupt_though_its_crc_is_good() {
+        let dir = tempfile::tempdir().unwrap();
+        let (j, _, _) = replay(dir.path());
+        // The encoder writes a removal with no value; this one has one.
+        let mut body = Vec::new();
+        body.extend_from_slice(&j.epoch.to_be_bytes());
+        body.extend_from_slice(&j.seq.to_be_bytes());
+        body.extend_from_slice(&[0, 0, 0, 1, b'a', 0, 1, b'x']);
+        let mut record = (body.len() as u32).to_be_bytes().to_vec();
+        record.extend_from_slice(&crc32fast::hash(&body).to_be_bytes());
+        record.extend_from_slice(&body);
+        j.file.write_all_at(&record, j.at).unwrap();
+        drop(j);
+        let e = Journal::open(dir.path(), |_| Ok(())).err().unwrap();
+        assert!(
+            matches!(e, LedgerError::Corrupt("ledger journal record")),
+            "{e:?}"
+        );
+    }
+
+    #[test]
     fn a_torn_record_ends_the_replay_before_it() {
         let dir = tempfile::tempdir().unwrap();
         let (mut j, _, _) = replay(dir.path());
@@ -397,6 +481,10 @@ mod tests {
             written,
             ((SIZE - START) / (HEAD as u64 + 6 + 1 + 60_000)) as usize
         );
+        // Every one of them replays, up to the end of the file.
+        drop(j);
+        let (mut j, n, seen) = replay(dir.path());
+        assert_eq!((n, seen.len()), (written, written));
         j.rotate().unwrap();
         assert_eq!(j.encode(&[put(b"k", &value)]), Some(true));
         let many: Vec<_> = (0..150).map(|_| put(b"k", &value)).collect();
