@@ -660,18 +660,7 @@ impl Journal {
         parent: Option<&std::path::Path>,
         delay: std::time::Duration,
     ) -> std::io::Result<Self> {
-        use std::io::Write;
-        let dir = match parent {
-            Some(p) => tempfile::tempdir_in(p)?,
-            None => tempfile::tempdir()?,
-        };
-        let mut file = std::fs::OpenOptions::new()
-            .create_new(true)
-            .read(true)
-            .write(true)
-            .open(dir.path().join("journal"))?;
-        file.write_all(&vec![0u8; Self::SIZE as usize])?;
-        file.sync_all()?;
+        let (dir, file) = preallocated(parent, "journal")?;
         let probe = std::fs::File::create(dir.path().join("probe"))?;
         probe.sync_all()?;
         std::fs::File::open(dir.path())?.sync_all()?;
@@ -741,6 +730,28 @@ impl Journal {
     }
 }
 
+/// A new temporary directory under `parent` (the system's temporary
+/// directory without one) holding `name`: `Journal::SIZE` zero bytes,
+/// synced (the directory is not).
+fn preallocated(
+    parent: Option<&std::path::Path>,
+    name: &str,
+) -> std::io::Result<(tempfile::TempDir, std::fs::File)> {
+    use std::io::Write;
+    let dir = match parent {
+        Some(p) => tempfile::tempdir_in(p)?,
+        None => tempfile::tempdir()?,
+    };
+    let mut file = std::fs::OpenOptions::new()
+        .create_new(true)
+        .read(true)
+        .write(true)
+        .open(dir.path().join(name))?;
+    file.write_all(&vec![0u8; Journal::SIZE as usize])?;
+    file.sync_all()?;
+    Ok((dir, file))
+}
+
 /// The fdatasync scenario's file: preallocated and zero-filled as the echo
 /// journal's, so that `fdatasync` has no size to commit, written at the
 /// next 64-byte slot each time.
@@ -753,18 +764,7 @@ struct FloorFile {
 
 impl FloorFile {
     fn create(parent: Option<&std::path::Path>) -> std::io::Result<Self> {
-        use std::io::Write;
-        let dir = match parent {
-            Some(p) => tempfile::tempdir_in(p)?,
-            None => tempfile::tempdir()?,
-        };
-        let mut file = std::fs::OpenOptions::new()
-            .create_new(true)
-            .read(true)
-            .write(true)
-            .open(dir.path().join("floor"))?;
-        file.write_all(&vec![0u8; Journal::SIZE as usize])?;
-        file.sync_all()?;
+        let (dir, file) = preallocated(parent, "floor")?;
         std::fs::File::open(dir.path())?.sync_all()?;
         Ok(FloorFile {
             file,

@@ -300,6 +300,12 @@ mod tests {
         (j, n, seen)
     }
 
+    /// Writes `changes` as the next record (it must fit).
+    fn append(j: &mut Journal, changes: &[Change<'_>]) {
+        assert_eq!(j.encode(changes), Some(true));
+        j.write().unwrap();
+    }
+
     fn put<'a>(key: &'a [u8], value: &'a [u8]) -> Change<'a> {
         Change {
             tree: Tree::Records,
@@ -313,8 +319,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (mut j, n, seen) = replay(dir.path());
         assert_eq!((n, seen.len()), (0, 0));
-        assert_eq!(j.encode(&[put(b"a", b"1"), put(b"b", b"2")]), Some(true));
-        j.write().unwrap();
+        append(&mut j, &[put(b"a", b"1"), put(b"b", b"2")]);
         let gone = Change {
             tree: Tree::Records,
             key: b"a",
@@ -325,8 +330,7 @@ mod tests {
             key: b"high_water",
             value: Some(&[7; 8]),
         };
-        assert_eq!(j.encode(&[gone, meta]), Some(true));
-        j.write().unwrap();
+        append(&mut j, &[gone, meta]);
         drop(j);
         let (mut j, n, seen) = replay(dir.path());
         assert_eq!(n, 2);
@@ -342,8 +346,7 @@ mod tests {
         // After a checkpoint nothing of the old epoch is replayed, though
         // its bytes are still in the file; new records are.
         j.rotate().unwrap();
-        assert_eq!(j.encode(&[put(b"c", b"3")]), Some(true));
-        j.write().unwrap();
+        append(&mut j, &[put(b"c", b"3")]);
         drop(j);
         let (_, n, seen) = replay(dir.path());
         assert_eq!(n, 1);
@@ -357,15 +360,12 @@ mod tests {
     fn a_record_of_an_earlier_epoch_or_out_of_sequence_is_not_replayed() {
         let dir = tempfile::tempdir().unwrap();
         let (mut j, _, _) = replay(dir.path());
-        j.encode(&[put(b"a", b"1")]);
-        j.write().unwrap();
-        j.encode(&[put(b"b", b"2")]);
-        j.write().unwrap();
+        append(&mut j, &[put(b"a", b"1")]);
+        append(&mut j, &[put(b"b", b"2")]);
         j.rotate().unwrap();
         // As long as the first old record: the second old one (sequence 1,
         // a good CRC, the old epoch) lies right after it.
-        j.encode(&[put(b"c", b"3")]);
-        j.write().unwrap();
+        append(&mut j, &[put(b"c", b"3")]);
         drop(j);
         let (mut j, n, seen) = replay(dir.path());
         assert_eq!(n, 1);
@@ -377,11 +377,9 @@ mod tests {
         // CRC and epoch, the wrong sequence number.
         j.rotate().unwrap();
         let first = j.at;
-        j.encode(&[put(b"d", b"4")]);
-        j.write().unwrap();
+        append(&mut j, &[put(b"d", b"4")]);
         let len = j.at - first;
-        j.encode(&[put(b"e", b"5")]);
-        j.write().unwrap();
+        append(&mut j, &[put(b"e", b"5")]);
         let mut copy = vec![0u8; len as usize];
         j.file.read_exact_at(&mut copy, first).unwrap();
         j.file.write_all_at(&copy, j.at).unwrap();
@@ -395,10 +393,8 @@ mod tests {
     fn an_empty_record_replays_and_a_length_too_short_ends_the_replay() {
         let dir = tempfile::tempdir().unwrap();
         let (mut j, _, _) = replay(dir.path());
-        assert_eq!(j.encode(&[]), Some(true));
-        j.write().unwrap();
-        j.encode(&[put(b"a", b"1")]);
-        j.write().unwrap();
+        append(&mut j, &[]);
+        append(&mut j, &[put(b"a", b"1")]);
         // A record claiming 8 bytes after its CRC, which is their CRC, in
         // the right epoch and sequence: shorter than any record can be.
         let mut short = Vec::new();
@@ -441,13 +437,10 @@ mod tests {
     fn a_torn_record_ends_the_replay_before_it() {
         let dir = tempfile::tempdir().unwrap();
         let (mut j, _, _) = replay(dir.path());
-        j.encode(&[put(b"a", b"1")]);
-        j.write().unwrap();
+        append(&mut j, &[put(b"a", b"1")]);
         let second = j.at;
-        j.encode(&[put(b"b", b"2")]);
-        j.write().unwrap();
-        j.encode(&[put(b"c", b"3")]);
-        j.write().unwrap();
+        append(&mut j, &[put(b"b", b"2")]);
+        append(&mut j, &[put(b"c", b"3")]);
         drop(j);
         // One byte of the second record's value flipped: it and every
         // record after it are not replayed.

@@ -191,39 +191,15 @@ impl SledLedger {
         let data_file = dir.join("db");
         let file =
             File::open(&data_file).map_err(|e| LedgerError::storage("open ledger data file", e))?;
-        let probe = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(dir.join(PROBE_FILE))
-            .map_err(|e| LedgerError::storage("open the ledger's probe file", e))?;
-        // The probe's next size: the other one than it has.
-        let probe_len = u64::from(
-            probe
-                .metadata()
-                .map_err(|e| LedgerError::storage("read the ledger's probe file", e))?
-                .len()
-                == 0,
-        );
+        let probe = Probe::open(dir)?;
         // Rounds acknowledged since the last checkpoint, into sled again;
-        // then durable there (flush, fdatasync, probe), and only then does
-        // the journal start afresh.
+        // then durable there, and only then does the journal start afresh.
         let (mut journal, replayed) = Journal::open(dir, |c| apply(&tree, &meta, &c))?;
-        let probe_len = if replayed > 0 {
-            db.flush()
-                .map_err(|e| LedgerError::storage("flush after the journal's replay", e))?;
-            file.sync_data()
-                .map_err(|e| LedgerError::storage("fdatasync after the journal's replay", e))?;
-            probe
-                .set_len(probe_len)
-                .map_err(|e| LedgerError::storage("filesystem check after fdatasync", e))?;
+        if replayed > 0 {
+            make_durable(&db, &file, &probe)?;
             journal.rotate()?;
             tracing::info!(rounds = replayed, "sled ledger: journal replayed");
-            probe_len ^ 1
-        } else {
-            probe_len
-        };
+        }
         let horizon = read_u64(&meta, META_HORIZON)?.unwrap_or(0);
         let stored_high_water = read_u64(&meta, META_HIGH_WATER)?;
         let dead = Arc::new(AtomicBool::new(false));
@@ -261,8 +237,6 @@ impl SledLedger {
                 file,
                 journal,
                 probe,
-                // The value it takes at the next probe.
-                probe_len: std::cell::Cell::new(probe_len ^ 1),
                 checkpointed: std::time::Instant::now(),
                 horizon,
                 dead: dead.clone(),
@@ -365,9 +339,7 @@ struct Writer {
     journal: Journal,
     /// When sled was last made durable on its own (see `durable_round`).
     checkpointed: std::time::Instant,
-    /// Resized after every fdatasync (see the module's notes).
-    probe: File,
-    probe_len: std::cell::Cell<u64>,
+    probe: Probe,
     horizon: u64,
     dead: Arc<AtomicBool>,
     stats: Arc<FlushStats>,
@@ -645,7 +617,7 @@ impl Writer {
         };
         if fits == Some(true) {
             self.journal.write()?;
-            self.probe()?;
+            self.probe.check()?;
             for c in changes {
                 apply(&self.tree, &self.meta, c)?;
             }
@@ -713,25 +685,8 @@ impl Writer {
         }
     }
 
-    /// sled flushed, and its data file `fdatasync`ed.
     fn sync(&self) -> Result<(), LedgerError> {
-        self.db
-            .flush()
-            .map_err(|e| LedgerError::storage("flush", e))?;
-        self.file
-            .sync_data()
-            .map_err(|e| LedgerError::storage("fdatasync", e))?;
-        self.probe()
-    }
-
-    /// After an `fdatasync`: a journalled metadata change of the file
-    /// system, which fails if its journal was aborted, even when the
-    /// `fdatasync` raced the abort and said 0.
-    fn probe(&self) -> Result<(), LedgerError> {
-        self.probe_len.set(self.probe_len.get() ^ 1);
-        self.probe
-            .set_len(self.probe_len.get())
-            .map_err(|e| LedgerError::storage("filesystem check after fdatasync", e))
+        make_durable(&self.db, &self.file, &self.probe)
     }
 
     /// Raises the horizon durably, then removes records below it, then
@@ -988,6 +943,54 @@ impl Record {
             Some(_) => Record::Consumed { attempt: None },
         }
     }
+}
+
+/// The probe file in the ledger directory, resized (0 ↔ 1 byte) after
+/// every `fdatasync` (see the module's notes).
+struct Probe {
+    file: File,
+    /// Its size now.
+    len: std::cell::Cell<u64>,
+}
+
+impl Probe {
+    fn open(dir: &Path) -> Result<Self, LedgerError> {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(dir.join(PROBE_FILE))
+            .map_err(|e| LedgerError::storage("open the ledger's probe file", e))?;
+        let len = file
+            .metadata()
+            .map_err(|e| LedgerError::storage("read the ledger's probe file", e))?
+            .len();
+        Ok(Probe {
+            file,
+            len: std::cell::Cell::new(len),
+        })
+    }
+
+    /// After an `fdatasync`: a journalled metadata change of the file
+    /// system, which fails if its journal was aborted, even when the
+    /// `fdatasync` raced the abort and said 0.
+    fn check(&self) -> Result<(), LedgerError> {
+        let next = u64::from(self.len.get() == 0);
+        self.file
+            .set_len(next)
+            .map_err(|e| LedgerError::storage("filesystem check after fdatasync", e))?;
+        self.len.set(next);
+        Ok(())
+    }
+}
+
+/// sled flushed, its data file `fdatasync`ed, and the probe.
+fn make_durable(db: &sled::Db, file: &File, probe: &Probe) -> Result<(), LedgerError> {
+    db.flush().map_err(|e| LedgerError::storage("flush", e))?;
+    file.sync_data()
+        .map_err(|e| LedgerError::storage("fdatasync", e))?;
+    probe.check()
 }
 
 /// One change into sled (no flush).
