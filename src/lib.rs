@@ -63,10 +63,11 @@ mod ops;
 
 pub use app::build::{ConfigError, Prepared};
 pub use app::server::{run, runtime, ServeOptions};
-pub use cli::{Cli, Command, KeysCommand, LogFormat, ServeArgs};
+pub use cli::{AuditCommand, Cli, Command, KeysCommand, LogFormat, ServeArgs};
 pub use clock::{Clock, SystemClock};
 pub use domain::error::Reject;
-pub use domain::keyring::{human_age, KeyListing, KeyState, KeysetFile};
+pub use domain::keyring::{human_age, KeyListing, KeyState, Keyring, KeysetFile};
+pub use ops::audit::verify::{verify as verify_audit_log, Report as AuditReport};
 pub use ops::hardening::{disable_core_dumps, withhold_panic_details};
 
 /// The modules the tests, benches and fuzz targets drive directly. Not a
@@ -77,7 +78,7 @@ pub mod internals {
     pub use crate::domain::{binding, canon, error, keyring, manifest, sealer, token};
     pub use crate::grpc::{auth, canon_pool, service, status};
     pub use crate::net::{accept, conns, limits};
-    pub use crate::ops::{hardening, metrics};
+    pub use crate::ops::{audit, hardening, metrics};
     /// The clock and the clock guard.
     pub mod clock {
         pub use crate::clock::*;

@@ -3,7 +3,7 @@
 use anyhow::Context;
 use clap::Parser;
 use stateseal::KeysetFile;
-use stateseal::{Cli, Command, KeysCommand, LogFormat};
+use stateseal::{AuditCommand, Cli, Command, KeysCommand, LogFormat};
 use stateseal::{Clock, SystemClock};
 
 /// Errors end the process with exit code 1 and one line: the error and its
@@ -44,6 +44,45 @@ fn run() -> anyhow::Result<()> {
             })
         }
         Command::Keys(cmd) => keys(cmd),
+        Command::Audit(AuditCommand::Verify { keyset, files }) => audit_verify(&keyset, &files),
+    }
+}
+
+/// `audit verify`: a summary line, then each problem; exit 1 if any.
+fn audit_verify(keyset: &std::path::Path, files: &[std::path::PathBuf]) -> anyhow::Result<()> {
+    let ring = stateseal::Keyring::load(keyset)?;
+    let r = stateseal::verify_audit_log(files, &ring)?;
+    let span = match (r.first_seq, r.last_seq) {
+        (Some(a), Some(b)) => format!("seq {a}..={b}"),
+        _ => "no audit line".to_owned(),
+    };
+    println!(
+        "audit verify: {} lines in {} file(s), {span}; {}; {}",
+        r.lines,
+        r.files,
+        if r.genesis {
+            "the chain starts at its beginning"
+        } else {
+            "the chain starts mid-way (earlier files not given)"
+        },
+        if r.stopped {
+            "ends with a clean stop"
+        } else {
+            "ends without a stop line (still running, killed, or its end cut)"
+        },
+    );
+    const SHOWN: usize = 100;
+    for p in r.problems.iter().take(SHOWN) {
+        println!("{p}");
+    }
+    if r.problems.len() > SHOWN {
+        println!("... and {} more", r.problems.len() - SHOWN);
+    }
+    if r.problems.is_empty() {
+        println!("OK");
+        Ok(())
+    } else {
+        anyhow::bail!("{} problem(s) in the audit log", r.problems.len())
     }
 }
 

@@ -43,6 +43,8 @@ pub enum ConfigError {
     Ledger(#[from] LedgerError),
     #[error(transparent)]
     Tenants(#[from] crate::grpc::auth::TenantsError),
+    #[error(transparent)]
+    Audit(#[from] crate::ops::audit::AuditError),
 }
 
 /// Flags that cannot work together, each with what to do instead.
@@ -302,14 +304,11 @@ impl ServeArgs {
             );
         }
         let metrics = Arc::new(crate::ops::metrics::Metrics::new());
-        let sealer = Sealer::new(
-            Arc::new(KeyringHandle::new(ring)),
-            ledger,
-            Arc::new(SystemClock::new()),
-            limits,
-        )
-        .with_guard(guard)
-        .with_figures(metrics.clone());
+        let keys = Arc::new(KeyringHandle::new(ring));
+        let audit = self.audit(&keys)?;
+        let sealer = Sealer::new(keys, ledger, Arc::new(SystemClock::new()), limits)
+            .with_guard(guard)
+            .with_figures(metrics.clone());
         Ok(Prepared {
             sealer: Arc::new(sealer),
             options: ServeOptions {
@@ -323,11 +322,52 @@ impl ServeArgs {
                 limits: self.transport_limits(),
                 gc_every: std::time::Duration::from_millis(self.gc_interval_ms.max(50)),
                 metrics,
+                audit,
                 ..ServeOptions::default()
             },
             keyset_path,
         })
     }
+}
+
+impl ServeArgs {
+    /// Starts the audit log, when asked for: its `start` line is written
+    /// before the server listens.
+    pub fn audit(
+        &self,
+        keys: &Arc<KeyringHandle>,
+    ) -> Result<Option<Arc<crate::ops::audit::Audit>>, ConfigError> {
+        use crate::ops::audit::{Audit, AuditConfig, Sink};
+        let Some(path) = &self.audit_log else {
+            return Ok(None);
+        };
+        let sink = if path.as_os_str() == "-" {
+            Sink::Stdout
+        } else {
+            Sink::File(path.clone())
+        };
+        let replica = self.replica_id.clone().unwrap_or_else(default_replica_id);
+        let cfg = AuditConfig {
+            sink,
+            max_bytes: self.audit_max_bytes,
+            sample_seals: self.audit_sample_seals,
+            on_failure: self.audit_on_failure,
+            replica,
+        };
+        let audit = Audit::start(cfg, keys.clone())?;
+        tracing::info!(path = %path.display(), on_failure = ?self.audit_on_failure, "audit log started");
+        Ok(Some(audit))
+    }
+}
+
+/// `$HOSTNAME` (the pod name in Kubernetes), else the kernel's host name.
+fn default_replica_id() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "stateseal".to_owned())
 }
 
 async fn bind_optional(

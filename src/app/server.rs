@@ -65,6 +65,9 @@ pub struct ServeOptions {
     /// The server's figures, served on the metrics port (the sealer is
     /// given the same, as its [`crate::domain::sealer::LedgerFigures`]).
     pub metrics: Arc<crate::ops::metrics::Metrics>,
+    /// The audit log, started; closed (its `stop` line written) when the
+    /// server stops.
+    pub audit: Option<Arc<crate::ops::audit::Audit>>,
 }
 
 impl std::fmt::Debug for ServeOptions {
@@ -95,6 +98,7 @@ impl Default for ServeOptions {
             reload_stats: Arc::default(),
             limits: TransportLimits::default(),
             metrics: Arc::default(),
+            audit: None,
         }
     }
 }
@@ -161,6 +165,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
     let lim = opts.limits.clone();
+    let audit = opts.audit.clone();
     let (health, health_service) = tonic_health::server::health_reporter();
     let health_service = health_service
         .max_decoding_message_size(AUX_MAX_MESSAGE)
@@ -195,11 +200,10 @@ pub async fn run(
         limit_stats.clone(),
     ));
     let service = behind_auth(
-        RequestStateServer::new(RequestStateService::new(
-            sealer.clone(),
-            canon,
-            metrics.clone(),
-        ))
+        RequestStateServer::new(
+            RequestStateService::new(sealer.clone(), canon, metrics.clone())
+                .with_audit(opts.audit.clone()),
+        )
         .max_decoding_message_size(limit)
         .max_encoding_message_size(limit),
         &auth,
@@ -242,6 +246,7 @@ pub async fn run(
                 metrics: metrics.clone(),
                 limits: limit_stats.clone(),
                 tls: opts.tls.as_ref().map(|t| t.expiry.clone()),
+                audit: opts.audit.as_ref().map(|a| a.stats().clone()),
             },
         )));
     }
@@ -339,7 +344,7 @@ pub async fn run(
             Ok(())
         }
     };
-    wind_down(health_server, background, ledger, failed).await?;
+    wind_down(health_server, background, ledger, failed, audit).await?;
     result?;
     Ok(())
 }
@@ -357,6 +362,7 @@ fn spawn_background(
         tokio::spawn(report_readiness(
             ledger.clone(),
             sealer.guard().clone(),
+            opts.audit.clone(),
             health,
             opts.metrics.clone(),
             opts.health_every,
@@ -378,7 +384,7 @@ fn spawn_background(
         )),
     ];
     if let Some((path, digest)) = opts.keyset.clone() {
-        let apply = keyset_applier(sealer.keys().clone());
+        let apply = keyset_applier(sealer.keys().clone(), opts.audit.clone());
         background.push(spawn_watch("keyset", vec![path], digest, opts, apply));
     }
     if let Some(t) = opts.tls.clone() {
@@ -405,6 +411,7 @@ async fn wind_down(
     background: Vec<tokio::task::JoinHandle<()>>,
     ledger: Arc<dyn crate::ledger::Ledger>,
     failed: bool,
+    audit: Option<Arc<crate::ops::audit::Audit>>,
 ) -> Result<(), ServeError> {
     if let Some(h) = health_server {
         if tokio::time::timeout(Duration::from_secs(1), h)
@@ -421,6 +428,10 @@ async fn wind_down(
     }
     for task in background {
         let _ = task.await;
+    }
+    if let Some(a) = audit {
+        // Its writer thread writes the `stop` line and syncs the file.
+        let _ = tokio::task::spawn_blocking(move || a.close()).await;
     }
     if failed {
         return Err(ServeError::Ledger(
@@ -534,19 +545,27 @@ where
 async fn report_readiness(
     ledger: Arc<dyn crate::ledger::Ledger>,
     guard: Arc<crate::clock::guard::TimeGuard>,
+    audit: Option<Arc<crate::ops::audit::Audit>>,
     health: tonic_health::server::HealthReporter,
     metrics: Arc<crate::ops::metrics::Metrics>,
     every: Duration,
     mut last: Option<bool>,
 ) {
     loop {
-        let ready = ledger.ready().await && guard.synced();
+        // A fail-closed audit log that cannot write refuses every request:
+        // not ready, so that traffic goes to replicas whose disk has room.
+        let audit_ok = audit.as_ref().is_none_or(|a| a.admit().is_ok());
+        let ready = ledger.ready().await && guard.synced() && audit_ok;
         if last != Some(ready) {
             set_health(&health, &metrics, ready).await;
             if ready {
                 tracing::info!(backend = ledger.backend(), "ledger ready: SERVING");
             } else {
-                tracing::warn!(backend = ledger.backend(), "ledger not ready: NOT_SERVING");
+                tracing::warn!(
+                    backend = ledger.backend(),
+                    audit_ok,
+                    "not ready: NOT_SERVING"
+                );
             }
             last = Some(ready);
         }

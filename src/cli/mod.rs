@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::domain::keyring::RetirePolicy;
+use crate::ops::audit::OnFailure;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -28,6 +29,9 @@ pub enum Command {
     /// Manage keyset files.
     #[command(subcommand)]
     Keys(KeysCommand),
+    /// Work with audit logs.
+    #[command(subcommand)]
+    Audit(AuditCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -308,4 +312,47 @@ pub struct ServeArgs {
     /// cut, in milliseconds.
     #[arg(long, env = "STATESEAL_SHUTDOWN_GRACE_MS", default_value_t = 20_000)]
     pub shutdown_grace_ms: u64,
+    /// Audit log: one chained JSON line per decision and key event, to this
+    /// file (rotated by --audit-max-bytes) or `-` for standard output. No
+    /// audit log when absent.
+    #[arg(long, env = "STATESEAL_AUDIT_LOG")]
+    pub audit_log: Option<PathBuf>,
+    /// The audit file is rotated (renamed to FILE.<first seq>) once it
+    /// reaches this size.
+    #[arg(long, env = "STATESEAL_AUDIT_MAX_BYTES", default_value_t = 100 * 1024 * 1024)]
+    pub audit_max_bytes: u64,
+    /// Log one successful Seal in this many (refusals and every other
+    /// decision are always logged).
+    #[arg(long, env = "STATESEAL_AUDIT_SAMPLE_SEALS", default_value_t = 1)]
+    pub audit_sample_seals: u32,
+    /// When the audit log cannot be written: `closed` refuses requests
+    /// (AUDIT_UNAVAILABLE) and holds each answer until its line is written;
+    /// `open` serves on and counts the lines it drops.
+    #[arg(
+        long,
+        env = "STATESEAL_AUDIT_ON_FAILURE",
+        value_enum,
+        default_value = "closed"
+    )]
+    pub audit_on_failure: OnFailure,
+    /// This replica's name in audit lines (default: $HOSTNAME, the pod name
+    /// in Kubernetes, else the kernel's host name).
+    #[arg(long, env = "STATESEAL_REPLICA_ID")]
+    pub replica_id: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AuditCommand {
+    /// Check an audit log's chain: every line's MAC over the line before it.
+    /// Give the rotated files first (FILE.<seq>, in name order), then FILE.
+    /// Exits 1, naming each file and line, when a line was changed,
+    /// removed, inserted or reordered.
+    Verify {
+        /// The keyset whose keys made the chain (a retired key's lines need
+        /// a keyset that still holds it).
+        #[arg(long)]
+        keyset: PathBuf,
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
 }

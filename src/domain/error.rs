@@ -39,11 +39,14 @@ pub enum Reject {
     /// `input_requests_json` is not a valid MCP `inputRequests` object, or a
     /// form field asks for a credential (policy `deny`).
     BadInputRequests,
+    /// The audit log cannot be written and `--audit-on-failure closed` is in
+    /// force: no decision is answered without its line.
+    AuditUnavailable,
 }
 
 impl Reject {
     /// Every reason, for documentation checks and metrics.
-    pub const ALL: [Reject; 13] = [
+    pub const ALL: [Reject; 14] = [
         Reject::Malformed,
         Reject::TooLarge,
         Reject::BadMethod,
@@ -57,6 +60,7 @@ impl Reject {
         Reject::InUse,
         Reject::LeaseExpired,
         Reject::BadInputRequests,
+        Reject::AuditUnavailable,
     ];
 
     /// The machine-readable reason (`google.rpc.ErrorInfo.reason`).
@@ -75,6 +79,7 @@ impl Reject {
             Reject::InUse => "IN_USE",
             Reject::LeaseExpired => "LEASE_EXPIRED",
             Reject::BadInputRequests => "BAD_INPUT_REQUESTS",
+            Reject::AuditUnavailable => "AUDIT_UNAVAILABLE",
         }
     }
 
@@ -94,6 +99,7 @@ impl Reject {
             Reject::InUse => "single-use token reserved by another attempt",
             Reject::LeaseExpired => "reservation lease expired",
             Reject::BadInputRequests => "input requests invalid or not allowed",
+            Reject::AuditUnavailable => "audit log unavailable",
         }
     }
 }

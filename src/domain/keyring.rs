@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::io::Write;
 use std::path::Path;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use arc_swap::ArcSwap;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -38,6 +38,11 @@ pub mod labels {
     pub const TOKEN_AEAD: &[u8] = b"stateseal/v1 token aead key";
     /// HKDF-Expand info prefix of the per-tenant ledger-id HMAC key.
     pub const LEDGER_ID: &[u8] = b"stateseal/v1 ledger id key";
+    /// HKDF-Expand info of the audit log's chain MAC key (one per root key).
+    pub const AUDIT_CHAIN: &[u8] = b"stateseal/v1 audit chain key";
+    /// HKDF-Expand info of the audit log's digest key (subjects, ledger and
+    /// attempt ids are logged only as HMACs under it).
+    pub const AUDIT_DIGEST: &[u8] = b"stateseal/v1 audit digest key";
 }
 
 /// The `format` member every keyset file carries.
@@ -664,12 +669,55 @@ impl fmt::Debug for TenantKeys {
     }
 }
 
+/// The audit log's keys of one root key (not per tenant): the chain MAC
+/// key and the key of the digests that stand in for subjects and ids.
+pub struct AuditKeys {
+    chain: Wiped<Hmac<Sha256>>,
+    digest: Wiped<Hmac<Sha256>>,
+}
+
+impl AuditKeys {
+    /// HMAC-SHA256 over the previous line's MAC and this line's body.
+    pub fn chain_mac(&self, prev: &[u8; 32], body: &[u8]) -> [u8; 32] {
+        use hmac::Mac;
+        let mut m = self.chain.0.clone();
+        m.update(prev);
+        m.update(body);
+        let out: [u8; 32] = m.finalize().into_bytes().into();
+        out
+    }
+
+    /// The first 16 bytes of HMAC-SHA256 over `field` (a fixed name that
+    /// keeps a subject's digest from equalling an attempt id's) and `data`.
+    pub fn digest(&self, field: &str, data: &[u8]) -> [u8; 16] {
+        use hmac::Mac;
+        let mut m = self.digest.0.clone();
+        m.update(&(field.len() as u32).to_be_bytes());
+        m.update(field.as_bytes());
+        m.update(data);
+        let full: [u8; 32] = m.finalize().into_bytes().into();
+        let mut out = [0u8; 16];
+        out.copy_from_slice(&full[..16]);
+        out
+    }
+}
+
+// Both fields wipe themselves on drop (`Wiped`).
+impl zeroize::ZeroizeOnDrop for AuditKeys {}
+
+impl fmt::Debug for AuditKeys {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("AuditKeys(..)")
+    }
+}
+
 /// A live (staged or primary) root key.
 pub struct RootKey {
     id: KeyId,
     state: KeyState,
     material: KeyMaterial,
     cache: RwLock<HashMap<Tenant, Arc<TenantKeys>>>,
+    audit: OnceLock<AuditKeys>,
 }
 
 impl fmt::Debug for RootKey {
@@ -687,6 +735,30 @@ impl RootKey {
     }
     pub fn state(&self) -> KeyState {
         self.state
+    }
+
+    /// The audit log's keys, derived once.
+    pub fn audit_keys(&self) -> &AuditKeys {
+        self.audit.get_or_init(|| {
+            let hk = Wiped(Hkdf::<Sha256>::new(
+                Some(labels::SALT),
+                self.material.expose(),
+            ));
+            let kid = self.id.0.to_be_bytes();
+            let mac = |label: &[u8]| {
+                let mut k = Zeroizing::new([0u8; 32]);
+                hk.0.expand_multi_info(&[label, &kid], &mut k[..])
+                    .expect("32 bytes is a valid HKDF-SHA256 output length");
+                Wiped(
+                    <Hmac<Sha256> as hmac::Mac>::new_from_slice(&k[..])
+                        .expect("HMAC takes keys of any length"),
+                )
+            };
+            AuditKeys {
+                chain: mac(labels::AUDIT_CHAIN),
+                digest: mac(labels::AUDIT_DIGEST),
+            }
+        })
     }
 
     /// The tenant's subkeys, derived once and cached.
@@ -757,6 +829,7 @@ impl Keyring {
                 state: rec.state,
                 material,
                 cache: RwLock::new(HashMap::new()),
+                audit: OnceLock::new(),
             });
             if rec.state == KeyState::Primary {
                 primary = Some(key.clone());

@@ -101,6 +101,25 @@ impl std::fmt::Debug for OpenedState {
     }
 }
 
+/// What one decision touched, as far as the sealer got before it decided:
+/// the key id (once the token or reservation named a key in force) and the
+/// ledger id (once it was authenticated). The audit log records digests of
+/// them; nothing here is secret, and `Debug` shows presence only.
+#[derive(Clone, Copy, Default)]
+pub struct Trail {
+    pub key_id: Option<KeyId>,
+    pub ledger_id: Option<[u8; 32]>,
+}
+
+impl std::fmt::Debug for Trail {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Trail")
+            .field("key_id", &self.key_id)
+            .field("ledger_id", &self.ledger_id.is_some())
+            .finish()
+    }
+}
+
 /// What the sealer reports of its ledger rounds. The metrics implement it
 /// and are handed down from the composition root, so the core names no
 /// registry.
@@ -293,6 +312,7 @@ impl Sealer {
         untrusted: UntrustedToken,
         mode: OpenMode,
         attempt_id: Option<&str>,
+        trail: &mut Trail,
     ) -> Result<OpenedState, Reject> {
         if attempt_id.is_some_and(|a| a.len() > MAX_ATTEMPT_ID) {
             return Err(Reject::TooLarge);
@@ -301,6 +321,7 @@ impl Sealer {
             return Err(Reject::ClockUnsynced);
         }
         let key_id = untrusted.header().key_id;
+        trail.key_id = Some(key_id);
         let tenant_keys = {
             let ring = self.keys.current();
             let key = ring.get(key_id).ok_or(Reject::UnknownKey)?;
@@ -324,6 +345,7 @@ impl Sealer {
                 id: opened.ledger_id(&tenant_keys),
                 tenant: TenantTag::of(binding.tenant.as_str()),
             };
+            trail.ledger_id = Some(key.id);
             let started = std::time::Instant::now();
             let outcome = match mode {
                 OpenMode::Consume => self.ledger.consume_as(&key, attempt).await.map(Ok),
@@ -429,9 +451,11 @@ impl Sealer {
         &self,
         tenant: &Tenant,
         r: &str,
+        trail: &mut Trail,
     ) -> Result<(ReservationClaims, LedgerKey), Reject> {
         // Decoded once: the key id picks the key, which opens the rest.
         let sealed = token::SealedReservation::parse(r)?;
+        trail.key_id = Some(sealed.key_id());
         let keys = {
             let ring = self.keys.current();
             let key = ring.get(sealed.key_id()).ok_or(Reject::UnknownKey)?;
@@ -443,6 +467,7 @@ impl Sealer {
             id: c.ledger_id,
             tenant: TenantTag::of(tenant.as_str()),
         };
+        trail.ledger_id = Some(key.id);
         Ok((c, key))
     }
 
@@ -453,8 +478,13 @@ impl Sealer {
     ///
     /// Not refused while the clock guard disagrees: a Commit reads no clock,
     /// and refusing it would let the lease lapse under a handler that ran.
-    pub async fn commit(&self, tenant: &Tenant, reservation: &str) -> Result<(), Reject> {
-        let (c, key) = self.reservation(tenant, reservation)?;
+    pub async fn commit(
+        &self,
+        tenant: &Tenant,
+        reservation: &str,
+        trail: &mut Trail,
+    ) -> Result<(), Reject> {
+        let (c, key) = self.reservation(tenant, reservation, trail)?;
         let started = std::time::Instant::now();
         let outcome = self.ledger.commit(&key, c.rid).await;
         self.figures.ledger_round(
@@ -474,13 +504,14 @@ impl Sealer {
         tenant: &Tenant,
         reservation: &str,
         lease_seconds: u32,
+        trail: &mut Trail,
     ) -> Result<LeaseEnd, Reject> {
         // Not refused while the clock guard disagrees either: a refused
         // renewal certainly lets the lease lapse under a running handler,
         // while a renewal judged by a stepped clock at worst holds the token
         // longer or shorter by the step, as any lease granted then (and on
         // PostgreSQL the database's clock judges it anyway).
-        let (c, key) = self.reservation(tenant, reservation)?;
+        let (c, key) = self.reservation(tenant, reservation, trail)?;
         let outcome = self
             .ledger
             .renew(
@@ -522,8 +553,13 @@ impl Sealer {
     }
 
     /// Gives a reservation back (if it still holds the token).
-    pub async fn release(&self, tenant: &Tenant, reservation: &str) -> Result<(), Reject> {
-        let (c, key) = self.reservation(tenant, reservation)?;
+    pub async fn release(
+        &self,
+        tenant: &Tenant,
+        reservation: &str,
+        trail: &mut Trail,
+    ) -> Result<(), Reject> {
+        let (c, key) = self.reservation(tenant, reservation, trail)?;
         self.ledger.release(&key, c.rid).await.map_err(|e| {
             tracing::warn!(error = %e, backend = self.ledger.backend(), "ledger failed on release");
             Reject::LedgerUnavailable

@@ -156,12 +156,29 @@ impl Tenants {
 
     /// The tenant of a client certificate's SANs: exactly one entry must match.
     pub fn by_certificate(&self, uris: &[String], dns: &[String]) -> Option<Tenant> {
-        let mut found = self.tenants.iter().filter(|e| {
-            e.uri.as_ref().is_some_and(|u| uris.contains(u))
-                || e.dns.as_ref().is_some_and(|d| dns.contains(d))
-        });
+        self.certificate_identity(uris, dns).map(|(t, _)| t)
+    }
+
+    /// The tenant of a client certificate's SANs and the SAN that matched
+    /// (the URI when the entry names both): exactly one entry must match.
+    pub fn certificate_identity(
+        &self,
+        uris: &[String],
+        dns: &[String],
+    ) -> Option<(Tenant, String)> {
+        let matched = |e: &TenantEntry| {
+            e.uri
+                .as_ref()
+                .filter(|u| uris.contains(u))
+                .or(e.dns.as_ref().filter(|d| dns.contains(d)))
+                .cloned()
+        };
+        let mut found = self
+            .tenants
+            .iter()
+            .filter_map(|e| matched(e).map(|san| (e, san)));
         match (found.next(), found.next()) {
-            (Some(e), None) => Some(Tenant::new(e.name.as_str())),
+            (Some((e, san)), None) => Some((Tenant::new(e.name.as_str()), san)),
             _ => None,
         }
     }
@@ -219,8 +236,8 @@ impl Authenticator {
     }
 
     fn identify<T>(&self, mut req: Request<T>) -> Result<Request<T>, Status> {
-        let tenant = match self {
-            Authenticator::Implicit(t) => t.clone(),
+        let (tenant, caller) = match self {
+            Authenticator::Implicit(t) => (t.clone(), Caller::from("none")),
             Authenticator::Bearer(tenants) => {
                 let header = req
                     .metadata()
@@ -230,10 +247,12 @@ impl Authenticator {
                     .as_bytes()
                     .strip_prefix(b"Bearer ")
                     .ok_or_else(|| Status::unauthenticated("invalid credentials"))?;
-                tenants
+                let tenant = tenants
                     .load()
                     .by_bearer(secret)
-                    .ok_or_else(|| Status::unauthenticated("invalid credentials"))?
+                    .ok_or_else(|| Status::unauthenticated("invalid credentials"))?;
+                let caller = Caller(format!("bearer:{}", tenant.as_str()).into());
+                (tenant, caller)
             }
             Authenticator::MutualTls(tenants) => match req
                 .extensions()
@@ -244,18 +263,32 @@ impl Authenticator {
                     if unix_now() > cert.not_after {
                         return Err(Status::unauthenticated("client certificate expired"));
                     }
-                    tenants
+                    let (tenant, san) = tenants
                         .load()
-                        .by_certificate(&cert.uris, &cert.dns)
+                        .certificate_identity(&cert.uris, &cert.dns)
                         .ok_or_else(|| {
                             Status::permission_denied("client certificate maps to no tenant")
-                        })?
+                        })?;
+                    (tenant, Caller(san.into()))
                 }
                 _ => return Err(Status::unauthenticated("client certificate required")),
             },
         };
         req.extensions_mut().insert(tenant);
+        req.extensions_mut().insert(caller);
         Ok(req)
+    }
+}
+
+/// Who called, as the audit log names them: the client certificate's SAN
+/// that matched its tenants entry, `bearer:<tenant>`, or `none` without
+/// caller authentication. Never a secret.
+#[derive(Clone, Debug)]
+pub struct Caller(pub std::sync::Arc<str>);
+
+impl From<&str> for Caller {
+    fn from(s: &str) -> Self {
+        Caller(s.into())
     }
 }
 

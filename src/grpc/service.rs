@@ -11,8 +11,10 @@ use tonic::{Request, Response, Status};
 use crate::domain::binding::{params_digest_for, Binding, BindingVersion, ParamsDigest, Tenant};
 use crate::domain::error::Reject;
 use crate::domain::manifest::{Answers, Manifest};
-use crate::domain::sealer::{OpenMode, Sealer};
+use crate::domain::sealer::{OpenMode, Sealer, Trail};
+use crate::grpc::auth::Caller;
 use crate::grpc::canon_pool::CanonPool;
+use crate::ops::audit::{Audit, Decision, Method};
 use crate::proto::request_state_server::RequestState;
 use crate::proto::{self, binding::Params};
 
@@ -21,6 +23,16 @@ pub struct RequestStateService {
     sealer: Arc<Sealer>,
     canon: Arc<CanonPool>,
     metrics: Arc<Metrics>,
+    audit: Option<Arc<Audit>>,
+}
+
+/// What a decision's audit line says besides its outcome.
+struct Asked {
+    method: Method,
+    caller: Arc<str>,
+    mode: Option<&'static str>,
+    subject: Option<String>,
+    attempt: Option<String>,
 }
 
 impl RequestStateService {
@@ -29,7 +41,72 @@ impl RequestStateService {
             sealer,
             canon,
             metrics,
+            audit: None,
         }
+    }
+
+    /// Every decision is recorded in `audit`.
+    pub fn with_audit(mut self, audit: Option<Arc<Audit>>) -> Self {
+        self.audit = audit;
+        self
+    }
+
+    /// Before acting: refused while a fail-closed audit log cannot write.
+    fn admit(&self) -> Result<(), Reject> {
+        self.audit.as_ref().map_or(Ok(()), |a| a.admit())
+    }
+
+    /// What the audit line will need, taken from the request only when
+    /// there is an audit log (the subject and attempt id are copied).
+    fn asked<T>(
+        &self,
+        req: &Request<T>,
+        method: Method,
+        subject: impl FnOnce(&T) -> Option<String>,
+        attempt: impl FnOnce(&T) -> Option<String>,
+    ) -> Option<Asked> {
+        self.audit.as_ref()?;
+        let caller = req
+            .extensions()
+            .get::<Caller>()
+            .map_or_else(|| Arc::from("none"), |c| c.0.clone());
+        Some(Asked {
+            method,
+            caller,
+            mode: None,
+            subject: subject(req.get_ref()),
+            attempt: attempt(req.get_ref()),
+        })
+    }
+
+    /// Records the decision (with a fail-closed log, the answer waits for
+    /// its line, and becomes `AUDIT_UNAVAILABLE` if it cannot be written).
+    async fn audited<T>(
+        &self,
+        asked: Option<Asked>,
+        tenant: &Tenant,
+        trail: Trail,
+        result: Result<T, Reject>,
+    ) -> Result<T, Reject> {
+        let (Some(audit), Some(a)) = (&self.audit, asked) else {
+            return result;
+        };
+        let refused = result.as_ref().err().copied();
+        if refused == Some(Reject::AuditUnavailable) {
+            return result; // refused at admission: no line can be written
+        }
+        let d = Decision {
+            method: a.method,
+            tenant: tenant.clone(),
+            caller: a.caller,
+            mode: a.mode,
+            subject: a.subject,
+            attempt: a.attempt,
+            trail,
+            refused,
+        };
+        audit.record(d).await?;
+        result
     }
 
     /// Checks a received binding and computes its params digest: the cheap
@@ -156,9 +233,16 @@ impl RequestState for RequestStateService {
     ) -> Result<Response<proto::SealResponse>, Status> {
         let started = Instant::now();
         let tenant = tenant_of(&req)?;
+        let asked = self.asked(
+            &req,
+            Method::Seal,
+            |r| r.binding.as_ref().map(|b| b.subject.clone()),
+            |_| None,
+        );
         let mut r = req.into_inner();
         let questions = std::mem::take(&mut r.input_requests_json);
         let result = async {
+            self.admit()?;
             let b = self
                 .binding(&tenant, r.binding.take(), BindingVersion::CURRENT)
                 .await?;
@@ -172,6 +256,11 @@ impl RequestState for RequestStateService {
             )
         }
         .await;
+        let trail = Trail {
+            key_id: result.as_ref().ok().map(|s| s.key_id),
+            ledger_id: None,
+        };
+        let result = self.audited(asked, &tenant, trail, result).await;
         self.metrics
             .request(Rpc::Seal, result.as_ref().err().copied(), started.elapsed());
         match result {
@@ -206,6 +295,12 @@ impl RequestState for RequestStateService {
     ) -> Result<Response<proto::OpenResponse>, Status> {
         let started = Instant::now();
         let tenant = tenant_of(&req)?;
+        let mut asked = self.asked(
+            &req,
+            Method::Open,
+            |r| r.binding.as_ref().map(|b| b.subject.clone()),
+            |r| Some(r.attempt_id.clone()),
+        );
         let r = req.into_inner();
         let mode = match proto::OpenMode::try_from(r.mode) {
             Ok(proto::OpenMode::Consume) => Ok(OpenMode::Consume),
@@ -214,9 +309,20 @@ impl RequestState for RequestStateService {
             }),
             Err(_) => Err(Reject::Malformed),
         };
+        if let (Some(a), Ok(m)) = (asked.as_mut(), &mode) {
+            a.mode = Some(match m {
+                OpenMode::Consume => "consume",
+                OpenMode::Reserve { .. } => "reserve",
+            });
+        }
+        let mut trail = Trail::default();
         // The token's form and key id first: a garbage token costs nothing
         // proportional to the params.
-        let result = match (mode, self.sealer.precheck(&r.request_state)) {
+        let result = match (
+            mode,
+            self.admit()
+                .and_then(|()| self.sealer.precheck(&r.request_state)),
+        ) {
             (Ok(mode), Ok(untrusted)) => match self
                 .binding(&tenant, r.binding, untrusted.header().binding)
                 .await
@@ -224,7 +330,7 @@ impl RequestState for RequestStateService {
                 Ok(binding) => match self.answers(r.input_responses_json).await {
                     Ok(answers) => self
                         .sealer
-                        .open(&binding, untrusted, mode, Some(&r.attempt_id))
+                        .open(&binding, untrusted, mode, Some(&r.attempt_id), &mut trail)
                         .await
                         .and_then(|o| {
                             // Infallible for a token this service sealed:
@@ -238,6 +344,7 @@ impl RequestState for RequestStateService {
             },
             (Err(e), _) | (_, Err(e)) => Err(e),
         };
+        let result = self.audited(asked, &tenant, trail, result).await;
         self.metrics
             .request(Rpc::Open, result.as_ref().err().copied(), started.elapsed());
         match result {
@@ -281,10 +388,17 @@ impl RequestState for RequestStateService {
     ) -> Result<Response<proto::CommitResponse>, Status> {
         let started = Instant::now();
         let tenant = tenant_of(&req)?;
-        let result = self
-            .sealer
-            .commit(&tenant, &req.get_ref().reservation)
-            .await;
+        let asked = self.asked(&req, Method::Commit, |_| None, |_| None);
+        let mut trail = Trail::default();
+        let result = match self.admit() {
+            Ok(()) => {
+                self.sealer
+                    .commit(&tenant, &req.get_ref().reservation, &mut trail)
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        let result = self.audited(asked, &tenant, trail, result).await;
         self.metrics.request(
             Rpc::Commit,
             result.as_ref().err().copied(),
@@ -300,11 +414,18 @@ impl RequestState for RequestStateService {
     ) -> Result<Response<proto::RenewResponse>, Status> {
         let started = Instant::now();
         let tenant = tenant_of(&req)?;
+        let asked = self.asked(&req, Method::Renew, |_| None, |_| None);
         let r = req.get_ref();
-        let result = self
-            .sealer
-            .renew(&tenant, &r.reservation, r.lease_seconds)
-            .await;
+        let mut trail = Trail::default();
+        let result = match self.admit() {
+            Ok(()) => {
+                self.sealer
+                    .renew(&tenant, &r.reservation, r.lease_seconds, &mut trail)
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        let result = self.audited(asked, &tenant, trail, result).await;
         self.metrics.request(
             Rpc::Renew,
             result.as_ref().err().copied(),
@@ -327,10 +448,17 @@ impl RequestState for RequestStateService {
     ) -> Result<Response<proto::ReleaseResponse>, Status> {
         let started = Instant::now();
         let tenant = tenant_of(&req)?;
-        let result = self
-            .sealer
-            .release(&tenant, &req.get_ref().reservation)
-            .await;
+        let asked = self.asked(&req, Method::Release, |_| None, |_| None);
+        let mut trail = Trail::default();
+        let result = match self.admit() {
+            Ok(()) => {
+                self.sealer
+                    .release(&tenant, &req.get_ref().reservation, &mut trail)
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        let result = self.audited(asked, &tenant, trail, result).await;
         self.metrics.request(
             Rpc::Release,
             result.as_ref().err().copied(),

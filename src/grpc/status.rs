@@ -21,7 +21,9 @@ impl Reject {
             Reject::InUse => Code::Aborted,
             Reject::Replayed => Code::AlreadyExists,
             Reject::Rejected => Code::PermissionDenied,
-            Reject::LedgerUnavailable | Reject::ClockUnsynced => Code::Unavailable,
+            Reject::LedgerUnavailable | Reject::ClockUnsynced | Reject::AuditUnavailable => {
+                Code::Unavailable
+            }
             Reject::Overloaded => Code::ResourceExhausted,
         }
     }

@@ -207,6 +207,8 @@ pub struct Sources {
     pub limits: Arc<crate::net::limits::LimitStats>,
     /// The expiry dates of the TLS material in force, with TLS.
     pub tls: Option<Arc<crate::net::tls::TlsExpiry>>,
+    /// The audit log's figures, with an audit log.
+    pub audit: Option<Arc<crate::ops::audit::AuditStats>>,
 }
 
 impl std::fmt::Debug for Sources {
@@ -370,6 +372,16 @@ impl Collector for Owned {
         )?;
         counter(&mut enc, "stateseal_connections_refused_per_ip", "Connections refused because their address held --max-connections-per-ip busy connections.", load(&c.refused_per_ip))?;
         counter(&mut enc, "stateseal_connections_closed_unauthenticated", "Bearer mode: connections closed without a request with a valid credential within --auth-deadline-ms, or after 16 failed ones.", load(&c.closed_unauthenticated))?;
+        if let Some(a) = &src.audit {
+            counter(
+                &mut enc,
+                "stateseal_audit_lines",
+                "Audit lines made (numbered and chained).",
+                load(&a.lines),
+            )?;
+            counter(&mut enc, "stateseal_audit_dropped", "Audit lines given up (--audit-on-failure open: queue full, or the sink failing too long); a `dropped` line counts them in the log.", load(&a.dropped))?;
+            counter(&mut enc, "stateseal_audit_write_failures", "Audit log writes that failed (the lines are kept and written first once the sink writes again).", load(&a.write_failures))?;
+        }
         counter(
             &mut enc,
             "stateseal_reloads",

@@ -17,6 +17,7 @@ use sha2::{Digest, Sha256};
 use zeroize::Zeroizing;
 
 use crate::domain::keyring::{Keyring, KeyringHandle, KeysetFile};
+use crate::ops::audit::{key_changes, Audit, KeyEvent};
 
 /// Reload outcomes, for metrics and tests.
 #[derive(Debug, Default)]
@@ -103,13 +104,35 @@ pub async fn watch_file<F>(
     }
 }
 
-/// The keyset's `apply`: parse, validate, swap.
-pub fn keyset_applier(handle: Arc<KeyringHandle>) -> impl Fn(&[u8]) -> Result<(), ApplyError> {
+/// The keyset's `apply`: parse, validate, swap; the audit log records what
+/// the new version changed, or that it was refused.
+pub fn keyset_applier(
+    handle: Arc<KeyringHandle>,
+    audit: Option<Arc<Audit>>,
+) -> impl Fn(&[u8]) -> Result<(), ApplyError> {
     move |bytes| {
-        let file = KeysetFile::parse(bytes)?;
-        let ring = Keyring::from_file(&file)?;
+        let loaded = KeysetFile::parse(bytes).and_then(|file| Keyring::from_file(&file));
+        let ring = match loaded {
+            Ok(ring) => ring,
+            Err(e) => {
+                if let Some(a) = &audit {
+                    // Keyset errors never hold key bytes.
+                    a.key_event(KeyEvent::ReloadRefused(e.to_string()));
+                }
+                return Err(e.into());
+            }
+        };
         tracing::info!(keys = ?ring.summary(), "keyset in force");
+        let before = handle.current();
+        if let Some(a) = &audit {
+            for e in key_changes(&before, &ring) {
+                a.key_event(e);
+            }
+        }
         handle.replace(ring);
+        if let Some(a) = &audit {
+            a.key_event(KeyEvent::ReloadApplied);
+        }
         Ok(())
     }
 }

@@ -375,7 +375,7 @@ async fn commit_renew_and_release_work_while_the_clock_guard_disagrees() {
     use stateseal::internals::error::Reject;
     use stateseal::internals::keyring::{Keyring, KeyringHandle, KeysetFile};
     use stateseal::internals::ledger::sled::SledLedger;
-    use stateseal::internals::sealer::{Limits, OpenMode as Mode, Sealer};
+    use stateseal::internals::sealer::{Limits, OpenMode as Mode, Sealer, Trail};
 
     let dir = tempfile::tempdir().unwrap();
     let keys = Arc::new(KeyringHandle::new(
@@ -407,30 +407,58 @@ async fn commit_renew_and_release_work_while_the_clock_guard_disagrees() {
                 synced.precheck(&t).unwrap(),
                 Mode::Reserve { lease_seconds: 5 },
                 None,
+                &mut Trail::default(),
             )
             .await
             .unwrap();
         let (r, _) = o.reservation.unwrap();
         assert_eq!(
             unsynced
-                .open(&b, unsynced.precheck(&t).unwrap(), Mode::Consume, None)
+                .open(
+                    &b,
+                    unsynced.precheck(&t).unwrap(),
+                    Mode::Consume,
+                    None,
+                    &mut Trail::default()
+                )
                 .await
                 .unwrap_err(),
             Reject::ClockUnsynced
         );
-        unsynced.renew(&tenant, &r, 5).await.unwrap();
+        unsynced
+            .renew(&tenant, &r, 5, &mut Trail::default())
+            .await
+            .unwrap();
         match finish {
             "commit" => {
-                unsynced.commit(&tenant, &r).await.unwrap();
+                unsynced
+                    .commit(&tenant, &r, &mut Trail::default())
+                    .await
+                    .unwrap();
                 let again = synced
-                    .open(&b, synced.precheck(&t).unwrap(), Mode::Consume, None)
+                    .open(
+                        &b,
+                        synced.precheck(&t).unwrap(),
+                        Mode::Consume,
+                        None,
+                        &mut Trail::default(),
+                    )
                     .await;
                 assert_eq!(again.unwrap_err(), Reject::Replayed);
             }
             _ => {
-                unsynced.release(&tenant, &r).await.unwrap();
+                unsynced
+                    .release(&tenant, &r, &mut Trail::default())
+                    .await
+                    .unwrap();
                 let again = synced
-                    .open(&b, synced.precheck(&t).unwrap(), Mode::Consume, None)
+                    .open(
+                        &b,
+                        synced.precheck(&t).unwrap(),
+                        Mode::Consume,
+                        None,
+                        &mut Trail::default(),
+                    )
                     .await;
                 assert!(again.unwrap().consumed);
             }

@@ -27,7 +27,7 @@ use crate::common::*;
 
 /// Runs a system command; its stderr (or why it could not run) on failure.
 /// `ok` says which exit codes count as success.
-fn run(cmd: &str, args: &[&str], ok: &[i32]) -> Result<String, String> {
+pub(crate) fn run(cmd: &str, args: &[&str], ok: &[i32]) -> Result<String, String> {
     let out = Command::new(cmd)
         .args(args)
         .output()
@@ -47,7 +47,7 @@ fn path_str(p: &Path) -> &str {
 }
 
 /// A mount point that is lazily unmounted when dropped.
-struct Mounted(PathBuf);
+pub(crate) struct Mounted(PathBuf);
 
 impl Mounted {
     /// Unmounts now, not lazily; on failure the drop unmounts lazily.
@@ -64,7 +64,7 @@ impl Drop for Mounted {
     }
 }
 
-fn mount_tmpfs(dir: &Path, size: &str) -> Result<Mounted, String> {
+pub(crate) fn mount_tmpfs(dir: &Path, size: &str) -> Result<Mounted, String> {
     let opts = format!("size={size}");
     run(
         "mount",

@@ -181,9 +181,15 @@ async fn one_tenant_at_its_bound_does_not_block_another() {
         .unwrap();
         let t = s.seal(&b, b"x", 3600, true, None).unwrap().token;
         let u = s.precheck(&t).unwrap();
-        s.open(&b, u, Mode::Reserve { lease_seconds: 2 }, None)
-            .await
-            .map(|_| ())
+        s.open(
+            &b,
+            u,
+            Mode::Reserve { lease_seconds: 2 },
+            None,
+            &mut Default::default(),
+        )
+        .await
+        .map(|_| ())
     }
 
     let sled = open_sled();

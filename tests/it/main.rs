@@ -7,6 +7,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod at_most_once;
+mod audit;
 mod auth;
 mod binding_vectors;
 mod clock;

@@ -45,7 +45,7 @@ const CLIENT_FAULTS = new Set([
   'BAD_INPUT_REQUESTS',
 ]);
 /** Reasons that are transient: retry later or elsewhere. */
-const TRANSIENT = new Set(['LEDGER_UNAVAILABLE', 'CLOCK_UNSYNCED', 'OVERLOADED']);
+const TRANSIENT = new Set(['LEDGER_UNAVAILABLE', 'CLOCK_UNSYNCED', 'OVERLOADED', 'AUDIT_UNAVAILABLE']);
 /** gRPC statuses without a stateseal reason (the transport answered, not
  * stateseal) that what the caller sent causes: a message over the service's
  * size limit (tonic answers OUT_OF_RANGE). */

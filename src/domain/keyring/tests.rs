@@ -355,6 +355,7 @@ fn tenant_keys_are_overwritten_in_memory_on_drop() {
         state: KeyState::Primary,
         material: KeyMaterial::from_bytes([0x5A; 32]),
         cache: RwLock::default(),
+        audit: Default::default(),
     };
     let tenant = Tenant::new("acme");
     // The two subkeys, derived here as the token format documents them.

@@ -31,7 +31,9 @@ class StatesealError(Exception):
          "REJECTED", "IN_USE", "LEASE_EXPIRED", "BAD_INPUT_REQUESTS"}
     )
     #: Transient server-side conditions: retry.
-    TRANSIENT_REASONS = frozenset({"LEDGER_UNAVAILABLE", "CLOCK_UNSYNCED", "OVERLOADED"})
+    TRANSIENT_REASONS = frozenset(
+        {"LEDGER_UNAVAILABLE", "CLOCK_UNSYNCED", "OVERLOADED", "AUDIT_UNAVAILABLE"}
+    )
     #: gRPC statuses without a stateseal reason (the transport answered, not
     #: stateseal) that what the caller sent causes: a message over the
     #: service's size limit (tonic answers OUT_OF_RANGE).

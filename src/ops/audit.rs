@@ -1,0 +1,754 @@
+//! The audit log: one JSON line per decision (Seal, Open, Renew, Commit,
+//! Release) and per key lifecycle event, each carrying an HMAC chained over
+//! the line before it, under a key derived from the primary root key.
+//!
+//! Lines hold who asked (tenant, caller identity), what was decided
+//! (method, outcome, reason) and keyed digests of what it was about
+//! (subject, ledger id, attempt id) — never a state, token, answers,
+//! params or key material. The format, and how `stateseal audit verify`
+//! checks it, are in docs/security.md ("Audit log").
+//!
+//! One writer thread owns the file: it numbers the lines, computes the
+//! chain, writes each batch with one `write(2)` and rotates by size. With
+//! [`OnFailure::Closed`] a decision's answer waits until its line is
+//! written; a sink that cannot be written refuses new requests
+//! (`AUDIT_UNAVAILABLE`) until it can. Lines that could not be written are
+//! kept and written first once it can, so the chain has no gap.
+
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::domain::binding::Tenant;
+use crate::domain::error::Reject;
+use crate::domain::keyring::{KeyId, Keyring, KeyringHandle};
+use crate::domain::sealer::Trail;
+
+pub mod verify;
+
+/// Where the lines go.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Sink {
+    /// A file, rotated by size.
+    File(PathBuf),
+    /// Standard output (for a container's log collector); never rotated.
+    Stdout,
+}
+
+/// What a sink that cannot be written does to requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnFailure {
+    /// Refuse requests (`AUDIT_UNAVAILABLE`) and hold each answer until its
+    /// line is written.
+    Closed,
+    /// Serve on; lines that cannot be kept are dropped and counted, and a
+    /// `dropped` line records how many once the sink writes again.
+    Open,
+}
+
+#[derive(Clone, Debug)]
+pub struct AuditConfig {
+    pub sink: Sink,
+    /// A file is rotated when a batch would take it past this size.
+    pub max_bytes: u64,
+    /// One successful Seal in this many is logged (refusals always are).
+    pub sample_seals: u32,
+    pub on_failure: OnFailure,
+    /// This replica's name in every line.
+    pub replica: String,
+}
+
+/// Why the audit log could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum AuditError {
+    #[error("audit log {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "audit log {0}: no complete audit line in its last 64 KiB to chain from; \
+         move the file aside to start a new chain"
+    )]
+    NoChain(PathBuf),
+    #[error("--audit-sample-seals must be at least 1")]
+    Sampling,
+}
+
+/// The RPC a decision answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Method {
+    Seal,
+    Open,
+    Renew,
+    Commit,
+    Release,
+}
+
+impl Method {
+    pub const fn name(self) -> &'static str {
+        match self {
+            Method::Seal => "seal",
+            Method::Open => "open",
+            Method::Renew => "renew",
+            Method::Commit => "commit",
+            Method::Release => "release",
+        }
+    }
+}
+
+/// One decision, as the service saw it. The subject and attempt id are
+/// digested on the writer thread and dropped.
+#[derive(Clone)]
+pub struct Decision {
+    pub method: Method,
+    pub tenant: Tenant,
+    pub caller: Arc<str>,
+    /// `consume` or `reserve`, for an Open.
+    pub mode: Option<&'static str>,
+    pub subject: Option<String>,
+    pub attempt: Option<String>,
+    pub trail: Trail,
+    /// `None` for an acceptance; the reason of a refusal.
+    pub refused: Option<Reject>,
+}
+
+impl std::fmt::Debug for Decision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Decision")
+            .field("method", &self.method)
+            .field("tenant", &self.tenant.as_str())
+            .field("refused", &self.refused)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A key lifecycle event, as a reload applies or refuses it.
+#[derive(Clone, Debug)]
+pub enum KeyEvent {
+    /// A key new to this replica, in its state.
+    Added(KeyId, &'static str),
+    Promoted(KeyId),
+    Demoted(KeyId),
+    /// Gone from the keys in force (retired, or removed from the file).
+    Retired(KeyId),
+    /// A new keyset version is in force.
+    ReloadApplied,
+    /// A new keyset version was refused; the reason is the loader's error
+    /// class (no key bytes: keyset errors never hold them).
+    ReloadRefused(String),
+}
+
+enum Msg {
+    Decision(Decision, u32, Option<tokio::sync::oneshot::Sender<bool>>),
+    Key(KeyEvent),
+    Stop,
+}
+
+/// The figures of the audit log, for the metrics port.
+#[derive(Debug, Default)]
+pub struct AuditStats {
+    pub lines: AtomicU64,
+    pub dropped: AtomicU64,
+    pub write_failures: AtomicU64,
+}
+
+/// Lines in the queue before `Open` drops and `Closed` refuses.
+const QUEUE: usize = 16_384;
+/// Lines per batch (one `write(2)`).
+const BATCH: usize = 512;
+/// Bytes kept while the sink fails, before lines are dropped.
+const MAX_PENDING: usize = 64 * 1024 * 1024;
+/// How often a failing sink is tried again.
+const RETRY: Duration = Duration::from_millis(500);
+
+/// The audit log of a running server.
+pub struct Audit {
+    tx: SyncSender<Msg>,
+    healthy: Arc<AtomicBool>,
+    on_failure: OnFailure,
+    sample_seals: u32,
+    seals: AtomicU64,
+    stats: Arc<AuditStats>,
+    writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Audit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Audit")
+            .field("on_failure", &self.on_failure)
+            .field("healthy", &self.healthy.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Audit {
+    /// Opens the sink, chains on from its last line (a file that exists),
+    /// writes a `start` line listing the keys in force, and starts the
+    /// writer. Fails if that first line cannot be written.
+    pub fn start(cfg: AuditConfig, keys: Arc<KeyringHandle>) -> Result<Arc<Audit>, AuditError> {
+        if cfg.sample_seals == 0 {
+            return Err(AuditError::Sampling);
+        }
+        let stats = Arc::new(AuditStats::default());
+        let mut w = Writer::open(&cfg, keys, stats.clone())?;
+        let ring = w.keys.current();
+        let mut line = Line::new("start");
+        line.keys = Some(key_list(&ring));
+        line.prev = Some(hex(&w.prev));
+        w.push(line, &ring);
+        w.flush().map_err(|source| AuditError::Io {
+            path: w.path.clone(),
+            source,
+        })?;
+        let (tx, rx) = mpsc::sync_channel(QUEUE);
+        let healthy = Arc::new(AtomicBool::new(true));
+        let h = healthy.clone();
+        let on_failure = cfg.on_failure;
+        let writer = std::thread::Builder::new()
+            .name("stateseal-audit".into())
+            .spawn(move || w.run(rx, h, on_failure))
+            .map_err(|source| AuditError::Io {
+                path: PathBuf::from("(writer thread)"),
+                source,
+            })?;
+        Ok(Arc::new(Audit {
+            tx,
+            healthy,
+            on_failure: cfg.on_failure,
+            sample_seals: cfg.sample_seals,
+            seals: AtomicU64::new(0),
+            stats,
+            writer: Mutex::new(Some(writer)),
+        }))
+    }
+
+    pub fn stats(&self) -> &Arc<AuditStats> {
+        &self.stats
+    }
+
+    /// Before acting: `AUDIT_UNAVAILABLE` while a closed sink cannot write.
+    pub fn admit(&self) -> Result<(), Reject> {
+        if self.on_failure == OnFailure::Closed && !self.healthy.load(Ordering::Acquire) {
+            return Err(Reject::AuditUnavailable);
+        }
+        Ok(())
+    }
+
+    /// Records a decision. With `Closed`, returns once its line is written
+    /// (or `AUDIT_UNAVAILABLE` if it could not be); with `Open`, at once.
+    /// A successful Seal outside the sample is not recorded.
+    pub async fn record(&self, d: Decision) -> Result<(), Reject> {
+        let sampled = if d.method == Method::Seal && d.refused.is_none() && self.sample_seals > 1 {
+            let n = self.seals.fetch_add(1, Ordering::Relaxed);
+            if !n.is_multiple_of(u64::from(self.sample_seals)) {
+                return Ok(());
+            }
+            self.sample_seals
+        } else {
+            1
+        };
+        match self.on_failure {
+            OnFailure::Open => {
+                if self.tx.try_send(Msg::Decision(d, sampled, None)).is_err() {
+                    self.stats.dropped.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(())
+            }
+            OnFailure::Closed => {
+                let (ack, written) = tokio::sync::oneshot::channel();
+                match self.tx.try_send(Msg::Decision(d, sampled, Some(ack))) {
+                    Ok(()) => {}
+                    Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                        return Err(Reject::AuditUnavailable)
+                    }
+                }
+                match written.await {
+                    Ok(true) => Ok(()),
+                    _ => Err(Reject::AuditUnavailable),
+                }
+            }
+        }
+    }
+
+    /// Records a key lifecycle event; never waits.
+    pub fn key_event(&self, e: KeyEvent) {
+        if self.tx.try_send(Msg::Key(e)).is_err() {
+            self.stats.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Writes the `stop` line and waits for the writer to finish.
+    pub fn close(&self) {
+        let writer = self.writer.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(w) = writer {
+            // A full queue is drained by the writer: this waits its turn.
+            let _ = self.tx.send(Msg::Stop);
+            let _ = w.join();
+        }
+    }
+}
+
+/// The key lifecycle events between two keyrings: what a reload changed.
+pub fn key_changes(before: &Keyring, after: &Keyring) -> Vec<KeyEvent> {
+    let old: std::collections::HashMap<_, _> = before.summary().into_iter().collect();
+    let new: std::collections::HashMap<_, _> = after.summary().into_iter().collect();
+    let mut events = Vec::new();
+    for (id, state) in after.summary() {
+        use crate::domain::keyring::KeyState::{Primary, Staged};
+        match (old.get(&id), state) {
+            (None, s) => events.push(KeyEvent::Added(id, state_name(s))),
+            (Some(Staged), Primary) => events.push(KeyEvent::Promoted(id)),
+            (Some(Primary), Staged) => events.push(KeyEvent::Demoted(id)),
+            _ => {}
+        }
+    }
+    for (id, _) in before.summary() {
+        if !new.contains_key(&id) {
+            events.push(KeyEvent::Retired(id));
+        }
+    }
+    events
+}
+
+fn state_name(s: crate::domain::keyring::KeyState) -> &'static str {
+    use crate::domain::keyring::KeyState;
+    match s {
+        KeyState::Staged => "staged",
+        KeyState::Primary => "primary",
+        KeyState::Retired => "retired",
+    }
+}
+
+fn key_list(ring: &Keyring) -> Vec<ListedKey> {
+    ring.summary()
+        .into_iter()
+        .map(|(id, s)| ListedKey {
+            id: id.0,
+            state: state_name(s).to_owned(),
+        })
+        .collect()
+}
+
+/// One key of a `start` line.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListedKey {
+    pub id: u32,
+    pub state: String,
+}
+
+/// One audit line, before its MAC. Member order is the written order;
+/// absent members are left out. `verify` reads it back with the same type.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Line {
+    pub seq: u64,
+    pub time: String,
+    pub replica: String,
+    pub event: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub caller: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_id: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ledger: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampled: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keys: Option<Vec<ListedKey>>,
+    /// The chain's previous MAC, on the first line of a run or a file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prev: Option<String>,
+    /// The root key whose audit chain key made `mac`.
+    pub mac_key: u32,
+    #[serde(default, skip_serializing)]
+    pub mac: String,
+}
+
+impl Line {
+    fn new(event: &str) -> Line {
+        Line {
+            event: event.to_owned(),
+            ..Line::default()
+        }
+    }
+}
+
+/// The end of every line: `,"mac":"` 64 hex digits `"}`.
+pub const MAC_SUFFIX_LEN: usize = 8 + 64 + 2;
+
+pub(crate) fn hex(b: &[u8]) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::with_capacity(b.len() * 2);
+    for x in b {
+        let _ = write!(s, "{x:02x}");
+    }
+    s
+}
+
+/// Now, as RFC 3339 UTC with microseconds.
+fn now_rfc3339() -> String {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let secs = crate::domain::keyring::rfc3339(d.as_secs());
+    format!("{}.{:06}Z", secs.trim_end_matches('Z'), d.subsec_micros())
+}
+
+enum Out {
+    File(File),
+    Stdout(std::io::Stdout),
+}
+
+struct Writer {
+    out: Out,
+    path: PathBuf,
+    /// Bytes in the current file.
+    size: u64,
+    /// The seq of the current file's first line (names it when rotated).
+    first_seq: u64,
+    /// The next line's seq, and the chain's last MAC.
+    seq: u64,
+    prev: [u8; 32],
+    replica: String,
+    max_bytes: u64,
+    keys: Arc<KeyringHandle>,
+    /// Lines made but not yet written (all of them, in order).
+    pending: Vec<u8>,
+    /// Lines given up (queue full, or too much pending) that a `dropped`
+    /// line has counted.
+    reported: u64,
+    stats: Arc<AuditStats>,
+}
+
+impl Writer {
+    fn open(
+        cfg: &AuditConfig,
+        keys: Arc<KeyringHandle>,
+        stats: Arc<AuditStats>,
+    ) -> Result<Writer, AuditError> {
+        let mut w = Writer {
+            out: Out::Stdout(std::io::stdout()),
+            path: PathBuf::from("-"),
+            size: 0,
+            first_seq: 0,
+            seq: 0,
+            prev: [0u8; 32],
+            replica: cfg.replica.clone(),
+            max_bytes: cfg.max_bytes.max(4096),
+            keys,
+            pending: Vec::new(),
+            reported: 0,
+            stats,
+        };
+        if let Sink::File(path) = &cfg.sink {
+            let io = |source| AuditError::Io {
+                path: path.clone(),
+                source,
+            };
+            let mut f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .read(true)
+                .open(path)
+                .map_err(io)?;
+            let size = f.metadata().map_err(io)?.len();
+            if size > 0 {
+                let (first, last, torn) = ends(&mut f, size).map_err(io)?;
+                let last = last.ok_or_else(|| AuditError::NoChain(path.clone()))?;
+                w.seq = last.0 + 1;
+                w.prev = last.1;
+                w.first_seq = first.unwrap_or(w.seq);
+                if torn {
+                    // A line cut by a crash mid-write stays (verify reports
+                    // it); the chain goes on on a line of its own.
+                    f.write_all(b"\n").map_err(io)?;
+                }
+            }
+            w.size = f.metadata().map_err(io)?.len();
+            if size == 0 {
+                w.first_seq = w.seq;
+            }
+            w.out = Out::File(f);
+            w.path = path.clone();
+        }
+        Ok(w)
+    }
+
+    /// Numbers, chains and queues one line.
+    fn push(&mut self, mut line: Line, ring: &Keyring) {
+        let key = ring.primary();
+        line.seq = self.seq;
+        line.time = now_rfc3339();
+        line.replica.clone_from(&self.replica);
+        line.mac_key = key.id().0;
+        let start = self.pending.len();
+        // A `Line` always serializes (strings, numbers and lists only).
+        if serde_json::to_writer(&mut self.pending, &line).is_err() {
+            self.pending.truncate(start);
+            return;
+        }
+        self.pending.pop(); // the closing brace
+        let mac = key
+            .audit_keys()
+            .chain_mac(&self.prev, &self.pending[start..]);
+        self.pending.extend_from_slice(b",\"mac\":\"");
+        self.pending.extend_from_slice(hex(&mac).as_bytes());
+        self.pending.extend_from_slice(b"\"}\n");
+        self.prev = mac;
+        self.seq += 1;
+        self.stats.lines.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn decision(&mut self, d: Decision, sampled: u32, ring: &Keyring) {
+        let digests = ring.primary().audit_keys();
+        let mut line = Line::new(d.method.name());
+        line.tenant = Some(d.tenant.as_str().to_owned());
+        line.caller = Some(d.caller.to_string());
+        line.key_id = d.trail.key_id.map(|k| k.0);
+        line.mode = d.mode.map(str::to_owned);
+        line.subject = d
+            .subject
+            .as_deref()
+            .map(|s| hex(&digests.digest("subject", s.as_bytes())));
+        line.ledger = d
+            .trail
+            .ledger_id
+            .map(|id| hex(&digests.digest("ledger", &id)));
+        line.attempt = d
+            .attempt
+            .as_deref()
+            .filter(|a| !a.is_empty())
+            .map(|a| hex(&digests.digest("attempt", a.as_bytes())));
+        match d.refused {
+            None => {
+                line.outcome = Some("ok".into());
+            }
+            Some(r) => {
+                line.outcome = Some("refused".into());
+                line.reason = Some(r.reason().to_owned());
+            }
+        }
+        if sampled > 1 {
+            line.sampled = Some(sampled);
+        }
+        self.push(line, ring);
+    }
+
+    fn key_event(&mut self, e: KeyEvent, ring: &Keyring) {
+        let (event, id, state, reason) = match e {
+            KeyEvent::Added(id, s) => ("key_added", Some(id), Some(s), None),
+            KeyEvent::Promoted(id) => ("key_promoted", Some(id), None, None),
+            KeyEvent::Demoted(id) => ("key_demoted", Some(id), None, None),
+            KeyEvent::Retired(id) => ("key_retired", Some(id), None, None),
+            KeyEvent::ReloadApplied => ("reload_applied", None, None, None),
+            KeyEvent::ReloadRefused(why) => ("reload_refused", None, None, Some(why)),
+        };
+        let mut line = Line::new(event);
+        line.key_id = id.map(|k| k.0);
+        line.mode = state.map(str::to_owned);
+        line.reason = reason;
+        if event == "reload_applied" {
+            line.keys = Some(key_list(ring));
+        }
+        self.push(line, ring);
+    }
+
+    /// Writes what is pending; what could not be written stays, in order.
+    fn flush(&mut self) -> std::io::Result<()> {
+        let mut done = 0;
+        let result = loop {
+            if done == self.pending.len() {
+                break Ok(());
+            }
+            let n = match &mut self.out {
+                Out::File(f) => f.write(&self.pending[done..]),
+                Out::Stdout(s) => s.write(&self.pending[done..]),
+            };
+            match n {
+                Ok(0) => break Err(std::io::ErrorKind::WriteZero.into()),
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => break Err(e),
+            }
+        };
+        self.pending.drain(..done);
+        self.size += done as u64;
+        match (&result, &mut self.out) {
+            (Ok(()), Out::Stdout(s)) => s.flush(),
+            _ => result,
+        }
+    }
+
+    /// Once the file has reached its size (and nothing is pending): renames
+    /// it to `PATH.<its first seq, 20 digits>` and starts a new one whose
+    /// first line, `rotate`, names it and carries the chain's previous MAC.
+    fn rotate_if_full(&mut self, ring: &Keyring) -> std::io::Result<()> {
+        if !matches!(self.out, Out::File(_))
+            || !self.pending.is_empty()
+            || self.size < self.max_bytes
+        {
+            return Ok(());
+        }
+        let to = rotated_name(&self.path, self.first_seq);
+        std::fs::rename(&self.path, &to)?;
+        let f = std::fs::OpenOptions::new()
+            .create_new(true)
+            .append(true)
+            .read(true)
+            .open(&self.path)?;
+        self.out = Out::File(f);
+        self.size = 0;
+        self.first_seq = self.seq;
+        let mut line = Line::new("rotate");
+        line.prev = Some(hex(&self.prev));
+        line.reason = to.file_name().map(|n| n.to_string_lossy().into_owned());
+        self.push(line, ring);
+        Ok(())
+    }
+
+    fn run(mut self, rx: Receiver<Msg>, healthy: Arc<AtomicBool>, on_failure: OnFailure) {
+        let mut stopping = false;
+        while !stopping {
+            let first = if self.pending.is_empty() {
+                rx.recv().ok()
+            } else {
+                match rx.recv_timeout(RETRY) {
+                    Ok(m) => Some(m),
+                    Err(RecvTimeoutError::Timeout) => None,
+                    Err(RecvTimeoutError::Disconnected) => None,
+                }
+            };
+            let ring = self.keys.current();
+            if let Err(e) = self.rotate_if_full(&ring) {
+                // Written on into the full file; tried again next batch.
+                tracing::error!(path = %self.path.display(), error = %e, "audit log cannot be rotated");
+            }
+            let mut acks = Vec::new();
+            let mut batch = 0;
+            let mut next = first;
+            while let Some(m) = next {
+                match m {
+                    Msg::Decision(d, sampled, ack) => {
+                        if self.pending.len() > MAX_PENDING {
+                            self.stats.dropped.fetch_add(1, Ordering::Relaxed);
+                            if let Some(a) = ack {
+                                let _ = a.send(false);
+                            }
+                        } else {
+                            self.note_lost(&ring);
+                            self.decision(d, sampled, &ring);
+                            acks.extend(ack);
+                        }
+                    }
+                    Msg::Key(e) => {
+                        self.note_lost(&ring);
+                        self.key_event(e, &ring);
+                    }
+                    Msg::Stop => {
+                        self.note_lost(&ring);
+                        self.push(Line::new("stop"), &ring);
+                        stopping = true;
+                    }
+                }
+                batch += 1;
+                next = if batch < BATCH && !stopping {
+                    rx.try_recv().ok()
+                } else {
+                    None
+                };
+            }
+            let ok = match self.flush() {
+                Ok(()) => true,
+                Err(e) => {
+                    self.stats.write_failures.fetch_add(1, Ordering::Relaxed);
+                    if healthy.swap(false, Ordering::AcqRel) {
+                        tracing::error!(path = %self.path.display(), error = %e, ?on_failure,
+                            "audit log cannot be written; lines are kept and written once it can");
+                    }
+                    false
+                }
+            };
+            if ok && !healthy.swap(true, Ordering::AcqRel) {
+                tracing::info!(path = %self.path.display(), "audit log writes again");
+            }
+            for a in acks {
+                let _ = a.send(ok);
+            }
+            if stopping && !ok {
+                tracing::error!(path = %self.path.display(), "audit log: the last lines could not be written");
+            }
+        }
+        if let Out::File(f) = &self.out {
+            let _ = f.sync_all();
+        }
+    }
+
+    /// Before a line that goes in after some were dropped: a `dropped`
+    /// line with their count.
+    fn note_lost(&mut self, ring: &Keyring) {
+        let dropped = self.stats.dropped.load(Ordering::Relaxed);
+        if dropped > self.reported && self.pending.len() <= MAX_PENDING {
+            let mut line = Line::new("dropped");
+            line.count = Some(dropped - self.reported);
+            self.reported = dropped;
+            self.push(line, ring);
+        }
+    }
+}
+
+/// The name a file gets when rotated: its first line's seq, zero-padded so
+/// that names sort in chain order.
+pub fn rotated_name(path: &Path, first_seq: u64) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(format!(".{first_seq:020}"));
+    PathBuf::from(s)
+}
+
+/// The file's first line's seq, its last complete audit line's (seq, mac),
+/// and whether it ends in a cut line.
+#[allow(clippy::type_complexity)]
+fn ends(f: &mut File, size: u64) -> std::io::Result<(Option<u64>, Option<(u64, [u8; 32])>, bool)> {
+    const TAIL: u64 = 64 * 1024;
+    let mut head = vec![0u8; size.min(TAIL) as usize];
+    f.seek(SeekFrom::Start(0))?;
+    f.read_exact(&mut head)?;
+    let first = head
+        .split(|&b| b == b'\n')
+        .next()
+        .and_then(|l| verify::parse(l).ok())
+        .map(|(l, _)| l.seq);
+    let from = size.saturating_sub(TAIL);
+    let mut tail = vec![0u8; (size - from) as usize];
+    f.seek(SeekFrom::Start(from))?;
+    f.read_exact(&mut tail)?;
+    let torn = tail.last() != Some(&b'\n');
+    let last = tail
+        .split(|&b| b == b'\n')
+        .rev()
+        .filter_map(|l| verify::parse(l).ok())
+        .next()
+        .map(|(l, mac)| (l.seq, mac));
+    f.seek(SeekFrom::End(0))?;
+    Ok((first, last, torn))
+}

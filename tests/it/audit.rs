@@ -1,0 +1,647 @@
+//! The audit log (`--audit-log`): a line for every decision kind and key
+//! event, nothing secret in any line, a chain `stateseal audit verify`
+//! checks and that breaks where a line is changed, removed, inserted or
+//! reordered, and a sink that fills up: refused (closed) or served on
+//! (open), losing no line either way.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+use stateseal::internals::audit::{Audit, AuditConfig, Decision, Method, OnFailure, Sink};
+use stateseal::internals::binding::Tenant;
+use stateseal::internals::keyring::{Keyring, KeyringHandle};
+use stateseal::internals::sealer::Trail;
+use stateseal::proto::request_state_client::RequestStateClient;
+use stateseal::proto::{CommitRequest, OpenMode, ReleaseRequest, RenewRequest};
+use stateseal::{KeysetFile, Reject};
+
+use crate::common::process::{command, spawn, ServerProcess};
+use crate::common::*;
+
+/// What the test sends that must never reach the log.
+const STATE: &[u8] = b"state-7f3a9c-never-logged";
+const SUBJECT: &str = "subject-9c1e-never-logged";
+const PARAMS: &str = r#"{"name":"transfer","arguments":{"memo":"params-51d2-never-logged"}}"#;
+const ATTEMPT: &str = "attempt-0b77-never-logged";
+const ANSWERS: &str = r#"{"q":{"action":"accept","content":{"note":"answers-e4c8-never-logged"}}}"#;
+const SECRET: &str = "bearer-secret-a1b2-never-logged";
+
+fn lines(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn verify(keyset: &Path, files: &[PathBuf]) -> (bool, String) {
+    let out = command()
+        .args(["audit", "verify", "--keyset"])
+        .arg(keyset)
+        .args(files)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+fn keys(args: &[&str], keyset: &Path) {
+    let out = command()
+        .arg("keys")
+        .arg(args[0])
+        .arg(keyset)
+        .args(&args[1..])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{:?}", out);
+}
+
+/// Waits until the log holds a line with `event`.
+fn wait_for(path: &Path, event: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !lines(path).iter().any(|l| l["event"] == event) {
+        assert!(Instant::now() < deadline, "no {event} line");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn bearer_server(dir: &Path, extra: &[&str]) -> (ServerProcess, PathBuf, PathBuf) {
+    let tenants = dir.join("tenants.json");
+    std::fs::write(
+        &tenants,
+        format!(
+            r#"{{"tenants":[{{"name":"tenant-a","bearer_sha256":"{}"}}]}}"#,
+            hex(&Sha256::digest(SECRET.as_bytes()))
+        ),
+    )
+    .unwrap();
+    let keyset = PathBuf::from(crate::common::process::keys_init(dir));
+    let log = dir.join("audit.log");
+    let mut args = vec![
+        "--auth",
+        "bearer",
+        "--tenants",
+        tenants.to_str().unwrap(),
+        "--keyset",
+        keyset.to_str().unwrap(),
+        "--audit-log",
+        log.to_str().unwrap(),
+        "--replica-id",
+        "replica-x",
+        "--reload-interval-ms",
+        "100",
+    ];
+    args.extend_from_slice(extra);
+    let s = spawn(&dir.join("data"), &args, &[]);
+    (s, keyset, log)
+}
+
+async fn client(
+    s: &ServerProcess,
+) -> RequestStateClient<
+    tonic::service::interceptor::InterceptedService<
+        tonic::transport::Channel,
+        impl tonic::service::Interceptor,
+    >,
+> {
+    let ch = tonic::transport::Channel::from_shared(format!("http://{}", s.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    RequestStateClient::with_interceptor(ch, |mut req: tonic::Request<()>| {
+        req.metadata_mut()
+            .insert("authorization", format!("Bearer {SECRET}").parse().unwrap());
+        Ok(req)
+    })
+}
+
+fn sealing() -> stateseal::proto::SealRequest {
+    stateseal::proto::SealRequest {
+        binding: Some(binding(SUBJECT, "tools/call", PARAMS)),
+        state: STATE.to_vec(),
+        single_use: true,
+        input_requests_json: r#"{"q":{"method":"elicitation/create","params":{"mode":"form","message":"Note?","requestedSchema":{"type":"object","properties":{"note":{"type":"string"}}}}}}"#.into(),
+        ..Default::default()
+    }
+}
+
+fn opening(token: &str, mode: OpenMode) -> stateseal::proto::OpenRequest {
+    stateseal::proto::OpenRequest {
+        request_state: token.into(),
+        binding: Some(binding(SUBJECT, "tools/call", PARAMS)),
+        mode: mode as i32,
+        attempt_id: ATTEMPT.into(),
+        input_responses_json: ANSWERS.into(),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_decision_and_key_event_has_a_line_and_nothing_secret_is_in_any() {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, keyset, log) = bearer_server(dir.path(), &[]);
+    let mut c = client(&s).await;
+    let mut secrets: Vec<String> = vec![
+        String::from_utf8(STATE.to_vec()).unwrap(),
+        SUBJECT.into(),
+        "params-51d2".into(),
+        ATTEMPT.into(),
+        "answers-e4c8".into(),
+        SECRET.into(),
+    ];
+
+    // Seal: accepted, and refused (a bad method).
+    let t1 = c.seal(sealing()).await.unwrap().into_inner().request_state;
+    let mut bad = sealing();
+    bad.binding.as_mut().unwrap().method = "tools/list".into();
+    assert_eq!(reason(&c.seal(bad).await.unwrap_err()), "BAD_METHOD");
+    // Open: consumed, then replayed.
+    let o = c
+        .open(opening(&t1, OpenMode::Consume))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(o.consumed);
+    let mut other = opening(&t1, OpenMode::Consume);
+    other.attempt_id = "another-attempt".into();
+    assert_eq!(reason(&c.open(other).await.unwrap_err()), "REPLAYED");
+    // Reserve, renew, commit; reserve, release; a commit of garbage.
+    let t2 = c.seal(sealing()).await.unwrap().into_inner().request_state;
+    let r2 = c
+        .open(opening(&t2, OpenMode::Reserve))
+        .await
+        .unwrap()
+        .into_inner()
+        .reservation;
+    c.renew(RenewRequest {
+        reservation: r2.clone(),
+        lease_seconds: 30,
+    })
+    .await
+    .unwrap();
+    c.commit(CommitRequest {
+        reservation: r2.clone(),
+    })
+    .await
+    .unwrap();
+    let t3 = c.seal(sealing()).await.unwrap().into_inner().request_state;
+    let r3 = c
+        .open(opening(&t3, OpenMode::Reserve))
+        .await
+        .unwrap()
+        .into_inner()
+        .reservation;
+    c.release(ReleaseRequest {
+        reservation: r3.clone(),
+    })
+    .await
+    .unwrap();
+    let err = c
+        .commit(CommitRequest {
+            reservation: "garbage".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&err), "MALFORMED");
+    secrets.extend([t1, t2, t3, r2, r3]);
+
+    // Key events: a key added, then promoted (the old primary demoted), a
+    // file that does not parse, then a key retired.
+    keys(&["add"], &keyset);
+    wait_for(&log, "key_added");
+    keys(&["promote", "2", "--force"], &keyset);
+    wait_for(&log, "key_promoted");
+    let good = std::fs::read(&keyset).unwrap();
+    std::fs::write(&keyset, b"{ not a keyset").unwrap();
+    wait_for(&log, "reload_refused");
+    std::fs::write(&keyset, &good).unwrap();
+    keys(&["retire", "1", "--force"], &keyset);
+    wait_for(&log, "key_retired");
+    // A seal under the new primary: its line's chain key is key 2.
+    c.seal(sealing()).await.unwrap();
+    let (status, _) = s.terminate();
+    assert!(status.success());
+
+    let all = lines(&log);
+    let events: Vec<&str> = all.iter().map(|l| l["event"].as_str().unwrap()).collect();
+    for want in [
+        "start",
+        "seal",
+        "open",
+        "renew",
+        "commit",
+        "release",
+        "key_added",
+        "key_promoted",
+        "key_demoted",
+        "reload_refused",
+        "reload_applied",
+        "key_retired",
+        "stop",
+    ] {
+        assert!(events.contains(&want), "no {want} line in {events:?}");
+    }
+    let find = |event: &str, outcome: &str| {
+        all.iter()
+            .find(|l| l["event"] == event && l["outcome"] == outcome)
+            .unwrap_or_else(|| panic!("no {event} {outcome} line"))
+            .clone()
+    };
+    let sealed = find("seal", "ok");
+    assert_eq!(sealed["tenant"], "tenant-a");
+    assert_eq!(sealed["caller"], "bearer:tenant-a");
+    assert_eq!(sealed["replica"], "replica-x");
+    assert_eq!(sealed["key_id"], 1);
+    assert_eq!(sealed["subject"].as_str().unwrap().len(), 32);
+    assert_eq!(find("seal", "refused")["reason"], "BAD_METHOD");
+    let opened = find("open", "ok");
+    assert_eq!(opened["mode"], "consume");
+    let replayed = find("open", "refused");
+    assert_eq!(replayed["reason"], "REPLAYED");
+    // The same token: the same ledger digest; another attempt: another digest.
+    assert_eq!(opened["ledger"], replayed["ledger"]);
+    assert_eq!(opened["subject"], replayed["subject"]);
+    assert_ne!(opened["attempt"], replayed["attempt"]);
+    let committed = find("commit", "ok");
+    let reserved = all
+        .iter()
+        .find(|l| l["event"] == "open" && l["mode"] == "reserve")
+        .unwrap();
+    assert_eq!(committed["ledger"], reserved["ledger"]);
+    assert_eq!(find("commit", "refused")["reason"], "MALFORMED");
+    assert_eq!(all.last().unwrap()["event"], "stop");
+    assert_eq!(all.last().unwrap()["mac_key"], 2);
+    // Sequence numbers count every line.
+    for (i, l) in all.iter().enumerate() {
+        assert_eq!(l["seq"], i as u64);
+    }
+
+    // Nothing secret: not the state, subject, params, attempt id, answers,
+    // bearer secret, tokens or reservations, nor any key's material (as the
+    // keyset file holds it, base64url).
+    let text = std::fs::read_to_string(&log).unwrap();
+    let ks: serde_json::Value = serde_json::from_slice(&good).unwrap();
+    for k in ks["keys"].as_array().unwrap() {
+        if let Some(m) = k["material"].as_str() {
+            secrets.push(m.to_owned());
+        }
+    }
+    for s in &secrets {
+        assert!(!text.contains(s.as_str()), "a secret is in the audit log");
+    }
+
+    // The chain verifies, from its beginning to a clean stop. Key 1 is
+    // retired from the file now: its lines need the keyset as it was.
+    let before = dir.path().join("keyset-before.json");
+    std::fs::write(&before, &good).unwrap();
+    let (ok, out) = verify(&before, std::slice::from_ref(&log));
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("starts at its beginning") && out.contains("clean stop"),
+        "{out}"
+    );
+    let (ok, out) = verify(&keyset, std::slice::from_ref(&log));
+    assert!(
+        !ok && out.contains("root key 1) is not in this keyset"),
+        "{out}"
+    );
+}
+
+/// A log of `n` decisions written in-process, its keyring and file.
+fn small_log(dir: &Path, n: usize, max_bytes: u64) -> (Keyring, PathBuf) {
+    let file = KeysetFile::generate(1_700_000_000);
+    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let path = dir.join("audit.log");
+    let audit = Audit::start(
+        AuditConfig {
+            sink: Sink::File(path.clone()),
+            max_bytes,
+            sample_seals: 1,
+            on_failure: OnFailure::Closed,
+            replica: "r".into(),
+        },
+        handle,
+    )
+    .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    for i in 0..n {
+        let d = Decision {
+            method: Method::Open,
+            tenant: Tenant::new("t"),
+            caller: "none".into(),
+            mode: Some("consume"),
+            subject: Some(format!("s{i}")),
+            attempt: None,
+            trail: Trail {
+                key_id: None,
+                ledger_id: Some([i as u8; 32]),
+            },
+            refused: (i % 3 == 0).then_some(Reject::Replayed),
+        };
+        rt.block_on(audit.record(d)).unwrap();
+    }
+    audit.close();
+    (Keyring::from_file(&file).unwrap(), path)
+}
+
+fn problems(ring: &Keyring, files: &[PathBuf]) -> Vec<String> {
+    stateseal::verify_audit_log(files, ring).unwrap().problems
+}
+
+#[test]
+fn verify_finds_each_kind_of_tampering_and_says_where() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ring, path) = small_log(dir.path(), 8, 1 << 20);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let original: Vec<&str> = text.lines().collect();
+    assert_eq!(original.len(), 10, "start, 8 decisions, stop");
+    assert!(problems(&ring, std::slice::from_ref(&path)).is_empty());
+    let tampered = |name: &str, f: &dyn Fn(&mut Vec<String>)| {
+        let mut v: Vec<String> = original.iter().map(|s| s.to_string()).collect();
+        f(&mut v);
+        let p = dir.path().join(name);
+        std::fs::write(&p, v.join("\n") + "\n").unwrap();
+        let found = problems(&ring, &[p]);
+        assert!(!found.is_empty(), "{name}: not detected");
+        found
+    };
+    // Changed: a refusal turned into an acceptance.
+    let found = tampered("changed", &|v| {
+        v[4] = v[4]
+            .replace("\"refused\"", "\"ok\"")
+            .replace(",\"reason\":\"REPLAYED\"", "");
+        assert_ne!(v[4], original[4]);
+    });
+    assert!(
+        found[0].contains("changed:5: MAC does not match"),
+        "{found:?}"
+    );
+    // Removed: the line after the gap says so.
+    let found = tampered("removed", &|v| {
+        v.remove(4);
+    });
+    assert!(
+        found.iter().any(|p| p.contains("removed:5: seq 5 where 4")),
+        "{found:?}"
+    );
+    assert!(
+        found
+            .iter()
+            .any(|p| p.contains("removed:5: MAC does not match")),
+        "{found:?}"
+    );
+    // Reordered: two lines swapped.
+    let found = tampered("reordered", &|v| v.swap(3, 4));
+    assert!(
+        found[0].starts_with(&format!("{}:4:", dir.path().join("reordered").display())),
+        "{found:?}"
+    );
+    // Inserted: a copy of a real line (a valid MAC of its own place).
+    let found = tampered("inserted", &|v| {
+        let copy = v[2].clone();
+        v.insert(6, copy);
+    });
+    assert!(found.iter().any(|p| p.contains("inserted:7:")), "{found:?}");
+    // The first lines removed: the chain does not start there.
+    let found = tampered("headless", &|v| {
+        v.drain(..2);
+    });
+    assert!(
+        found[0].contains("headless:1: nothing to check it against"),
+        "{found:?}"
+    );
+    // A line cut mid-write.
+    let found = tampered("cut", &|v| {
+        let l = v[7].len();
+        v[7].truncate(l / 2);
+    });
+    assert!(
+        found[0].contains("cut:8: not a complete audit line"),
+        "{found:?}"
+    );
+    // Another keyset's keys: every line fails.
+    let other = Keyring::from_file(&KeysetFile::generate(1)).unwrap();
+    assert_eq!(
+        problems(&other, std::slice::from_ref(&path)).len(),
+        original.len()
+    );
+    // What a chain cannot see, the report says: an end cut off is a log
+    // without its stop line.
+    let p = dir.path().join("tail-cut");
+    std::fs::write(&p, original[..9].join("\n") + "\n").unwrap();
+    let r = stateseal::verify_audit_log(&[p], &ring).unwrap();
+    assert!(r.problems.is_empty() && !r.stopped && r.genesis);
+}
+
+#[test]
+fn rotation_keeps_the_chain_across_files_and_a_restart_chains_on() {
+    let dir = tempfile::tempdir().unwrap();
+    // Small files: several rotations.
+    let (ring, path) = small_log(dir.path(), 300, 8 * 1024);
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p != &path && p.to_string_lossy().contains("audit.log."))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 3, "{files:?}");
+    files.push(path.clone());
+    let r = stateseal::verify_audit_log(&files, &ring).unwrap();
+    assert!(
+        r.problems.is_empty(),
+        "{:?}",
+        &r.problems[..3.min(r.problems.len())]
+    );
+    assert!(r.genesis && r.stopped);
+    assert_eq!(
+        r.lines,
+        302 + files.len() as u64 - 1,
+        "start, 300, stop, a rotate per file"
+    );
+    // A rotated file left out: the next file's first line says so.
+    let mut gap = files.clone();
+    gap.remove(1);
+    let found = problems(&ring, &gap);
+    assert!(found[0].contains("seq"), "{found:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_chains_on_from_the_last_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, keyset, log) = bearer_server(dir.path(), &[]);
+    client(&s).await.seal(sealing()).await.unwrap();
+    s.kill9(); // no stop line
+    let s = bearer_server_again(dir.path(), &keyset, &log);
+    client(&s).await.seal(sealing()).await.unwrap();
+    let (status, _) = s.terminate();
+    assert!(status.success());
+    let events: Vec<String> = lines(&log)
+        .iter()
+        .map(|l| l["event"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(events, ["start", "seal", "start", "seal", "stop"]);
+    let (ok, out) = verify(&keyset, &[log]);
+    assert!(ok, "{out}");
+}
+
+fn bearer_server_again(dir: &Path, keyset: &Path, log: &Path) -> ServerProcess {
+    let tenants = dir.join("tenants.json");
+    spawn(
+        &dir.join("data"),
+        &[
+            "--auth",
+            "bearer",
+            "--tenants",
+            tenants.to_str().unwrap(),
+            "--keyset",
+            keyset.to_str().unwrap(),
+            "--audit-log",
+            log.to_str().unwrap(),
+        ],
+        &[],
+    )
+}
+
+/// A sink that fills up, then has room again: with `closed`, requests are
+/// refused `AUDIT_UNAVAILABLE` meanwhile; with `open`, they are served. In
+/// both, no line is lost: the chain verifies after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_sink_refuses_when_closed_serves_when_open_and_loses_no_line() {
+    for policy in ["closed", "open"] {
+        let base = tempfile::tempdir().unwrap();
+        let mnt = base.path().join("mnt");
+        std::fs::create_dir(&mnt).unwrap();
+        let fs = match crate::disk::mount_tmpfs(&mnt, "1m") {
+            Ok(fs) => fs,
+            Err(e) => {
+                crate::common::skip::skipped(
+                    "audit-full-sink-test",
+                    &format!("cannot mount a tmpfs here ({e})"),
+                );
+                return;
+            }
+        };
+        let (s, keyset, _) = bearer_server(base.path(), &["--audit-on-failure", policy]);
+        drop(s);
+        // The same server, its log on the small tmpfs.
+        let log = mnt.join("audit.log");
+        let tenants = base.path().join("tenants.json");
+        let s = spawn(
+            &base.path().join("data2"),
+            &[
+                "--auth",
+                "bearer",
+                "--tenants",
+                tenants.to_str().unwrap(),
+                "--keyset",
+                keyset.to_str().unwrap(),
+                "--audit-log",
+                log.to_str().unwrap(),
+                "--audit-on-failure",
+                policy,
+                "--health-listen",
+                "127.0.0.1:0",
+            ],
+            &[],
+        );
+        let health = crate::common::process::health_addr(&s);
+        let mut c = client(&s).await;
+        c.seal(sealing()).await.unwrap();
+        // Fill the tmpfs to its last byte.
+        let filler = mnt.join("filler");
+        let _ = std::process::Command::new("dd")
+            .args(["if=/dev/zero", "bs=4k"])
+            .arg(format!("of={}", filler.display()))
+            .output();
+        // The file's last page still has room for a few lines: seal until
+        // a line cannot be written. Closed: that answer is refused, and so
+        // is every request after it; open: all are served.
+        let mut served = 0;
+        let mut refused = 0;
+        for _ in 0..200 {
+            match c.seal(sealing()).await {
+                Ok(_) => served += 1,
+                Err(e) => {
+                    assert_eq!(reason(&e), "AUDIT_UNAVAILABLE", "{policy}");
+                    refused += 1;
+                    break;
+                }
+            }
+        }
+        if policy == "closed" {
+            assert_eq!(refused, 1, "closed: never refused after {served} seals");
+            for _ in 0..10 {
+                let e = c.seal(sealing()).await.unwrap_err();
+                assert_eq!(reason(&e), "AUDIT_UNAVAILABLE");
+            }
+            // Not ready meanwhile (liveness is untouched).
+            wait_health(health, NOT_SERVING).await;
+            assert_eq!(health_status(health, "stateseal.liveness").await, SERVING);
+        } else {
+            assert_eq!((refused, served), (0, 200), "{policy}");
+        }
+        // Room again: requests are served (closed: once the writer's retry
+        // wrote the kept lines).
+        std::fs::remove_file(&filler).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if c.seal(sealing()).await.is_ok() {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{policy}: never served again");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        wait_health(health, SERVING).await;
+        let (status, stderr) = s.terminate();
+        assert!(status.success());
+        assert!(
+            stderr
+                .iter()
+                .any(|l| l.contains("audit log cannot be written")),
+            "{policy}: the sink never failed"
+        );
+        let (ok, out) = verify(&keyset, std::slice::from_ref(&log));
+        assert!(ok, "{policy}: {out}");
+        // Every seal that was served or failed on its line has its line:
+        // the first, those before the disk filled, the one refused
+        // (closed), the one after.
+        let seals = lines(&log).iter().filter(|l| l["event"] == "seal").count();
+        assert_eq!(seals, 1 + served + refused + 1, "{policy}");
+        drop(fs);
+    }
+}
+
+const SERVING: i32 = 1;
+const NOT_SERVING: i32 = 2;
+
+/// Waits (readiness is re-checked every second) for the service's health.
+async fn wait_health(addr: std::net::SocketAddr, want: i32) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while health_status(addr, "stateseal.v1.RequestState").await != want {
+        assert!(Instant::now() < deadline, "health never became {want}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[test]
+fn an_unwritable_audit_log_stops_the_start_with_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    crate::common::process::assert_refuses(
+        &["--audit-log", "/dev/full"],
+        dir.path(),
+        "audit log /dev/full:",
+    );
+    crate::common::process::assert_refuses(
+        &["--audit-log", "/nonexistent-dir/audit.log"],
+        dir.path(),
+        "audit log /nonexistent-dir/audit.log:",
+    );
+}
