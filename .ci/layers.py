@@ -21,7 +21,7 @@ LAYERS = [
     ("ledger", None),
     ("domain", [["error", "canon", "codec"], ["binding", "manifest"], ["keyring"], ["token"], ["sealer"]]),
     ("net", [["conns"], ["limits"], ["accept", "budget"], ["tls"]]),
-    ("ops", [["hardening"], ["audit"], ["reload"], ["metrics"]]),
+    ("ops", [["hardening"], ["kek", "audit"], ["reload"], ["metrics"]]),
     ("grpc", [["status"], ["auth", "canon_pool"], ["service"]]),
     ("cli", None),
     ("app", [["server"], ["build"]]),

@@ -63,12 +63,13 @@ mod ops;
 
 pub use app::build::{ConfigError, Prepared};
 pub use app::server::{run, runtime, ServeOptions};
-pub use cli::{AuditCommand, Cli, Command, KeysCommand, LogFormat, ServeArgs};
+pub use cli::{AuditCommand, Cli, Command, KekUri, KeysCommand, LogFormat, ServeArgs};
 pub use clock::{Clock, SystemClock};
 pub use domain::error::Reject;
 pub use domain::keyring::{human_age, KeyListing, KeyState, Keyring, KeysetFile};
 pub use ops::audit::verify::{verify as verify_audit_log, Report as AuditReport};
 pub use ops::hardening::{disable_core_dumps, withhold_panic_details};
+pub use ops::kek::{generate as generate_kek, open as open_kek};
 
 /// The modules the tests, benches and fuzz targets drive directly. Not a
 /// stable interface.
@@ -78,7 +79,7 @@ pub mod internals {
     pub use crate::domain::{binding, canon, error, keyring, manifest, sealer, token};
     pub use crate::grpc::{auth, canon_pool, service, status};
     pub use crate::net::{accept, conns, limits};
-    pub use crate::ops::{audit, hardening, metrics};
+    pub use crate::ops::{audit, hardening, kek, metrics};
     /// The clock and the clock guard.
     pub mod clock {
         pub use crate::clock::*;

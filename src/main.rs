@@ -44,13 +44,22 @@ fn run() -> anyhow::Result<()> {
             })
         }
         Command::Keys(cmd) => keys(cmd),
-        Command::Audit(AuditCommand::Verify { keyset, files }) => audit_verify(&keyset, &files),
+        Command::Audit(AuditCommand::Verify {
+            keyset,
+            keyset_kek,
+            files,
+        }) => audit_verify(&keyset, keyset_kek.as_ref(), &files),
     }
 }
 
 /// `audit verify`: a summary line, then each problem; exit 1 if any.
-fn audit_verify(keyset: &std::path::Path, files: &[std::path::PathBuf]) -> anyhow::Result<()> {
-    let ring = stateseal::Keyring::load(keyset)?;
+fn audit_verify(
+    keyset: &std::path::Path,
+    kek: Option<&stateseal::KekUri>,
+    files: &[std::path::PathBuf],
+) -> anyhow::Result<()> {
+    let kek = kek.map(|u| stateseal::open_kek(&u.0)).transpose()?;
+    let ring = stateseal::Keyring::from_file_with(&KeysetFile::read(keyset)?, kek.as_deref())?;
     let r = stateseal::verify_audit_log(files, &ring)?;
     let span = match (r.first_seq, r.last_seq) {
         (Some(a), Some(b)) => format!("seq {a}..={b}"),
@@ -89,15 +98,39 @@ fn audit_verify(keyset: &std::path::Path, files: &[std::path::PathBuf]) -> anyho
 fn keys(cmd: KeysCommand) -> anyhow::Result<()> {
     let now = SystemClock::new().now_unix();
     match cmd {
-        KeysCommand::Init { file } => {
-            KeysetFile::generate(now).write(&file, true)?;
-            println!("wrote {} with primary key 1", file.display());
+        KeysCommand::Init { file, kek } => {
+            let mut ks = KeysetFile::generate(now);
+            if let Some(uri) = kek {
+                ks.rewrap(None, stateseal::open_kek(&uri.0)?.as_ref())?;
+            }
+            ks.write(&file, true)?;
+            println!(
+                "wrote {} with primary key 1{}",
+                file.display(),
+                if ks.kek.is_some() { ", wrapped" } else { "" }
+            );
         }
-        KeysCommand::Add { file } => {
+        KeysCommand::Add { file, kek } => {
             let mut ks = KeysetFile::read(&file)?;
-            let id = ks.add_staged(now);
+            let kek = kek.map(|u| stateseal::open_kek(&u.0)).transpose()?;
+            let id = ks.add_staged(now, kek.as_deref())?;
             ks.write(&file, false)?;
             println!("added staged key {id}");
+        }
+        KeysCommand::Rewrap { file, kek, to_kek } => {
+            let mut ks = KeysetFile::read(&file)?;
+            let from = kek.map(|u| stateseal::open_kek(&u.0)).transpose()?;
+            let to = stateseal::open_kek(&to_kek.0)?;
+            ks.rewrap(from.as_deref(), to.as_ref())?;
+            ks.write(&file, false)?;
+            println!(
+                "rewrapped {} under the new key-encryption key",
+                file.display()
+            );
+        }
+        KeysCommand::KekGenerate { kek } => {
+            stateseal::generate_kek(&kek.0)?;
+            println!("created the key-encryption key");
         }
         KeysCommand::Promote {
             file,

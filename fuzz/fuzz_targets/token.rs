@@ -38,9 +38,11 @@ fn ring() -> &'static Keyring {
             demoted_at: None,
             retired_at: None,
             material: Some(KeyMaterial::from_bytes(root_key(id))),
+            wrapped: None,
         };
         Keyring::from_file(&KeysetFile {
             format: KEYSET_FORMAT.into(),
+            kek: None,
             keys: vec![record(1, KeyState::Staged), record(7, KeyState::Primary)],
         })
         .expect("keyring")

@@ -277,13 +277,21 @@ impl ServeArgs {
         let health_listener = bind_optional(self.health_listen).await?;
         let metrics_listener = bind_optional(self.metrics_listen).await?;
         create_private_dir(&self.data_dir)?;
+        let kek = match &self.keyset_kek {
+            Some(uri) => Some(crate::ops::kek::open(&uri.0)?),
+            None => None,
+        };
         let keyset_path = match &self.keyset {
             Some(p) => p.clone(),
             None => {
                 let p = self.data_dir.join("keyset.json");
                 if !p.exists() {
-                    KeysetFile::generate(SystemClock::new().now_unix()).write(&p, true)?;
-                    tracing::info!(path = %p.display(), "created a new keyset");
+                    let mut ks = KeysetFile::generate(SystemClock::new().now_unix());
+                    if let Some(kek) = &kek {
+                        ks.rewrap(None, kek.as_ref())?;
+                    }
+                    ks.write(&p, true)?;
+                    tracing::info!(path = %p.display(), wrapped = kek.is_some(), "created a new keyset");
                 }
                 p
             }
@@ -293,7 +301,7 @@ impl ServeArgs {
             source,
         };
         let (contents, digest) = read_files(std::slice::from_ref(&keyset_path)).map_err(io)?;
-        let ring = Keyring::from_file(&KeysetFile::parse(&contents[0])?)?;
+        let ring = Keyring::from_file_with(&KeysetFile::parse(&contents[0])?, kek.as_deref())?;
         tracing::info!(keys = ?ring.summary(), "keyset loaded");
         let ledger = self.open_ledger().await?;
         let guard = TimeGuard::new(self.clock_skew, ledger.stored_high_water());
@@ -323,6 +331,7 @@ impl ServeArgs {
                 gc_every: std::time::Duration::from_millis(self.gc_interval_ms.max(50)),
                 metrics,
                 audit,
+                keyset_kek: kek,
                 ..ServeOptions::default()
             },
             keyset_path,

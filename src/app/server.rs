@@ -68,6 +68,8 @@ pub struct ServeOptions {
     /// The audit log, started; closed (its `stop` line written) when the
     /// server stops.
     pub audit: Option<Arc<crate::ops::audit::Audit>>,
+    /// The key-encryption key of a wrapped keyset, for its reloads.
+    pub keyset_kek: Option<Arc<dyn crate::domain::keyring::Kek>>,
 }
 
 impl std::fmt::Debug for ServeOptions {
@@ -99,6 +101,7 @@ impl Default for ServeOptions {
             limits: TransportLimits::default(),
             metrics: Arc::default(),
             audit: None,
+            keyset_kek: None,
         }
     }
 }
@@ -384,7 +387,11 @@ fn spawn_background(
         )),
     ];
     if let Some((path, digest)) = opts.keyset.clone() {
-        let apply = keyset_applier(sealer.keys().clone(), opts.audit.clone());
+        let apply = keyset_applier(
+            sealer.keys().clone(),
+            opts.keyset_kek.clone(),
+            opts.audit.clone(),
+        );
         background.push(spawn_watch("keyset", vec![path], digest, opts, apply));
     }
     if let Some(t) = opts.tls.clone() {

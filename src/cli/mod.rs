@@ -36,10 +36,35 @@ pub enum Command {
 
 #[derive(Debug, Subcommand)]
 pub enum KeysCommand {
-    /// Write a fresh keyset with one primary key (refuses to overwrite).
-    Init { file: PathBuf },
-    /// Add a new staged key (opens only) and print its id.
-    Add { file: PathBuf },
+    /// Write a fresh keyset with one primary key (refuses to overwrite);
+    /// wrapped by --kek when given.
+    Init {
+        file: PathBuf,
+        /// Wrap the keys under this key-encryption key (file:PATH or pkcs11:…).
+        #[arg(long)]
+        kek: Option<KekUri>,
+    },
+    /// Add a new staged key (opens only) and print its id. A wrapped
+    /// keyset needs its --kek.
+    Add {
+        file: PathBuf,
+        #[arg(long)]
+        kek: Option<KekUri>,
+    },
+    /// Wrap every key under --to-kek: a clear keyset, or one wrapped by
+    /// --kek. The file is replaced atomically.
+    Rewrap {
+        file: PathBuf,
+        /// The key-encryption key the keyset is wrapped by now (none for a
+        /// clear keyset).
+        #[arg(long)]
+        kek: Option<KekUri>,
+        #[arg(long)]
+        to_kek: KekUri,
+    },
+    /// Create a key-encryption key: a new file (file:PATH, mode 0600), or a
+    /// new AES-256 key in a PKCS#11 token (pkcs11:token=…;object=…?…).
+    KekGenerate { kek: KekUri },
     /// Make a staged key primary; the old primary becomes staged. Refused
     /// until the key has been in the file for --rollout seconds.
     Promote {
@@ -100,6 +125,25 @@ impl From<PolicyArgs> for RetirePolicy {
     }
 }
 
+/// A key-encryption key's URI. It may hold a PIN (`pin-value`), so its
+/// `Debug` shows only its scheme.
+#[derive(Clone)]
+pub struct KekUri(pub String);
+
+impl std::str::FromStr for KekUri {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(KekUri(s.to_owned()))
+    }
+}
+
+impl std::fmt::Debug for KekUri {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let scheme = self.0.split(':').next().unwrap_or("");
+        write!(f, "KekUri({scheme}:..)")
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum AuthMode {
     /// No caller authentication: one implicit tenant `default` (loopback only
@@ -136,6 +180,11 @@ pub struct ServeArgs {
     /// Keyset file. Without it, DATA_DIR/keyset.json is created on first start.
     #[arg(long, env = "STATESEAL_KEYSET")]
     pub keyset: Option<PathBuf>,
+    /// The key-encryption key of a wrapped keyset: `file:PATH` or a
+    /// `pkcs11:` URI (RFC 7512). Required for a wrapped keyset; refused
+    /// with a clear one.
+    #[arg(long, env = "STATESEAL_KEYSET_KEK", hide_env_values = true)]
+    pub keyset_kek: Option<KekUri>,
     /// TTL in seconds for seals that ask for 0.
     #[arg(long, env = "STATESEAL_DEFAULT_TTL", default_value_t = 600)]
     pub default_ttl: u32,
@@ -352,6 +401,9 @@ pub enum AuditCommand {
         /// a keyset that still holds it).
         #[arg(long)]
         keyset: PathBuf,
+        /// The keyset's key-encryption key, when it is wrapped.
+        #[arg(long)]
+        keyset_kek: Option<KekUri>,
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },

@@ -93,6 +93,10 @@ impl KeyMaterial {
     pub fn from_bytes(bytes: [u8; 32]) -> Self {
         KeyMaterial(Zeroizing::new(bytes))
     }
+    /// Material a key-encryption key unwrapped (already zeroize-on-drop).
+    pub fn from_unwrapped(bytes: Zeroizing<[u8; 32]>) -> Self {
+        KeyMaterial(bytes)
+    }
     fn expose(&self) -> &[u8; 32] {
         &self.0
     }
@@ -154,9 +158,13 @@ pub struct KeyRecord {
     pub demoted_at: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retired_at: Option<u64>,
-    /// Absent once retired.
+    /// Absent once retired, and in a wrapped keyset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub material: Option<KeyMaterial>,
+    /// In a wrapped keyset: the material encrypted under the keyset's KEK
+    /// (base64url, no padding); absent once retired.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wrapped: Option<String>,
 }
 
 /// What `keys list` shows (as a table, or this as JSON): each key's state
@@ -191,7 +199,29 @@ pub struct ListedKey {
 #[serde(deny_unknown_fields)]
 pub struct KeysetFile {
     pub format: String,
+    /// Set in a wrapped keyset: the kind of key-encryption key (`file` or
+    /// `pkcs11`) that wraps every key's material. Only `wrapped` material
+    /// then, never clear.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kek: Option<String>,
     pub keys: Vec<KeyRecord>,
+}
+
+/// A key-encryption key: wraps and unwraps root key material. `aad` binds
+/// each wrapped blob to its key id. Implementations (a file, a PKCS#11
+/// token) live with the operations code; errors never hold key bytes.
+pub trait Kek: Send + Sync + fmt::Debug {
+    /// `file` or `pkcs11`: what a wrapped keyset records in `kek`.
+    fn kind(&self) -> &'static str;
+    fn wrap(&self, aad: &[u8], key: &[u8; 32]) -> Result<Vec<u8>, KeysetError>;
+    fn unwrap(&self, aad: &[u8], blob: &[u8]) -> Result<Zeroizing<[u8; 32]>, KeysetError>;
+}
+
+/// What a wrapped key's blob is bound to: its id.
+fn wrap_aad(id: u32) -> Vec<u8> {
+    let mut aad = b"stateseal/v1 wrapped root key ".to_vec();
+    aad.extend_from_slice(&id.to_be_bytes());
+    aad
 }
 
 /// What retirement must wait for, in seconds.
@@ -233,6 +263,7 @@ impl KeysetFile {
     pub fn generate(now: u64) -> Self {
         KeysetFile {
             format: KEYSET_FORMAT.to_owned(),
+            kek: None,
             keys: vec![KeyRecord {
                 id: 1,
                 state: KeyState::Primary,
@@ -241,6 +272,7 @@ impl KeysetFile {
                 demoted_at: None,
                 retired_at: None,
                 material: Some(KeyMaterial::generate()),
+                wrapped: None,
             }],
         }
     }
@@ -286,14 +318,40 @@ impl KeysetFile {
             if !ids.insert(k.id) {
                 return Err(KeysetError::Invalid("duplicate key id"));
             }
-            match (k.state, &k.material) {
-                (KeyState::Primary, Some(_)) => primaries += 1,
-                (KeyState::Staged, Some(_)) | (KeyState::Retired, None) => {}
-                (KeyState::Retired, Some(_)) => {
+            let held = match (&k.material, &k.wrapped, &self.kek) {
+                (None, None, _) => false,
+                (Some(_), None, None) | (None, Some(_), Some(_)) => true,
+                (Some(_), Some(_), _) => {
+                    return Err(KeysetError::Invalid(
+                        "a key has both clear and wrapped material",
+                    ))
+                }
+                (Some(_), None, Some(_)) => {
+                    return Err(KeysetError::Invalid(
+                        "a wrapped keyset (kek set) holds a key in the clear",
+                    ))
+                }
+                (None, Some(_), None) => {
+                    return Err(KeysetError::Invalid(
+                        "a key is wrapped but the keyset names no kek",
+                    ))
+                }
+            };
+            match (k.state, held) {
+                (KeyState::Primary, true) => primaries += 1,
+                (KeyState::Staged, true) | (KeyState::Retired, false) => {}
+                (KeyState::Retired, true) => {
                     return Err(KeysetError::Invalid("a retired key must not keep material"))
                 }
-                (_, None) => return Err(KeysetError::Invalid("a live key has no material")),
+                (_, false) => return Err(KeysetError::Invalid("a live key has no material")),
             }
+        }
+        if self
+            .kek
+            .as_deref()
+            .is_some_and(|k| k != "file" && k != "pkcs11")
+        {
+            return Err(KeysetError::Invalid("unknown kek (want file or pkcs11)"));
         }
         if primaries != 1 {
             return Err(KeysetError::Invalid("exactly one key must be primary"));
@@ -377,9 +435,20 @@ impl KeysetFile {
             .ok_or_else(|| KeysetError::Refused(format!("no key with id {id}")))
     }
 
-    /// Adds a new staged key (opens only) and returns its id.
-    pub fn add_staged(&mut self, now: u64) -> u32 {
+    /// Adds a new staged key (opens only) and returns its id. A wrapped
+    /// keyset needs its KEK, which wraps the new key.
+    pub fn add_staged(&mut self, now: u64, kek: Option<&dyn Kek>) -> Result<u32, KeysetError> {
         let id = self.next_id();
+        let material = KeyMaterial::generate();
+        let (material, wrapped) = match (&self.kek, kek) {
+            (None, None) => (Some(material), None),
+            (Some(_), Some(kek)) => {
+                self.check_kek(kek)?;
+                (None, Some(wrap_one(kek, id, &material)?))
+            }
+            (Some(_), None) => return Err(wrapped_needs_kek()),
+            (None, Some(_)) => return Err(clear_with_kek()),
+        };
         self.keys.push(KeyRecord {
             id,
             state: KeyState::Staged,
@@ -387,9 +456,88 @@ impl KeysetFile {
             promoted_at: None,
             demoted_at: None,
             retired_at: None,
-            material: Some(KeyMaterial::generate()),
+            material,
+            wrapped,
         });
-        id
+        Ok(id)
+    }
+
+    /// Refuses a KEK of another kind than the one the keyset records, and
+    /// one that does not open the primary key (a wrong KEK).
+    fn check_kek(&self, kek: &dyn Kek) -> Result<(), KeysetError> {
+        if self.kek.as_deref() != Some(kek.kind()) {
+            return Err(KeysetError::Refused(format!(
+                "the keyset is wrapped by a {} KEK, not {}",
+                self.kek.as_deref().unwrap_or("(none)"),
+                kek.kind()
+            )));
+        }
+        self.materials(Some(kek)).map(|_| ())
+    }
+
+    /// Every live key's clear material: unwrapped with `kek` in a wrapped
+    /// keyset. A wrapped keyset without a KEK, or a clear one with a KEK,
+    /// is refused: never a silent fall-back to the clear.
+    pub fn materials(&self, kek: Option<&dyn Kek>) -> Result<Vec<(u32, KeyMaterial)>, KeysetError> {
+        let mut out = Vec::new();
+        match (&self.kek, kek) {
+            (None, None) => {
+                for k in &self.keys {
+                    if let Some(m) = &k.material {
+                        out.push((k.id, m.clone()));
+                    }
+                }
+            }
+            (Some(kind), Some(kek)) => {
+                if kind != kek.kind() {
+                    return Err(KeysetError::Refused(format!(
+                        "the keyset is wrapped by a {kind} KEK, not {}",
+                        kek.kind()
+                    )));
+                }
+                for k in &self.keys {
+                    if let Some(w) = &k.wrapped {
+                        let blob = URL_SAFE_NO_PAD
+                            .decode(w)
+                            .map_err(|_| KeysetError::Invalid("a wrapped key is not base64url"))?;
+                        let bytes = kek.unwrap(&wrap_aad(k.id), &blob).map_err(|e| {
+                            let why = match e {
+                                KeysetError::Refused(m) => m,
+                                other => other.to_string(),
+                            };
+                            KeysetError::Refused(format!(
+                                "the key-encryption key does not open key {}: {why}",
+                                k.id
+                            ))
+                        })?;
+                        out.push((k.id, KeyMaterial::from_unwrapped(bytes)));
+                    }
+                }
+            }
+            (Some(_), None) => return Err(wrapped_needs_kek()),
+            (None, Some(_)) => return Err(clear_with_kek()),
+        }
+        Ok(out)
+    }
+
+    /// Wraps every live key under `to` (from the clear, or unwrapped with
+    /// `from`): the keyset is then wrapped by `to` only.
+    pub fn rewrap(&mut self, from: Option<&dyn Kek>, to: &dyn Kek) -> Result<(), KeysetError> {
+        let materials = self.materials(from)?;
+        let mut wrapped = HashMap::new();
+        for (id, m) in &materials {
+            wrapped.insert(*id, wrap_one(to, *id, m)?);
+        }
+        for k in &mut self.keys {
+            if let Some(w) = wrapped.remove(&k.id) {
+                k.material = None;
+                k.wrapped = Some(w);
+            }
+        }
+        self.kek = Some(to.kind().to_owned());
+        self.validate()?;
+        // What was wrapped opens with `to`.
+        self.materials(Some(to)).map(|_| ())
     }
 
     /// Makes a staged key primary; the old primary becomes staged (it keeps
@@ -492,8 +640,28 @@ impl KeysetFile {
         k.state = KeyState::Retired;
         k.retired_at = Some(now);
         k.material = None;
+        k.wrapped = None;
         Ok(())
     }
+}
+
+fn wrap_one(kek: &dyn Kek, id: u32, m: &KeyMaterial) -> Result<String, KeysetError> {
+    Ok(URL_SAFE_NO_PAD.encode(kek.wrap(&wrap_aad(id), m.expose())?))
+}
+
+fn wrapped_needs_kek() -> KeysetError {
+    KeysetError::Refused(
+        "the keyset is wrapped: give its key-encryption key (--keyset-kek, or --kek for keys)"
+            .to_owned(),
+    )
+}
+
+fn clear_with_kek() -> KeysetError {
+    KeysetError::Refused(
+        "a key-encryption key was given but the keyset holds its keys in the clear; wrap it \
+         first with `stateseal keys rewrap`"
+            .to_owned(),
+    )
 }
 
 /// `t` (Unix seconds) as RFC 3339 UTC, e.g. `2026-11-30T14:26:30Z`.
@@ -815,13 +983,20 @@ pub struct Keyring {
 }
 
 impl Keyring {
+    /// The keys in force of a clear keyset.
     pub fn from_file(file: &KeysetFile) -> Result<Self, KeysetError> {
+        Self::from_file_with(file, None)
+    }
+
+    /// The keys in force, unwrapped with `kek` in a wrapped keyset.
+    pub fn from_file_with(file: &KeysetFile, kek: Option<&dyn Kek>) -> Result<Self, KeysetError> {
         file.validate()?;
+        let mut materials: HashMap<u32, KeyMaterial> = file.materials(kek)?.into_iter().collect();
         let mut keys = HashMap::new();
         let mut primary = None;
         let mut primary_since = None;
         for rec in &file.keys {
-            let Some(material) = rec.material.clone() else {
+            let Some(material) = materials.remove(&rec.id) else {
                 continue; // retired
             };
             let key = Arc::new(RootKey {

@@ -4,5 +4,6 @@
 
 pub mod audit;
 pub mod hardening;
+pub mod kek;
 pub mod metrics;
 pub mod reload;

@@ -16,7 +16,7 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 use zeroize::Zeroizing;
 
-use crate::domain::keyring::{Keyring, KeyringHandle, KeysetFile};
+use crate::domain::keyring::{Kek, Keyring, KeyringHandle, KeysetFile};
 use crate::ops::audit::{key_changes, Audit, KeyEvent};
 
 /// Reload outcomes, for metrics and tests.
@@ -104,14 +104,17 @@ pub async fn watch_file<F>(
     }
 }
 
-/// The keyset's `apply`: parse, validate, swap; the audit log records what
-/// the new version changed, or that it was refused.
+/// The keyset's `apply`: parse, validate, unwrap (with the KEK of a wrapped
+/// keyset), swap; the audit log records what the new version changed, or
+/// that it was refused.
 pub fn keyset_applier(
     handle: Arc<KeyringHandle>,
+    kek: Option<Arc<dyn Kek>>,
     audit: Option<Arc<Audit>>,
 ) -> impl Fn(&[u8]) -> Result<(), ApplyError> {
     move |bytes| {
-        let loaded = KeysetFile::parse(bytes).and_then(|file| Keyring::from_file(&file));
+        let loaded = KeysetFile::parse(bytes)
+            .and_then(|file| Keyring::from_file_with(&file, kek.as_deref()));
         let ring = match loaded {
             Ok(ring) => ring,
             Err(e) => {

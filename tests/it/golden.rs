@@ -90,6 +90,7 @@ fn nonce(i: usize) -> [u8; 24] {
 fn keyring_for(id: u32) -> Keyring {
     Keyring::from_file(&KeysetFile {
         format: KEYSET_FORMAT.into(),
+        kek: None,
         keys: vec![KeyRecord {
             id,
             state: KeyState::Primary,
@@ -98,6 +99,7 @@ fn keyring_for(id: u32) -> Keyring {
             demoted_at: None,
             retired_at: None,
             material: Some(KeyMaterial::from_bytes(root_key(id))),
+            wrapped: None,
         }],
     })
     .unwrap()

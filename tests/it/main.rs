@@ -20,6 +20,7 @@ mod grpc;
 mod hostile;
 mod hygiene;
 mod idle_flood;
+mod kek;
 mod ledger_bound;
 mod ledger_contract;
 mod manifest;

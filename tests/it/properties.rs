@@ -16,7 +16,7 @@ fn ring() -> &'static Keyring {
     static RING: OnceLock<Keyring> = OnceLock::new();
     RING.get_or_init(|| {
         let mut ks = KeysetFile::generate(0);
-        ks.add_staged(0);
+        ks.add_staged(0, None).unwrap();
         Keyring::from_file(&ks).unwrap()
     })
 }

@@ -16,7 +16,7 @@ fn generated_keyset_has_one_primary_and_validates() {
 #[test]
 fn rotation_moves() {
     let mut k = ks();
-    let id = k.add_staged(2000);
+    let id = k.add_staged(2000, None).unwrap();
     assert_eq!(id, 2);
     assert!(k.promote(1, 2000, 0, false).is_err(), "already primary");
     assert!(
@@ -48,7 +48,7 @@ fn rotation_moves() {
     );
     assert!(k.retire(1, 9999, p, false).is_err(), "already retired");
     // Ids are never reused while retired entries stay in the file.
-    assert_eq!(k.add_staged(9999), 3);
+    assert_eq!(k.add_staged(9999, None).unwrap(), 3);
     k.validate().unwrap();
     let ring = Keyring::from_file(&k).unwrap();
     assert!(ring.get(KeyId(1)).is_none());
@@ -58,10 +58,10 @@ fn rotation_moves() {
 #[test]
 fn a_never_promoted_key_retires_at_once_and_force_overrides() {
     let mut k = ks();
-    let id = k.add_staged(2000);
+    let id = k.add_staged(2000, None).unwrap();
     let p = RetirePolicy::default();
     k.retire(id, 2000, p, false).unwrap();
-    let id = k.add_staged(2000);
+    let id = k.add_staged(2000, None).unwrap();
     k.promote(id, 2000, 120, true).unwrap();
     assert!(k.retire(1, 2001, p, false).is_err());
     k.retire(1, 2001, p, true).unwrap();
@@ -70,7 +70,7 @@ fn a_never_promoted_key_retires_at_once_and_force_overrides() {
 #[test]
 fn promote_right_after_add_is_refused_without_force() {
     let mut k = ks();
-    let id = k.add_staged(5000);
+    let id = k.add_staged(5000, None).unwrap();
     let err = k.promote(id, 5001, 120, false).unwrap_err().to_string();
     assert!(err.contains("--force"), "{err}");
     k.promote(id, 5120, 120, false).unwrap();
@@ -82,7 +82,7 @@ fn promote_right_after_add_is_refused_without_force() {
 fn a_staged_key_promoted_but_never_demoted_is_not_retired_without_force() {
     // A hand-edited file: staged, with promoted_at and no demoted_at.
     let mut k = ks();
-    let id = k.add_staged(1000);
+    let id = k.add_staged(1000, None).unwrap();
     k.keys[1].promoted_at = Some(1500);
     k.validate().unwrap();
     let p = RetirePolicy::default();
@@ -124,7 +124,7 @@ fn parse_errors_never_echo_values() {
 fn to_json_allocates_once_at_the_exact_size() {
     let mut k = ks();
     for t in 0..20 {
-        k.add_staged(t);
+        k.add_staged(t, None).unwrap();
     }
     let out = k.to_json().unwrap();
     assert_eq!(
@@ -160,7 +160,7 @@ fn bad_files_are_rejected() {
     assert!(!err.contains("c2hvcnQ"), "{err}");
     // Two primaries.
     let mut two = ks();
-    two.add_staged(1);
+    two.add_staged(1, None).unwrap();
     two.keys[1].state = KeyState::Primary;
     assert!(two.validate().is_err());
 }
@@ -179,7 +179,7 @@ fn write_is_atomic_private_and_init_refuses_to_overwrite() {
         assert_eq!(mode, 0o600);
     }
     let mut k2 = KeysetFile::read(&p).unwrap();
-    k2.add_staged(5);
+    k2.add_staged(5, None).unwrap();
     k2.write(&p, false).unwrap();
     assert_eq!(KeysetFile::read(&p).unwrap().keys.len(), 2);
     // No temp files are left behind.
@@ -221,7 +221,7 @@ fn debug_output_never_shows_key_bytes() {
 #[test]
 fn subkeys_differ_by_tenant_and_key() {
     let mut k = ks();
-    k.add_staged(1);
+    k.add_staged(1, None).unwrap();
     let ring = Keyring::from_file(&k).unwrap();
     let a1 = ring.get(KeyId(1)).unwrap().tenant_keys(&Tenant::new("a"));
     let b1 = ring.get(KeyId(1)).unwrap().tenant_keys(&Tenant::new("b"));
@@ -267,7 +267,7 @@ fn rfc3339_and_listing() {
     assert_eq!(human_age(42), "42s");
     assert_eq!(human_age(3 * 86_400 + 4 * 3600), "3d04h");
     let mut k = ks();
-    k.add_staged(1000);
+    k.add_staged(1000, None).unwrap();
     k.promote(2, 2000, 0, false).unwrap();
     let p = RetirePolicy {
         max_ttl: 100,
