@@ -67,7 +67,7 @@ pub use cli::{AuditCommand, Cli, Command, KekUri, KeysCommand, LogFormat, ServeA
 pub use clock::{Clock, SystemClock};
 pub use domain::error::Reject;
 pub use domain::keyring::{human_age, KeyListing, KeyState, Keyring, KeysetFile};
-pub use ops::audit::verify::{verify as verify_audit_log, Report as AuditReport};
+pub use ops::audit::verify::{unhex32, verify as verify_audit_log, Report as AuditReport};
 pub use ops::hardening::{disable_core_dumps, withhold_panic_details};
 pub use ops::kek::{generate as generate_kek, open as open_kek};
 

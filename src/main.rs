@@ -47,8 +47,9 @@ fn run() -> anyhow::Result<()> {
         Command::Audit(AuditCommand::Verify {
             keyset,
             keyset_kek,
+            after,
             files,
-        }) => audit_verify(&keyset, keyset_kek.as_ref(), &files),
+        }) => audit_verify(&keyset, keyset_kek.as_ref(), after.as_deref(), &files),
     }
 }
 
@@ -56,11 +57,21 @@ fn run() -> anyhow::Result<()> {
 fn audit_verify(
     keyset: &std::path::Path,
     kek: Option<&stateseal::KekUri>,
+    after: Option<&str>,
     files: &[std::path::PathBuf],
 ) -> anyhow::Result<()> {
+    let after = after
+        .map(|a| {
+            a.split_once(':')
+                .and_then(|(s, m)| {
+                    Some((s.parse::<u64>().ok()?, stateseal::unhex32(m.as_bytes())?))
+                })
+                .ok_or_else(|| anyhow::anyhow!("--after must be SEQ:MAC (64 lowercase hex digits)"))
+        })
+        .transpose()?;
     let kek = kek.map(|u| stateseal::open_kek(&u.0)).transpose()?;
     let ring = stateseal::Keyring::from_file_with(&KeysetFile::read(keyset)?, kek.as_deref())?;
-    let r = stateseal::verify_audit_log(files, &ring)?;
+    let r = stateseal::verify_audit_log(files, &ring, after)?;
     let span = match (r.first_seq, r.last_seq) {
         (Some(a), Some(b)) => format!("seq {a}..={b}"),
         _ => "no audit line".to_owned(),
@@ -80,7 +91,17 @@ fn audit_verify(
             "ends without a stop line (still running, killed, or its end cut)"
         },
     );
+    if let (Some(seq), Some(mac)) = (r.last_seq, r.last_mac) {
+        let mac: String = mac.iter().map(|b| format!("{b:02x}")).collect();
+        println!("last line: {seq}:{mac} (to check what follows: --after {seq}:{mac})");
+    }
     const SHOWN: usize = 100;
+    for at in r.unclean_restarts.iter().take(SHOWN) {
+        println!(
+            "{at}: note: a restart after a run that did not end with a stop line (a crash or \
+             kill -9, or lines cut from that run's end)"
+        );
+    }
     for p in r.problems.iter().take(SHOWN) {
         println!("{p}");
     }

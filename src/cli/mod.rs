@@ -404,6 +404,10 @@ pub enum AuditCommand {
         /// The keyset's key-encryption key, when it is wrapped.
         #[arg(long)]
         keyset_kek: Option<KekUri>,
+        /// Check a log that continues after this line (`SEQ:MAC`, as an
+        /// earlier verify printed it) instead of from the chain's start.
+        #[arg(long)]
+        after: Option<String>,
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },

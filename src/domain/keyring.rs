@@ -856,13 +856,17 @@ impl AuditKeys {
     }
 
     /// The first 16 bytes of HMAC-SHA256 over `field` (a fixed name that
-    /// keeps a subject's digest from equalling an attempt id's) and `data`.
-    pub fn digest(&self, field: &str, data: &[u8]) -> [u8; 16] {
+    /// keeps a subject's digest from equalling an attempt id's) and the
+    /// `parts`, each length-prefixed.
+    pub fn digest(&self, field: &str, parts: &[&[u8]]) -> [u8; 16] {
         use hmac::Mac;
         let mut m = self.digest.0.clone();
         m.update(&(field.len() as u32).to_be_bytes());
         m.update(field.as_bytes());
-        m.update(data);
+        for p in parts {
+            m.update(&(p.len() as u32).to_be_bytes());
+            m.update(p);
+        }
         let full: [u8; 32] = m.finalize().into_bytes().into();
         let mut out = [0u8; 16];
         out.copy_from_slice(&full[..16]);

@@ -66,6 +66,10 @@ impl RequestStateService {
         attempt: impl FnOnce(&T) -> Option<String>,
     ) -> Option<Asked> {
         self.audit.as_ref()?;
+        // Copied only within the limits the request is checked against (a
+        // longer one is refused TOO_LARGE anyway): the queue holds no
+        // attacker-sized strings.
+        let bounded = |s: Option<String>, max: usize| s.filter(|s| s.len() <= max);
         let caller = req
             .extensions()
             .get::<Caller>()
@@ -74,8 +78,11 @@ impl RequestStateService {
             method,
             caller,
             mode: None,
-            subject: subject(req.get_ref()),
-            attempt: attempt(req.get_ref()),
+            subject: bounded(subject(req.get_ref()), self.sealer.limits().max_subject),
+            attempt: bounded(
+                attempt(req.get_ref()),
+                crate::domain::sealer::MAX_ATTEMPT_ID,
+            ),
         })
     }
 

@@ -79,6 +79,8 @@ pub enum AuditError {
     NoChain(PathBuf),
     #[error("--audit-sample-seals must be at least 1")]
     Sampling,
+    #[error("audit log {0}: another process is writing it")]
+    InUse(PathBuf),
 }
 
 /// The RPC a decision answered.
@@ -167,23 +169,56 @@ const BATCH: usize = 512;
 const MAX_PENDING: usize = 64 * 1024 * 1024;
 /// How often a failing sink is tried again.
 const RETRY: Duration = Duration::from_millis(500);
+/// A write that has not returned after this long (a hung disk or a log
+/// reader that stopped reading) counts as failing: closed refuses.
+const STALL_MS: u64 = 2_000;
+/// The longest a closed-mode answer waits for its line.
+const ACK_WAIT: Duration = Duration::from_secs(5);
+/// The longest a shutdown waits for the writer's `stop` line.
+const CLOSE_WAIT: Duration = Duration::from_secs(5);
+
+/// What the writer tells the request path.
+#[derive(Debug, Default)]
+struct Health {
+    /// The last write (or flush) succeeded.
+    failing: AtomicBool,
+    /// When the write in progress started (ms since the epoch), or 0.
+    writing_since: AtomicU64,
+}
+
+impl Health {
+    fn stalled(&self) -> bool {
+        let t = self.writing_since.load(Ordering::Acquire);
+        t != 0 && now_ms().saturating_sub(t) > STALL_MS
+    }
+    fn ok(&self) -> bool {
+        !self.failing.load(Ordering::Acquire) && !self.stalled()
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
 
 /// The audit log of a running server.
 pub struct Audit {
     tx: SyncSender<Msg>,
-    healthy: Arc<AtomicBool>,
+    health: Arc<Health>,
     on_failure: OnFailure,
     sample_seals: u32,
     seals: AtomicU64,
     stats: Arc<AuditStats>,
-    writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Signalled when the writer thread ends.
+    done: Mutex<Option<Receiver<()>>>,
 }
 
 impl std::fmt::Debug for Audit {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Audit")
             .field("on_failure", &self.on_failure)
-            .field("healthy", &self.healthy.load(Ordering::Relaxed))
+            .field("healthy", &self.health.ok())
             .finish_non_exhaustive()
     }
 }
@@ -208,24 +243,28 @@ impl Audit {
             source,
         })?;
         let (tx, rx) = mpsc::sync_channel(QUEUE);
-        let healthy = Arc::new(AtomicBool::new(true));
-        let h = healthy.clone();
+        let (done_tx, done) = mpsc::channel();
+        let health = Arc::new(Health::default());
+        let h = health.clone();
         let on_failure = cfg.on_failure;
-        let writer = std::thread::Builder::new()
+        std::thread::Builder::new()
             .name("stateseal-audit".into())
-            .spawn(move || w.run(rx, h, on_failure))
+            .spawn(move || {
+                w.run(rx, &h, on_failure);
+                let _ = done_tx.send(());
+            })
             .map_err(|source| AuditError::Io {
                 path: PathBuf::from("(writer thread)"),
                 source,
             })?;
         Ok(Arc::new(Audit {
             tx,
-            healthy,
+            health,
             on_failure: cfg.on_failure,
             sample_seals: cfg.sample_seals,
             seals: AtomicU64::new(0),
             stats,
-            writer: Mutex::new(Some(writer)),
+            done: Mutex::new(Some(done)),
         }))
     }
 
@@ -233,9 +272,10 @@ impl Audit {
         &self.stats
     }
 
-    /// Before acting: `AUDIT_UNAVAILABLE` while a closed sink cannot write.
+    /// Before acting: `AUDIT_UNAVAILABLE` while a closed sink cannot write
+    /// (its last write failed, or the one in progress has hung).
     pub fn admit(&self) -> Result<(), Reject> {
-        if self.on_failure == OnFailure::Closed && !self.healthy.load(Ordering::Acquire) {
+        if self.on_failure == OnFailure::Closed && !self.health.ok() {
             return Err(Reject::AuditUnavailable);
         }
         Ok(())
@@ -266,11 +306,15 @@ impl Audit {
                 match self.tx.try_send(Msg::Decision(d, sampled, Some(ack))) {
                     Ok(()) => {}
                     Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
-                        return Err(Reject::AuditUnavailable)
+                        // Decided, with no line: a `dropped` line counts it.
+                        self.stats.dropped.fetch_add(1, Ordering::Relaxed);
+                        return Err(Reject::AuditUnavailable);
                     }
                 }
-                match written.await {
-                    Ok(true) => Ok(()),
+                // Bounded: a write that hangs must not hold the answer (or
+                // the caller's connection) forever.
+                match tokio::time::timeout(ACK_WAIT, written).await {
+                    Ok(Ok(true)) => Ok(()),
                     _ => Err(Reject::AuditUnavailable),
                 }
             }
@@ -284,13 +328,31 @@ impl Audit {
         }
     }
 
-    /// Writes the `stop` line and waits for the writer to finish.
+    /// Writes the `stop` line and waits for the writer to finish, for at
+    /// most a few seconds (a hung sink must not hold the shutdown).
     pub fn close(&self) {
-        let writer = self.writer.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(w) = writer {
-            // A full queue is drained by the writer: this waits its turn.
-            let _ = self.tx.send(Msg::Stop);
-            let _ = w.join();
+        let done = self.done.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let Some(done) = done else { return };
+        let deadline = std::time::Instant::now() + CLOSE_WAIT;
+        let mut msg = Msg::Stop;
+        loop {
+            match self.tx.try_send(msg) {
+                Ok(()) => break,
+                Err(TrySendError::Full(m)) if std::time::Instant::now() < deadline => {
+                    msg = m;
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(_) => break,
+            }
+        }
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if done
+            .recv_timeout(left.max(Duration::from_millis(100)))
+            .is_err()
+        {
+            tracing::error!(
+                "audit log writer did not finish in time; its stop line may be missing"
+            );
         }
     }
 }
@@ -466,29 +528,46 @@ impl Writer {
                 path: path.clone(),
                 source,
             };
-            let mut f = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .read(true)
-                .open(path)
-                .map_err(io)?;
+            let mut f = open_private(path, false).map_err(io)?;
+            // One writer per file: a second process would fork the chain.
+            if rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err()
+            {
+                return Err(AuditError::InUse(path.clone()));
+            }
             let size = f.metadata().map_err(io)?.len();
-            if size > 0 {
+            // Chain on from the live file's last line, or (when a crash cut
+            // a rotation short and left it empty or missing) from the last
+            // line of the newest rotated file.
+            let (from, last) = if size > 0 {
                 let (first, last, torn) = ends(&mut f, size).map_err(io)?;
-                let last = last.ok_or_else(|| AuditError::NoChain(path.clone()))?;
-                w.seq = last.0 + 1;
-                w.prev = last.1;
-                w.first_seq = first.unwrap_or(w.seq);
                 if torn {
                     // A line cut by a crash mid-write stays (verify reports
                     // it); the chain goes on on a line of its own.
                     f.write_all(b"\n").map_err(io)?;
                 }
+                (first, last)
+            } else if let Some(r) = newest_rotated(path).map_err(io)? {
+                let mut rf = std::fs::File::open(&r).map_err(io)?;
+                let len = rf.metadata().map_err(io)?.len();
+                let (_, last, _) = ends(&mut rf, len).map_err(io)?;
+                (
+                    None,
+                    Some(last.ok_or_else(|| AuditError::NoChain(r.clone()))?),
+                )
+            } else {
+                (None, None)
+            };
+            if size > 0 && last.is_none() {
+                return Err(AuditError::NoChain(path.clone()));
             }
+            if let Some((seq, mac)) = last {
+                w.seq = seq
+                    .checked_add(1)
+                    .ok_or_else(|| AuditError::NoChain(path.clone()))?;
+                w.prev = mac;
+            }
+            w.first_seq = from.unwrap_or(w.seq);
             w.size = f.metadata().map_err(io)?.len();
-            if size == 0 {
-                w.first_seq = w.seq;
-            }
             w.out = Out::File(f);
             w.path = path.clone();
         }
@@ -527,19 +606,20 @@ impl Writer {
         line.caller = Some(d.caller.to_string());
         line.key_id = d.trail.key_id.map(|k| k.0);
         line.mode = d.mode.map(str::to_owned);
+        let tenant = d.tenant.as_str().as_bytes();
         line.subject = d
             .subject
             .as_deref()
-            .map(|s| hex(&digests.digest("subject", s.as_bytes())));
+            .map(|s| hex(&digests.digest("subject", &[tenant, s.as_bytes()])));
         line.ledger = d
             .trail
             .ledger_id
-            .map(|id| hex(&digests.digest("ledger", &id)));
+            .map(|id| hex(&digests.digest("ledger", &[tenant, &id])));
         line.attempt = d
             .attempt
             .as_deref()
             .filter(|a| !a.is_empty())
-            .map(|a| hex(&digests.digest("attempt", a.as_bytes())));
+            .map(|a| hex(&digests.digest("attempt", &[tenant, a.as_bytes()])));
         match d.refused {
             None => {
                 line.outcome = Some("ok".into());
@@ -600,9 +680,11 @@ impl Writer {
         }
     }
 
-    /// Once the file has reached its size (and nothing is pending): renames
-    /// it to `PATH.<its first seq, 20 digits>` and starts a new one whose
-    /// first line, `rotate`, names it and carries the chain's previous MAC.
+    /// Once the file has reached its size (and nothing is pending): gives
+    /// it the name `PATH.<its first seq, 20 digits>` (a hard link, so an
+    /// existing file of that name is never replaced), starts a new one and
+    /// writes its first line, `rotate`, with the name and the chain's
+    /// previous MAC.
     fn rotate_if_full(&mut self, ring: &Keyring) -> std::io::Result<()> {
         if !matches!(self.out, Out::File(_))
             || !self.pending.is_empty()
@@ -611,12 +693,26 @@ impl Writer {
             return Ok(());
         }
         let to = rotated_name(&self.path, self.first_seq);
-        std::fs::rename(&self.path, &to)?;
-        let f = std::fs::OpenOptions::new()
-            .create_new(true)
-            .append(true)
-            .read(true)
-            .open(&self.path)?;
+        match std::fs::hard_link(&self.path, &to) {
+            Ok(()) => {}
+            // Linked before a crash that stopped the rotation: the same file.
+            Err(e)
+                if e.kind() == std::io::ErrorKind::AlreadyExists && same_file(&self.path, &to) => {}
+            Err(e) => return Err(e),
+        }
+        // A crash from here on leaves the live name missing or empty: the
+        // next start chains on from the newest rotated file.
+        std::fs::remove_file(&self.path)?;
+        let f = open_private(&self.path, true)?;
+        rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive)?;
+        if let Some(dir) = self.path.parent() {
+            let dir = if dir.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                dir
+            };
+            std::fs::File::open(dir)?.sync_all()?;
+        }
         self.out = Out::File(f);
         self.size = 0;
         self.first_seq = self.seq;
@@ -627,16 +723,20 @@ impl Writer {
         Ok(())
     }
 
-    fn run(mut self, rx: Receiver<Msg>, healthy: Arc<AtomicBool>, on_failure: OnFailure) {
+    fn run(mut self, rx: Receiver<Msg>, health: &Health, on_failure: OnFailure) {
         let mut stopping = false;
         while !stopping {
-            let first = if self.pending.is_empty() {
-                rx.recv().ok()
+            // Idle and healthy: wait for work. Otherwise wake up to retry.
+            let first = if self.pending.is_empty() && !health.failing.load(Ordering::Acquire) {
+                match rx.recv() {
+                    Ok(m) => Some(m),
+                    Err(_) => Some(Msg::Stop), // every sender gone: finish
+                }
             } else {
                 match rx.recv_timeout(RETRY) {
                     Ok(m) => Some(m),
                     Err(RecvTimeoutError::Timeout) => None,
-                    Err(RecvTimeoutError::Disconnected) => None,
+                    Err(RecvTimeoutError::Disconnected) => Some(Msg::Stop),
                 }
             };
             let ring = self.keys.current();
@@ -678,18 +778,23 @@ impl Writer {
                     None
                 };
             }
-            let ok = match self.flush() {
+            health
+                .writing_since
+                .store(now_ms().max(1), Ordering::Release);
+            let written = self.flush();
+            health.writing_since.store(0, Ordering::Release);
+            let ok = match written {
                 Ok(()) => true,
                 Err(e) => {
                     self.stats.write_failures.fetch_add(1, Ordering::Relaxed);
-                    if healthy.swap(false, Ordering::AcqRel) {
+                    if !health.failing.swap(true, Ordering::AcqRel) {
                         tracing::error!(path = %self.path.display(), error = %e, ?on_failure,
                             "audit log cannot be written; lines are kept and written once it can");
                     }
                     false
                 }
             };
-            if ok && !healthy.swap(true, Ordering::AcqRel) {
+            if ok && health.failing.swap(false, Ordering::AcqRel) {
                 tracing::info!(path = %self.path.display(), "audit log writes again");
             }
             for a in acks {
@@ -715,6 +820,60 @@ impl Writer {
             self.push(line, ring);
         }
     }
+}
+
+/// Opens (creating, mode 0600; `new`: only if absent) for appending and
+/// reading.
+fn open_private(path: &Path, new: bool) -> std::io::Result<File> {
+    let mut o = std::fs::OpenOptions::new();
+    o.append(true).read(true);
+    if new {
+        o.create_new(true);
+    } else {
+        o.create(true);
+    }
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut o, 0o600);
+    o.open(path)
+}
+
+fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+        _ => false,
+    }
+}
+
+/// The rotated file of `path` with the highest first seq, if any.
+fn newest_rotated(path: &Path) -> std::io::Result<Option<PathBuf>> {
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return Ok(None);
+    };
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    let prefix = format!("{}.", name.to_string_lossy());
+    let mut best: Option<(u64, PathBuf)> = None;
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        let n = e.file_name().to_string_lossy().into_owned();
+        let Some(digits) = n.strip_prefix(&prefix) else {
+            continue;
+        };
+        if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(seq) = digits.parse::<u64>() else {
+            continue;
+        };
+        if best.as_ref().is_none_or(|(b, _)| seq > *b) {
+            best = Some((seq, e.path()));
+        }
+    }
+    Ok(best.map(|(_, p)| p))
 }
 
 /// The name a file gets when rotated: its first line's seq, zero-padded so

@@ -317,43 +317,16 @@ async fn every_decision_and_key_event_has_a_line_and_nothing_secret_is_in_any() 
 fn small_log(dir: &Path, n: usize, max_bytes: u64) -> (Keyring, PathBuf) {
     let file = KeysetFile::generate(1_700_000_000);
     let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
-    let path = dir.join("audit.log");
-    let audit = Audit::start(
-        AuditConfig {
-            sink: Sink::File(path.clone()),
-            max_bytes,
-            sample_seals: 1,
-            on_failure: OnFailure::Closed,
-            replica: "r".into(),
-        },
-        handle,
-    )
-    .unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap();
-    for i in 0..n {
-        let d = Decision {
-            method: Method::Open,
-            tenant: Tenant::new("t"),
-            caller: "none".into(),
-            mode: Some("consume"),
-            subject: Some(format!("s{i}")),
-            attempt: None,
-            trail: Trail {
-                key_id: None,
-                ledger_id: Some([i as u8; 32]),
-            },
-            refused: (i % 3 == 0).then_some(Reject::Replayed),
-        };
-        rt.block_on(audit.record(d)).unwrap();
-    }
+    let audit = audit_in(dir, &handle, max_bytes);
+    decide(&audit, n);
     audit.close();
-    (Keyring::from_file(&file).unwrap(), path)
+    (Keyring::from_file(&file).unwrap(), dir.join("audit.log"))
 }
 
 fn problems(ring: &Keyring, files: &[PathBuf]) -> Vec<String> {
-    stateseal::verify_audit_log(files, ring).unwrap().problems
+    stateseal::verify_audit_log(files, ring, None)
+        .unwrap()
+        .problems
 }
 
 #[test]
@@ -415,8 +388,36 @@ fn verify_finds_each_kind_of_tampering_and_says_where() {
         v.drain(..2);
     });
     assert!(
-        found[0].contains("headless:1: nothing to check it against"),
+        found[0].contains("headless:1: the chain does not start here"),
         "{found:?}"
+    );
+    // A MAC spelt otherwise (upper case) is not the MAC.
+    let found = tampered("upper", &|v| {
+        let l = v[3].len();
+        let mac = v[3][l - 66..l - 2].to_uppercase();
+        v[3].replace_range(l - 66..l - 2, &mac);
+    });
+    assert!(
+        found[0].contains("upper:4: not a complete audit line"),
+        "{found:?}"
+    );
+    // What follows a verified line checks from it (--after SEQ:MAC), and
+    // from nothing else.
+    let tail = dir.path().join("tail");
+    std::fs::write(&tail, original[6..].join("\n") + "\n").unwrap();
+    let m = original[5];
+    let mac5 = stateseal::unhex32(&m.as_bytes()[m.len() - 66..m.len() - 2]).unwrap();
+    let t =
+        stateseal::verify_audit_log(std::slice::from_ref(&tail), &ring, Some((5, mac5))).unwrap();
+    assert!(t.problems.is_empty(), "{:?}", t.problems);
+    let t = stateseal::verify_audit_log(std::slice::from_ref(&tail), &ring, Some((5, [7u8; 32])))
+        .unwrap();
+    assert!(!t.problems.is_empty());
+    let t = stateseal::verify_audit_log(&[tail], &ring, None).unwrap();
+    assert!(
+        t.problems[0].contains("does not start here"),
+        "{:?}",
+        t.problems
     );
     // A line cut mid-write.
     let found = tampered("cut", &|v| {
@@ -437,7 +438,7 @@ fn verify_finds_each_kind_of_tampering_and_says_where() {
     // without its stop line.
     let p = dir.path().join("tail-cut");
     std::fs::write(&p, original[..9].join("\n") + "\n").unwrap();
-    let r = stateseal::verify_audit_log(&[p], &ring).unwrap();
+    let r = stateseal::verify_audit_log(&[p], &ring, None).unwrap();
     assert!(r.problems.is_empty() && !r.stopped && r.genesis);
 }
 
@@ -454,7 +455,7 @@ fn rotation_keeps_the_chain_across_files_and_a_restart_chains_on() {
     files.sort();
     assert!(files.len() >= 3, "{files:?}");
     files.push(path.clone());
-    let r = stateseal::verify_audit_log(&files, &ring).unwrap();
+    let r = stateseal::verify_audit_log(&files, &ring, None).unwrap();
     assert!(
         r.problems.is_empty(),
         "{:?}",
@@ -466,11 +467,15 @@ fn rotation_keeps_the_chain_across_files_and_a_restart_chains_on() {
         302 + files.len() as u64 - 1,
         "start, 300, stop, a rotate per file"
     );
-    // A rotated file left out: the next file's first line says so.
+    // A rotated file left out: the next file's first line says so; the
+    // first one left out: the chain does not start there (though that
+    // file's `rotate` line carries the MAC before it).
     let mut gap = files.clone();
     gap.remove(1);
     let found = problems(&ring, &gap);
     assert!(found[0].contains("seq"), "{found:?}");
+    let found = problems(&ring, &files[1..]);
+    assert!(found[0].contains("does not start here"), "{found:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -490,6 +495,10 @@ async fn a_restart_chains_on_from_the_last_line() {
     assert_eq!(events, ["start", "seal", "start", "seal", "stop"]);
     let (ok, out) = verify(&keyset, &[log]);
     assert!(ok, "{out}");
+    assert!(
+        out.contains("audit.log:3: note: a restart after a run that did not end"),
+        "{out}"
+    );
 }
 
 fn bearer_server_again(dir: &Path, keyset: &Path, log: &Path) -> ServerProcess {
@@ -617,6 +626,172 @@ async fn a_full_sink_refuses_when_closed_serves_when_open_and_loses_no_line() {
         assert_eq!(seals, 1 + served + refused + 1, "{policy}");
         drop(fs);
     }
+}
+
+/// The audit log of a keyring, in `dir`, rotated at `max_bytes`.
+fn audit_in(
+    dir: &Path,
+    handle: &std::sync::Arc<KeyringHandle>,
+    max_bytes: u64,
+) -> std::sync::Arc<Audit> {
+    Audit::start(
+        AuditConfig {
+            sink: Sink::File(dir.join("audit.log")),
+            max_bytes,
+            sample_seals: 1,
+            on_failure: OnFailure::Closed,
+            replica: "r".into(),
+        },
+        handle.clone(),
+    )
+    .unwrap()
+}
+
+/// `n` Open decisions (one in three refused `REPLAYED`), each waiting for
+/// its line.
+fn decide(audit: &Audit, n: usize) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    for i in 0..n {
+        let d = Decision {
+            method: Method::Open,
+            tenant: Tenant::new("t"),
+            caller: "none".into(),
+            mode: Some("consume"),
+            subject: Some(format!("s{i}")),
+            attempt: None,
+            trail: Trail {
+                key_id: None,
+                ledger_id: Some([i as u8; 32]),
+            },
+            refused: (i % 3 == 0).then_some(Reject::Replayed),
+        };
+        rt.block_on(audit.record(d)).unwrap();
+    }
+}
+
+fn all_files(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("audit.log.")
+        })
+        .collect();
+    v.sort();
+    v.push(dir.join("audit.log"));
+    v
+}
+
+/// A crash at each step of a rotation (after the rotated name is linked;
+/// after the live name is gone; after the new live file is created), then
+/// a restart: the chain goes on from where it was, no rotated file is
+/// replaced, and a second writer on the same file is refused.
+#[test]
+fn a_crash_mid_rotation_loses_no_line_and_one_file_has_one_writer() {
+    let file = KeysetFile::generate(1_700_000_000);
+    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let ring = Keyring::from_file(&file).unwrap();
+    for step in ["linked", "unlinked", "created"] {
+        let dir = tempfile::tempdir().unwrap();
+        let a = audit_in(dir.path(), &handle, 1 << 20);
+        decide(&a, 20);
+        // Another process on the same file is refused.
+        let second = Audit::start(
+            AuditConfig {
+                sink: Sink::File(dir.path().join("audit.log")),
+                max_bytes: 1 << 20,
+                sample_seals: 1,
+                on_failure: OnFailure::Closed,
+                replica: "r2".into(),
+            },
+            handle.clone(),
+        );
+        assert!(
+            matches!(
+                second,
+                Err(stateseal::internals::audit::AuditError::InUse(_))
+            ),
+            "{step}"
+        );
+        drop(a); // a crash: no stop line (the writer ends with its sender)
+        std::thread::sleep(Duration::from_millis(200));
+        let live = dir.path().join("audit.log");
+        let rotated = dir.path().join("audit.log.00000000000000000000");
+        std::fs::hard_link(&live, &rotated).unwrap();
+        let before = std::fs::read(&rotated).unwrap();
+        if step != "linked" {
+            std::fs::remove_file(&live).unwrap();
+        }
+        if step == "created" {
+            std::fs::File::create(&live).unwrap();
+        }
+        // Restart, rotating small: several rotations after the crash.
+        let a = audit_in(dir.path(), &handle, 2048);
+        decide(&a, 40);
+        a.close();
+        assert_eq!(
+            std::fs::read(&rotated).unwrap()[..before.len()],
+            before[..],
+            "{step}: a rotated file was replaced"
+        );
+        let files = all_files(dir.path());
+        assert!(files.len() >= 3, "{step}: {files:?}");
+        let r = stateseal::verify_audit_log(&files, &ring, None).unwrap();
+        assert!(
+            r.problems.is_empty(),
+            "{step}: {:?}",
+            &r.problems[..3.min(r.problems.len())]
+        );
+        assert!(r.genesis && r.stopped, "{step}");
+    }
+}
+
+/// A sink whose writes hang (standard output into a pipe nobody reads) is
+/// a failing sink for `closed`: answers come back `AUDIT_UNAVAILABLE`
+/// within their bounded wait, then requests are refused before any work,
+/// the replica is not ready, and SIGTERM still stops it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_sink_refuses_when_closed_and_does_not_hold_the_shutdown() {
+    let dir = tempfile::tempdir().unwrap();
+    // stdout is a pipe the test never reads: it fills after ~64 KiB.
+    let s = spawn(
+        &dir.path().join("data"),
+        &["--audit-log", "-", "--health-listen", "127.0.0.1:0"],
+        &[],
+    );
+    let health = crate::common::process::health_addr(&s);
+    let mut c = connect(s.addr).await;
+    let mut served = 0;
+    let mut first_refusal = None;
+    for i in 0..5000 {
+        match c.seal(seal_req(b"x", false)).await {
+            Ok(_) => served += 1,
+            Err(e) => {
+                assert_eq!(reason(&e), "AUDIT_UNAVAILABLE");
+                first_refusal = Some(i);
+                break;
+            }
+        }
+    }
+    assert!(
+        first_refusal.is_some(),
+        "never refused after {served} seals"
+    );
+    // Refused at admission from now on (the write has hung past its bound).
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    for _ in 0..5 {
+        let e = c.seal(seal_req(b"x", false)).await.unwrap_err();
+        assert_eq!(reason(&e), "AUDIT_UNAVAILABLE");
+    }
+    wait_health(health, NOT_SERVING).await;
+    let (status, log) = s.terminate();
+    assert!(status.success(), "{log:?}");
 }
 
 const SERVING: i32 = 1;

@@ -26,6 +26,12 @@ pub struct Report {
     pub genesis: bool,
     /// The last line is the `stop` line of a clean shutdown.
     pub stopped: bool,
+    /// The last line's MAC: with `last_seq`, the anchor to verify what is
+    /// written after it (`--after SEQ:MAC`).
+    pub last_mac: Option<[u8; 32]>,
+    /// `start` lines after a run that did not end with `stop` (a crash, a
+    /// `kill -9` — or lines cut from that run's end): `FILE:LINE`.
+    pub unclean_restarts: Vec<String>,
     /// Each as `FILE:LINE: what`.
     pub problems: Vec<String>,
 }
@@ -44,8 +50,10 @@ pub fn parse(raw: &[u8]) -> Result<(Line, [u8; 32]), &'static str> {
     Ok((line, mac))
 }
 
-fn unhex32(h: &[u8]) -> Option<[u8; 32]> {
-    if h.len() != 64 {
+/// 64 lowercase hex digits, as the writer writes them (nothing else: a MAC
+/// has one spelling).
+pub fn unhex32(h: &[u8]) -> Option<[u8; 32]> {
+    if h.len() != 64 || !h.iter().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
         return None;
     }
     let mut out = [0u8; 32];
@@ -57,14 +65,24 @@ fn unhex32(h: &[u8]) -> Option<[u8; 32]> {
 }
 
 /// Checks `files`, in chain order (rotated files first, as their names
-/// sort, then the live file), against the keys of `ring`.
-pub fn verify(files: &[PathBuf], ring: &Keyring) -> std::io::Result<Report> {
+/// sort, then the live file), against the keys of `ring`. Without `after`,
+/// the chain must start at its beginning (seq 0); with `after` (a seq and
+/// its line's MAC, from a verified copy), right after it.
+pub fn verify(
+    files: &[PathBuf],
+    ring: &Keyring,
+    after: Option<(u64, [u8; 32])>,
+) -> std::io::Result<Report> {
     let mut r = Report {
         files: files.len(),
         ..Report::default()
     };
-    let mut prev: Option<[u8; 32]> = None;
-    let mut expect: Option<u64> = None;
+    let mut prev: Option<[u8; 32]> = after.map(|(_, mac)| mac);
+    let mut expect: Option<u64> = match after {
+        Some((seq, _)) => Some(seq.saturating_add(1)),
+        None => Some(0),
+    };
+    let mut last_event = String::from("stop");
     for file in files {
         let bytes = std::fs::read(file)?;
         let mut lines: Vec<&[u8]> = bytes.split(|&b| b == b'\n').collect();
@@ -87,16 +105,35 @@ pub fn verify(files: &[PathBuf], ring: &Keyring) -> std::io::Result<Report> {
             };
             r.first_seq.get_or_insert(line.seq);
             r.last_seq = Some(line.seq);
+            r.last_mac = Some(mac);
             r.stopped = line.event == "stop";
+            if line.event == "start" && r.lines > 1 && last_event != "stop" {
+                r.unclean_restarts.push(at.clone());
+            }
+            last_event.clone_from(&line.event);
             if let Some(e) = expect {
                 if line.seq != e {
-                    r.problems.push(format!(
-                        "{at}: seq {} where {e} was expected: lines removed, inserted or reordered",
-                        line.seq
-                    ));
+                    r.problems.push(if r.lines == 1 && after.is_none() {
+                        format!(
+                            "{at}: the chain does not start here (seq {}): the lines or files \
+                             before it are missing (to check a log whose earlier files were \
+                             removed, give --after SEQ:MAC of the line before, from a \
+                             verified copy)",
+                            line.seq
+                        )
+                    } else {
+                        format!(
+                            "{at}: seq {} where {e} was expected: lines removed, inserted or \
+                             reordered",
+                            line.seq
+                        )
+                    });
                 }
             }
-            expect = Some(line.seq + 1);
+            expect = line.seq.checked_add(1);
+            if expect.is_none() {
+                r.problems.push(format!("{at}: seq at its largest value"));
+            }
             let stated = line.prev.as_deref().map(|p| unhex32(p.as_bytes()));
             let chain_prev = match (prev, stated) {
                 (_, Some(None)) => {
@@ -114,7 +151,7 @@ pub fn verify(files: &[PathBuf], ring: &Keyring) -> std::io::Result<Report> {
                 }
                 (Some(p), _) => p,
                 (None, Some(Some(s))) => {
-                    if r.lines == 1 && line.seq == 0 && s == [0u8; 32] {
+                    if r.lines == 1 && line.seq == 0 && s == [0u8; 32] && after.is_none() {
                         r.genesis = true;
                     }
                     s
