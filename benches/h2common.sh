@@ -26,7 +26,12 @@ h2_start_server() {
     WORK=$(mktemp -d)
     PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
     local wrap=("${@//\{WORK\}/$WORK}")
-    "${wrap[@]}" "$SERVER" serve --listen "127.0.0.1:$PORT" --data-dir "$WORK/data" 2>"$WORK/server.log" &
+    # STATESEAL_SERVER_ARGS: more flags for the server ({WORK} is the run's
+    # temporary directory), e.g. "--audit-log {WORK}/audit.log".
+    local extra=()
+    read -r -a extra <<<"${STATESEAL_SERVER_ARGS:-}"
+    extra=("${extra[@]//\{WORK\}/$WORK}")
+    "${wrap[@]}" "$SERVER" serve --listen "127.0.0.1:$PORT" --data-dir "$WORK/data" "${extra[@]}" 2>"$WORK/server.log" &
     PID=$!
     EXTRA_PIDS=
     trap 'kill $PID $EXTRA_PIDS 2>/dev/null; wait $PID $EXTRA_PIDS 2>/dev/null; rm -rf "$WORK"' EXIT

@@ -43,6 +43,7 @@ fn ring() -> &'static Keyring {
         Keyring::from_file(&KeysetFile {
             format: KEYSET_FORMAT.into(),
             kek: None,
+        keyset_id: None,
             keys: vec![record(1, KeyState::Staged), record(7, KeyState::Primary)],
         })
         .expect("keyring")

@@ -535,7 +535,7 @@ fn spawn_watch<F>(
     apply: F,
 ) -> tokio::task::JoinHandle<()>
 where
-    F: Fn(&[u8]) -> Result<(), crate::ops::reload::ApplyError> + Send + 'static,
+    F: Fn(&[u8]) -> Result<(), crate::ops::reload::ApplyError> + Send + Sync + 'static,
 {
     tokio::spawn(watch_file(
         what,

@@ -204,6 +204,11 @@ pub struct KeysetFile {
     /// then, never clear.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kek: Option<String>,
+    /// Set in a wrapped keyset: a random id, chosen when it was wrapped,
+    /// that every wrapped blob is bound to (with its key id), so a blob from
+    /// another keyset under the same KEK does not open here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keyset_id: Option<String>,
     pub keys: Vec<KeyRecord>,
 }
 
@@ -217,9 +222,12 @@ pub trait Kek: Send + Sync + fmt::Debug {
     fn unwrap(&self, aad: &[u8], blob: &[u8]) -> Result<Zeroizing<[u8; 32]>, KeysetError>;
 }
 
-/// What a wrapped key's blob is bound to: its id.
-fn wrap_aad(id: u32) -> Vec<u8> {
-    let mut aad = b"stateseal/v1 wrapped root key ".to_vec();
+/// What a wrapped key's blob is bound to: its keyset's id and its own.
+fn wrap_aad(keyset_id: Option<&str>, id: u32) -> Vec<u8> {
+    let ks = keyset_id.unwrap_or("").as_bytes();
+    let mut aad = b"stateseal/v1 wrapped root key".to_vec();
+    aad.extend_from_slice(&(ks.len() as u32).to_be_bytes());
+    aad.extend_from_slice(ks);
     aad.extend_from_slice(&id.to_be_bytes());
     aad
 }
@@ -264,6 +272,7 @@ impl KeysetFile {
         KeysetFile {
             format: KEYSET_FORMAT.to_owned(),
             kek: None,
+            keyset_id: None,
             keys: vec![KeyRecord {
                 id: 1,
                 state: KeyState::Primary,
@@ -353,6 +362,11 @@ impl KeysetFile {
         {
             return Err(KeysetError::Invalid("unknown kek (want file or pkcs11)"));
         }
+        if self.kek.is_some() != self.keyset_id.is_some() {
+            return Err(KeysetError::Invalid(
+                "a wrapped keyset needs a keyset_id, and only a wrapped one has one",
+            ));
+        }
         if primaries != 1 {
             return Err(KeysetError::Invalid("exactly one key must be primary"));
         }
@@ -424,8 +438,14 @@ impl KeysetFile {
         result.map_err(KeysetError::Io)
     }
 
-    fn next_id(&self) -> u32 {
-        self.keys.iter().map(|k| k.id).max().unwrap_or(0) + 1
+    fn next_id(&self) -> Result<u32, KeysetError> {
+        self.keys
+            .iter()
+            .map(|k| k.id)
+            .max()
+            .unwrap_or(0)
+            .checked_add(1)
+            .ok_or(KeysetError::Invalid("no key id left"))
     }
 
     fn find_mut(&mut self, id: u32) -> Result<&mut KeyRecord, KeysetError> {
@@ -438,16 +458,17 @@ impl KeysetFile {
     /// Adds a new staged key (opens only) and returns its id. A wrapped
     /// keyset needs its KEK, which wraps the new key.
     pub fn add_staged(&mut self, now: u64, kek: Option<&dyn Kek>) -> Result<u32, KeysetError> {
-        let id = self.next_id();
+        let id = self.next_id()?;
+        // The KEK must open what is there already (a wrong KEK is refused
+        // before it wraps anything).
+        self.check_opens(kek)?;
         let material = KeyMaterial::generate();
-        let (material, wrapped) = match (&self.kek, kek) {
-            (None, None) => (Some(material), None),
-            (Some(_), Some(kek)) => {
-                self.check_kek(kek)?;
-                (None, Some(wrap_one(kek, id, &material)?))
-            }
-            (Some(_), None) => return Err(wrapped_needs_kek()),
-            (None, Some(_)) => return Err(clear_with_kek()),
+        let (material, wrapped) = match kek {
+            None => (Some(material), None),
+            Some(kek) => (
+                None,
+                Some(wrap_one(kek, self.keyset_id.as_deref(), id, &material)?),
+            ),
         };
         self.keys.push(KeyRecord {
             id,
@@ -462,71 +483,81 @@ impl KeysetFile {
         Ok(id)
     }
 
-    /// Refuses a KEK of another kind than the one the keyset records, and
-    /// one that does not open the primary key (a wrong KEK).
-    fn check_kek(&self, kek: &dyn Kek) -> Result<(), KeysetError> {
-        if self.kek.as_deref() != Some(kek.kind()) {
-            return Err(KeysetError::Refused(format!(
-                "the keyset is wrapped by a {} KEK, not {}",
-                self.kek.as_deref().unwrap_or("(none)"),
+    /// Checks that `kek` is what this keyset needs: none for a clear one,
+    /// one of the recorded kind for a wrapped one. A wrapped keyset without
+    /// a KEK, or a clear one with a KEK, is refused: never a silent
+    /// fall-back to the clear.
+    fn kek_fits(&self, kek: Option<&dyn Kek>) -> Result<(), KeysetError> {
+        match (&self.kek, kek) {
+            (None, None) => Ok(()),
+            (Some(kind), Some(kek)) if kind == kek.kind() => Ok(()),
+            (Some(kind), Some(kek)) => Err(KeysetError::Refused(format!(
+                "the keyset is wrapped by a {kind} KEK, not {}",
                 kek.kind()
-            )));
+            ))),
+            (Some(_), None) => Err(wrapped_needs_kek()),
+            (None, Some(_)) => Err(clear_with_kek()),
         }
-        self.materials(Some(kek)).map(|_| ())
     }
 
-    /// Every live key's clear material: unwrapped with `kek` in a wrapped
-    /// keyset. A wrapped keyset without a KEK, or a clear one with a KEK,
-    /// is refused: never a silent fall-back to the clear.
-    pub fn materials(&self, kek: Option<&dyn Kek>) -> Result<Vec<(u32, KeyMaterial)>, KeysetError> {
-        let mut out = Vec::new();
-        match (&self.kek, kek) {
-            (None, None) => {
-                for k in &self.keys {
-                    if let Some(m) = &k.material {
-                        out.push((k.id, m.clone()));
-                    }
-                }
+    /// One key's clear material (unwrapped with `kek` in a wrapped keyset),
+    /// `None` once retired. Made one at a time, where it is used: no list
+    /// of keys is ever collected into a buffer freed unwiped.
+    fn material_of(
+        &self,
+        k: &KeyRecord,
+        kek: Option<&dyn Kek>,
+    ) -> Result<Option<KeyMaterial>, KeysetError> {
+        self.kek_fits(kek)?;
+        match (&k.material, &k.wrapped, kek) {
+            (Some(m), None, None) => Ok(Some(m.clone())),
+            (None, Some(w), Some(kek)) => {
+                let blob = URL_SAFE_NO_PAD
+                    .decode(w)
+                    .map_err(|_| KeysetError::Invalid("a wrapped key is not base64url"))?;
+                let bytes = kek
+                    .unwrap(&wrap_aad(self.keyset_id.as_deref(), k.id), &blob)
+                    .map_err(|e| {
+                        let why = match e {
+                            KeysetError::Refused(m) => m,
+                            other => other.to_string(),
+                        };
+                        KeysetError::Refused(format!(
+                            "the key-encryption key does not open key {}: {why}",
+                            k.id
+                        ))
+                    })?;
+                Ok(Some(KeyMaterial::from_unwrapped(bytes)))
             }
-            (Some(kind), Some(kek)) => {
-                if kind != kek.kind() {
-                    return Err(KeysetError::Refused(format!(
-                        "the keyset is wrapped by a {kind} KEK, not {}",
-                        kek.kind()
-                    )));
-                }
-                for k in &self.keys {
-                    if let Some(w) = &k.wrapped {
-                        let blob = URL_SAFE_NO_PAD
-                            .decode(w)
-                            .map_err(|_| KeysetError::Invalid("a wrapped key is not base64url"))?;
-                        let bytes = kek.unwrap(&wrap_aad(k.id), &blob).map_err(|e| {
-                            let why = match e {
-                                KeysetError::Refused(m) => m,
-                                other => other.to_string(),
-                            };
-                            KeysetError::Refused(format!(
-                                "the key-encryption key does not open key {}: {why}",
-                                k.id
-                            ))
-                        })?;
-                        out.push((k.id, KeyMaterial::from_unwrapped(bytes)));
-                    }
-                }
-            }
-            (Some(_), None) => return Err(wrapped_needs_kek()),
-            (None, Some(_)) => return Err(clear_with_kek()),
+            (None, None, _) => Ok(None),
+            _ => Err(KeysetError::Invalid(
+                "a key's material does not match the keyset's kek",
+            )),
         }
-        Ok(out)
+    }
+
+    /// Checks that `kek` opens every live key of this keyset.
+    pub fn check_opens(&self, kek: Option<&dyn Kek>) -> Result<(), KeysetError> {
+        self.kek_fits(kek)?;
+        for k in &self.keys {
+            self.material_of(k, kek)?;
+        }
+        Ok(())
     }
 
     /// Wraps every live key under `to` (from the clear, or unwrapped with
     /// `from`): the keyset is then wrapped by `to` only.
     pub fn rewrap(&mut self, from: Option<&dyn Kek>, to: &dyn Kek) -> Result<(), KeysetError> {
-        let materials = self.materials(from)?;
+        self.kek_fits(from)?;
+        // A new keyset id: what this wrapping binds every blob to.
+        let mut id = [0u8; 16];
+        rand::rngs::OsRng.fill_bytes(&mut id);
+        let keyset_id: String = id.iter().map(|b| format!("{b:02x}")).collect();
         let mut wrapped = HashMap::new();
-        for (id, m) in &materials {
-            wrapped.insert(*id, wrap_one(to, *id, m)?);
+        for k in &self.keys {
+            if let Some(m) = self.material_of(k, from)? {
+                wrapped.insert(k.id, wrap_one(to, Some(&keyset_id), k.id, &m)?);
+            }
         }
         for k in &mut self.keys {
             if let Some(w) = wrapped.remove(&k.id) {
@@ -535,9 +566,10 @@ impl KeysetFile {
             }
         }
         self.kek = Some(to.kind().to_owned());
+        self.keyset_id = Some(keyset_id);
         self.validate()?;
         // What was wrapped opens with `to`.
-        self.materials(Some(to)).map(|_| ())
+        self.check_opens(Some(to))
     }
 
     /// Makes a staged key primary; the old primary becomes staged (it keeps
@@ -645,8 +677,13 @@ impl KeysetFile {
     }
 }
 
-fn wrap_one(kek: &dyn Kek, id: u32, m: &KeyMaterial) -> Result<String, KeysetError> {
-    Ok(URL_SAFE_NO_PAD.encode(kek.wrap(&wrap_aad(id), m.expose())?))
+fn wrap_one(
+    kek: &dyn Kek,
+    keyset_id: Option<&str>,
+    id: u32,
+    m: &KeyMaterial,
+) -> Result<String, KeysetError> {
+    Ok(URL_SAFE_NO_PAD.encode(kek.wrap(&wrap_aad(keyset_id, id), m.expose())?))
 }
 
 fn wrapped_needs_kek() -> KeysetError {
@@ -984,6 +1021,8 @@ pub struct Keyring {
     primary: Arc<RootKey>,
     /// When the primary was promoted (Unix seconds), from the keyset file.
     primary_since: Option<u64>,
+    /// The wrapped keyset's id (`None` in the clear).
+    keyset_id: Option<String>,
 }
 
 impl Keyring {
@@ -995,12 +1034,12 @@ impl Keyring {
     /// The keys in force, unwrapped with `kek` in a wrapped keyset.
     pub fn from_file_with(file: &KeysetFile, kek: Option<&dyn Kek>) -> Result<Self, KeysetError> {
         file.validate()?;
-        let mut materials: HashMap<u32, KeyMaterial> = file.materials(kek)?.into_iter().collect();
+        file.kek_fits(kek)?;
         let mut keys = HashMap::new();
         let mut primary = None;
         let mut primary_since = None;
         for rec in &file.keys {
-            let Some(material) = materials.remove(&rec.id) else {
+            let Some(material) = file.material_of(rec, kek)? else {
                 continue; // retired
             };
             let key = Arc::new(RootKey {
@@ -1021,6 +1060,7 @@ impl Keyring {
             keys,
             primary,
             primary_since,
+            keyset_id: file.keyset_id.clone(),
         })
     }
 
@@ -1040,6 +1080,33 @@ impl Keyring {
     /// A key that may open tokens (staged or primary); `None` if unknown or retired.
     pub fn get(&self, id: KeyId) -> Option<&Arc<RootKey>> {
         self.keys.get(&id)
+    }
+
+    /// Why `next` may not replace this keyring in a running server: another
+    /// keyset (its id changed: wrapped anew, or another file), or a key id
+    /// in both whose material changed. Keys are added, promoted and retired;
+    /// an id never changes its bytes, so a file that says otherwise was
+    /// written by someone other than `stateseal keys`.
+    pub fn refuses_successor(&self, next: &Keyring) -> Option<String> {
+        if self.keyset_id != next.keyset_id {
+            return Some(
+                "the keyset's id changed (wrapped anew, or another keyset): restart to take it"
+                    .to_owned(),
+            );
+        }
+        for (id, key) in &self.keys {
+            if let Some(n) = next.keys.get(id) {
+                let same: bool = subtle::ConstantTimeEq::ct_eq(
+                    &key.material.expose()[..],
+                    &n.material.expose()[..],
+                )
+                .into();
+                if !same {
+                    return Some(format!("key {id}'s material changed"));
+                }
+            }
+        }
+        None
     }
 
     /// Ids and states, never material.

@@ -32,31 +32,50 @@ const FILE_KEK_SALT: &[u8] = b"stateseal/v1 file kek salt";
 const FILE_KEK_INFO: &[u8] = b"stateseal/v1 file kek xchacha20poly1305";
 const NONCE: usize = 24;
 
-/// Opens the KEK `uri` names.
-pub fn open(uri: &str) -> Result<Arc<dyn Kek>, KeysetError> {
-    if let Some(path) = uri.strip_prefix("file:") {
-        Ok(Arc::new(FileKek::open(Path::new(path))?))
-    } else if uri.starts_with("pkcs11:") || uri.starts_with("PKCS11:") {
-        let k = pkcs11::Pkcs11Kek::open(uri).map_err(|e| kek_error(&e))?;
-        Ok(Arc::new(Hsm(k)))
+/// What a KEK URI names.
+enum Scheme<'a> {
+    File(&'a Path),
+    Pkcs11,
+}
+
+fn scheme(uri: &str) -> Result<Scheme<'_>, KeysetError> {
+    let has = |p: &str| {
+        uri.get(..p.len())
+            .is_some_and(|s| s.eq_ignore_ascii_case(p))
+    };
+    if has("file://") {
+        // Only an empty host: file:///path.
+        match uri.get(7..) {
+            Some(rest) if rest.starts_with('/') => Ok(Scheme::File(Path::new(rest))),
+            _ => Err(KeysetError::Refused(
+                "a file: KEK names no host: file:PATH or file:///PATH".to_owned(),
+            )),
+        }
+    } else if has("file:") {
+        Ok(Scheme::File(Path::new(&uri[5..])))
+    } else if has("pkcs11:") {
+        Ok(Scheme::Pkcs11)
     } else {
         Err(KeysetError::Refused(
-            "--keyset-kek must be file:PATH or a pkcs11: URI".to_owned(),
+            "a key-encryption key is file:PATH or a pkcs11: URI".to_owned(),
         ))
+    }
+}
+
+/// Opens the KEK `uri` names.
+pub fn open(uri: &str) -> Result<Arc<dyn Kek>, KeysetError> {
+    match scheme(uri)? {
+        Scheme::File(path) => Ok(Arc::new(FileKek::open(path)?)),
+        Scheme::Pkcs11 => Ok(Arc::new(Hsm::open(uri)?)),
     }
 }
 
 /// Creates a new KEK where `uri` says: a new file (refused if it exists),
 /// or a new key in the token (refused if its label is taken).
 pub fn generate(uri: &str) -> Result<(), KeysetError> {
-    if let Some(path) = uri.strip_prefix("file:") {
-        FileKek::generate(Path::new(path))
-    } else if uri.starts_with("pkcs11:") || uri.starts_with("PKCS11:") {
-        pkcs11::Pkcs11Kek::generate(uri).map_err(|e| kek_error(&e))
-    } else {
-        Err(KeysetError::Refused(
-            "a KEK is file:PATH or a pkcs11: URI".to_owned(),
-        ))
+    match scheme(uri)? {
+        Scheme::File(path) => FileKek::generate(path),
+        Scheme::Pkcs11 => pkcs11::Pkcs11Kek::generate(uri).map_err(|e| kek_error(&e)),
     }
 }
 
@@ -85,6 +104,13 @@ impl FileKek {
             KeysetError::Refused(format!("key-encryption key file {}: {why}", path.display()))
         };
         let text = Zeroizing::new(std::fs::read(path).map_err(|e| fail(&e.to_string()))?);
+        #[cfg(unix)]
+        if let Ok(m) = std::fs::metadata(path) {
+            use std::os::unix::fs::PermissionsExt;
+            if m.permissions().mode() & 0o077 != 0 {
+                tracing::warn!(path = %path.display(), "the key-encryption key file is readable by group or others; make it 0400 (a Secret's defaultMode)");
+            }
+        }
         let trimmed = text.trim_ascii();
         let mut raw = Zeroizing::new([0u8; 32]);
         match URL_SAFE_NO_PAD.decode_slice(trimmed, &mut raw[..]) {
@@ -94,9 +120,9 @@ impl FileKek {
                 "not 32 bytes of base64url (make one with `stateseal keys kek-generate file:PATH`)",
             )),
         }
-        let hk = Hkdf::<Sha256>::new(Some(FILE_KEK_SALT), &raw[..]);
+        let hk = crate::domain::keyring::Wiped(Hkdf::<Sha256>::new(Some(FILE_KEK_SALT), &raw[..]));
         let mut key = Zeroizing::new([0u8; 32]);
-        hk.expand(FILE_KEK_INFO, &mut key[..])
+        hk.0.expand(FILE_KEK_INFO, &mut key[..])
             .expect("32 bytes is a valid HKDF-SHA256 output length");
         Ok(FileKek {
             aead: XChaCha20Poly1305::new((&*key).into()),
@@ -167,9 +193,47 @@ fn to_key(pt: &[u8]) -> Option<Zeroizing<[u8; 32]>> {
     Some(out)
 }
 
-/// A KEK in a PKCS#11 token.
-#[derive(Debug)]
-struct Hsm(pkcs11::Pkcs11Kek);
+/// A KEK in a PKCS#11 token. A call that fails for another reason than
+/// the data (a session or handle the token no longer knows: it was
+/// restarted or re-inserted) opens the token again and is tried once more,
+/// so that later reloads work without a restart.
+struct Hsm {
+    uri: Zeroizing<String>,
+    kek: std::sync::Mutex<Arc<pkcs11::Pkcs11Kek>>,
+}
+
+impl std::fmt::Debug for Hsm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hsm").finish_non_exhaustive()
+    }
+}
+
+impl Hsm {
+    fn open(uri: &str) -> Result<Self, KeysetError> {
+        let k = pkcs11::Pkcs11Kek::open(uri).map_err(|e| kek_error(&e))?;
+        Ok(Hsm {
+            uri: Zeroizing::new(uri.to_owned()),
+            kek: std::sync::Mutex::new(Arc::new(k)),
+        })
+    }
+
+    fn call<T>(
+        &self,
+        f: impl Fn(&pkcs11::Pkcs11Kek) -> Result<T, pkcs11::Pkcs11Error>,
+    ) -> Result<T, KeysetError> {
+        let current = self.kek.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        match f(&current) {
+            Err(pkcs11::Pkcs11Error::Hsm { .. }) => {
+                tracing::warn!("the PKCS#11 token failed a call; opening it again");
+                let fresh =
+                    Arc::new(pkcs11::Pkcs11Kek::open(&self.uri).map_err(|e| kek_error(&e))?);
+                *self.kek.lock().unwrap_or_else(|p| p.into_inner()) = fresh.clone();
+                f(&fresh).map_err(|e| kek_error(&e))
+            }
+            other => other.map_err(|e| kek_error(&e)),
+        }
+    }
+}
 
 impl Kek for Hsm {
     fn kind(&self) -> &'static str {
@@ -177,11 +241,11 @@ impl Kek for Hsm {
     }
 
     fn wrap(&self, aad: &[u8], key: &[u8; 32]) -> Result<Vec<u8>, KeysetError> {
-        self.0.wrap(aad, key).map_err(|e| kek_error(&e))
+        self.call(|k| k.wrap(aad, key))
     }
 
     fn unwrap(&self, aad: &[u8], blob: &[u8]) -> Result<Zeroizing<[u8; 32]>, KeysetError> {
-        let pt = self.0.unwrap(aad, blob).map_err(|e| kek_error(&e))?;
+        let pt = self.call(|k| k.unwrap(aad, blob))?;
         to_key(&pt).ok_or_else(|| KeysetError::Refused("a wrapped key is not 32 bytes".to_owned()))
     }
 }

@@ -65,8 +65,9 @@ pub async fn watch_file<F>(
     stats: Arc<ReloadStats>,
     apply: F,
 ) where
-    F: Fn(&[u8]) -> Result<(), ApplyError> + Send + 'static,
+    F: Fn(&[u8]) -> Result<(), ApplyError> + Send + Sync + 'static,
 {
+    let apply = Arc::new(apply);
     let path = paths.first().cloned().unwrap_or_default();
     let mut seen = initial;
     let mut tick = tokio::time::interval(every);
@@ -88,9 +89,16 @@ pub async fn watch_file<F>(
         seen = digest;
         // A panic while loading (a parser bug) must not end the watcher:
         // every later version — a revocation among them — would be ignored.
-        let bytes = contents.first().map(|b| &b[..]).unwrap_or_default();
-        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| apply(bytes)))
-            .unwrap_or_else(|_| Err(LoaderPanicked.into()));
+        // Loading may block (a PKCS#11 token unwrapping keys): off the
+        // runtime's workers.
+        let apply = apply.clone();
+        let outcome = tokio::task::spawn_blocking(move || {
+            let bytes = contents.first().map(|b| &b[..]).unwrap_or_default();
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| apply(bytes)))
+                .unwrap_or_else(|_| Err(LoaderPanicked.into()))
+        })
+        .await
+        .unwrap_or_else(|_| Err(LoaderPanicked.into()));
         match outcome {
             Ok(()) => {
                 stats.reloads.fetch_add(1, Ordering::Relaxed);
@@ -125,8 +133,14 @@ pub fn keyset_applier(
                 return Err(e.into());
             }
         };
-        tracing::info!(keys = ?ring.summary(), "keyset in force");
         let before = handle.current();
+        if let Some(why) = before.refuses_successor(&ring) {
+            if let Some(a) = &audit {
+                a.key_event(KeyEvent::ReloadRefused(why.clone()));
+            }
+            return Err(crate::domain::keyring::KeysetError::Refused(why).into());
+        }
+        tracing::info!(keys = ?ring.summary(), "keyset in force");
         if let Some(a) = &audit {
             for e in key_changes(&before, &ring) {
                 a.key_event(e);

@@ -91,6 +91,7 @@ fn keyring_for(id: u32) -> Keyring {
     Keyring::from_file(&KeysetFile {
         format: KEYSET_FORMAT.into(),
         kek: None,
+        keyset_id: None,
         keys: vec![KeyRecord {
             id,
             state: KeyState::Primary,

@@ -164,6 +164,7 @@ async fn a_file_kek_serves_rotates_reloads_and_refuses_what_it_must() {
     );
     let junk = dir.path().join("junk");
     std::fs::write(&junk, "not a key").unwrap();
+    std::fs::set_permissions(&junk, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     refused(
         &data,
         &[
@@ -187,7 +188,7 @@ async fn a_file_kek_serves_rotates_reloads_and_refuses_what_it_must() {
         &data,
         &["--keyset", ks_s, "--keyset-kek", "vault:x"],
         &[],
-        "must be file:PATH or a pkcs11: URI",
+        "is file:PATH or a pkcs11: URI",
     );
     // A wrapped key moved to another key's entry does not open (the blob
     // is bound to its id).
@@ -208,6 +209,59 @@ async fn a_file_kek_serves_rotates_reloads_and_refuses_what_it_must() {
         &[],
         "does not open key 2",
     );
+
+    // A blob of another keyset wrapped by the same KEK (whose keys someone
+    // may know: it was in the clear before) does not open here.
+    let known = dir.path().join("known.json");
+    let known_s = known.to_str().unwrap();
+    ok(&["keys", "init", known_s], &[]);
+    ok(&["keys", "rewrap", known_s, "--to-kek", &kek], &[]);
+    let theirs: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&known).unwrap()).unwrap();
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&ks).unwrap()).unwrap();
+    v["keys"][1]["wrapped"] = theirs["keys"][0]["wrapped"].clone();
+    let planted = dir.path().join("planted.json");
+    std::fs::write(&planted, serde_json::to_string(&v).unwrap()).unwrap();
+    refused(
+        &data,
+        &["--keyset", planted.to_str().unwrap(), "--keyset-kek", &kek],
+        &[],
+        "does not open key 2",
+    );
+    // Hot reload refuses another keyset (another id), though it opens.
+    let s = spawn(
+        &data,
+        &[
+            "--keyset",
+            ks_s,
+            "--keyset-kek",
+            &kek,
+            "--reload-interval-ms",
+            "100",
+        ],
+        &[],
+    );
+    let mine = std::fs::read(&ks).unwrap();
+    std::fs::copy(&known, &ks).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !s
+        .log
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|l| l.contains("the keyset's id changed"))
+    {
+        assert!(Instant::now() < deadline, "another keyset was not refused");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        round_trip(&s).await,
+        "2",
+        "sealing with a key of another keyset"
+    );
+    std::fs::write(&ks, &mine).unwrap();
+    s.terminate();
 
     // Rewrap to the other KEK: the old one no longer opens it, the new one
     // serves it; a clear keyset is wrapped the same way.
@@ -237,6 +291,50 @@ async fn a_file_kek_serves_rotates_reloads_and_refuses_what_it_must() {
         &[],
     );
     assert_eq!(round_trip(&s).await, "1");
+    s.terminate();
+}
+
+/// A clear keyset: a reload that changes a key's material is refused and
+/// the key in force stays (an id never changes its bytes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_changes_a_keys_material_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let ks = dir.path().join("keyset.json");
+    let ks_s = ks.to_str().unwrap();
+    ok(&["keys", "init", ks_s], &[]);
+    let s = spawn(
+        &dir.path().join("data"),
+        &["--keyset", ks_s, "--reload-interval-ms", "100"],
+        &[],
+    );
+    let mut c = connect(s.addr).await;
+    let before = c
+        .seal(seal_req(b"x", false))
+        .await
+        .unwrap()
+        .into_inner()
+        .request_state;
+    let other = dir.path().join("other.json");
+    ok(&["keys", "init", other.to_str().unwrap()], &[]);
+    let theirs: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&other).unwrap()).unwrap();
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&ks).unwrap()).unwrap();
+    v["keys"][0]["material"] = theirs["keys"][0]["material"].clone();
+    std::fs::write(&ks, serde_json::to_string(&v).unwrap()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !s
+        .log
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|l| l.contains("key 1's material changed"))
+    {
+        assert!(Instant::now() < deadline, "a changed key was not refused");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The key in force still opens what it sealed.
+    assert!(c.open(open_req(&before)).await.is_ok());
     s.terminate();
 }
 
@@ -337,6 +435,42 @@ async fn a_softhsm_kek_serves_rotates_reloads_and_refuses_a_wrong_pin() {
         &["--keyset", ks_s, "--keyset-kek", &other],
         &envs,
         "does not open key 2",
+    );
+    // A key imported into the token (it existed outside it) is refused.
+    let raw = dir.path().join("aes.bin");
+    std::fs::write(&raw, [0x42u8; 32]).unwrap();
+    let out = Command::new("softhsm2-util")
+        .env("SOFTHSM2_CONF", &conf)
+        .args([
+            "--import",
+            raw.to_str().unwrap(),
+            "--aes",
+            "--label",
+            "imported",
+            "--id",
+            "01",
+        ])
+        .args(["--token", "stateseal", "--pin", "1234"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (made, out) = stateseal(
+        &[
+            "keys",
+            "init",
+            dir.path().join("imp.json").to_str().unwrap(),
+            "--kek",
+            &pkcs11_uri("imported", "1234"),
+        ],
+        &envs,
+    );
+    assert!(
+        !made && out.contains("has existed outside the token"),
+        "{out}"
     );
     // From the HSM to a file KEK and back: each serves.
     let file_kek = format!("file:{}", dir.path().join("kek").display());

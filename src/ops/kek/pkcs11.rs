@@ -698,15 +698,20 @@ fn check_key(session: &Session, key: ObjectHandle, label: &str) -> Result<(), Pk
                 AttributeType::ValueLen,
                 AttributeType::Encrypt,
                 AttributeType::Decrypt,
+                AttributeType::NeverExtractable,
+                AttributeType::AlwaysSensitive,
             ],
         )
         .map_err(|e| hsm("C_GetAttributeValue", e))?;
-    let (mut len, mut enc, mut dec) = (None, false, false);
+    let (mut len, mut enc, mut dec, mut never_out, mut always_secret) =
+        (None, false, false, false, false);
     for a in attrs {
         match a {
             Attribute::ValueLen(l) => len = Some(*l),
             Attribute::Encrypt(b) => enc = b,
             Attribute::Decrypt(b) => dec = b,
+            Attribute::NeverExtractable(b) => never_out = b,
+            Attribute::AlwaysSensitive(b) => always_secret = b,
             _ => {}
         }
     }
@@ -715,6 +720,14 @@ fn check_key(session: &Session, key: ObjectHandle, label: &str) -> Result<(), Pk
     }
     if !(enc && dec) {
         return Err(bad("it does not allow both encrypt and decrypt"));
+    }
+    // An imported key, or one that was ever extractable, has existed
+    // outside the token: whoever kept a copy unwraps offline.
+    if !(never_out && always_secret) {
+        return Err(bad(
+            "it has existed outside the token (not CKA_NEVER_EXTRACTABLE and CKA_ALWAYS_SENSITIVE); \
+             generate it in the token (keys kek-generate)",
+        ));
     }
     Ok(())
 }
