@@ -460,21 +460,43 @@ impl Line {
 pub const MAC_SUFFIX_LEN: usize = 8 + 64 + 2;
 
 pub(crate) fn hex(b: &[u8]) -> String {
-    use std::fmt::Write as _;
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut s = String::with_capacity(b.len() * 2);
     for x in b {
-        let _ = write!(s, "{x:02x}");
+        s.push(char::from(DIGITS[usize::from(x >> 4)]));
+        s.push(char::from(DIGITS[usize::from(x & 15)]));
     }
     s
 }
 
-/// Now, as RFC 3339 UTC with microseconds.
-fn now_rfc3339() -> String {
-    let d = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    let secs = crate::domain::keyring::rfc3339(d.as_secs());
-    format!("{}.{:06}Z", secs.trim_end_matches('Z'), d.subsec_micros())
+/// RFC 3339 UTC times with microseconds; the date and time of day are
+/// formatted once per second.
+#[derive(Default)]
+struct Clock {
+    second: u64,
+    prefix: String,
+}
+
+impl Clock {
+    fn now(&mut self) -> String {
+        let d = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        if self.prefix.is_empty() || d.as_secs() != self.second {
+            self.second = d.as_secs();
+            self.prefix = crate::domain::keyring::rfc3339(self.second);
+            self.prefix.pop(); // the Z
+        }
+        let mut t = String::with_capacity(self.prefix.len() + 8);
+        t.push_str(&self.prefix);
+        t.push('.');
+        let us = d.subsec_micros();
+        for div in [100_000, 10_000, 1_000, 100, 10, 1] {
+            t.push(char::from(b'0' + (us / div % 10) as u8));
+        }
+        t.push('Z');
+        t
+    }
 }
 
 enum Out {
@@ -501,6 +523,7 @@ struct Writer {
     /// line has counted.
     reported: u64,
     stats: Arc<AuditStats>,
+    clock: Clock,
 }
 
 impl Writer {
@@ -522,6 +545,7 @@ impl Writer {
             pending: Vec::new(),
             reported: 0,
             stats,
+            clock: Clock::default(),
         };
         if let Sink::File(path) = &cfg.sink {
             let io = |source| AuditError::Io {
@@ -578,7 +602,7 @@ impl Writer {
     fn push(&mut self, mut line: Line, ring: &Keyring) {
         let key = ring.primary();
         line.seq = self.seq;
-        line.time = now_rfc3339();
+        line.time = self.clock.now();
         line.replica.clone_from(&self.replica);
         line.mac_key = key.id().0;
         let start = self.pending.len();
@@ -910,4 +934,24 @@ fn ends(f: &mut File, size: u64) -> std::io::Result<(Option<u64>, Option<(u64, [
         .map(|(l, mac)| (l.seq, mac));
     f.seek(SeekFrom::End(0))?;
     Ok((first, last, torn))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_are_rfc3339_with_microseconds_and_hex_is_lowercase() {
+        let mut c = Clock::default();
+        let t = c.now();
+        assert_eq!(t.len(), "2026-12-03T16:20:11.734201Z".len(), "{t}");
+        assert!(t.ends_with('Z') && t.as_bytes()[19] == b'.', "{t}");
+        let secs = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let want = crate::domain::keyring::rfc3339(secs);
+        assert_eq!(&t[..10], &want[..10]);
+        assert_eq!(hex(&[0x00, 0x0f, 0xa5, 0xff]), "000fa5ff");
+    }
 }
