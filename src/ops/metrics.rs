@@ -379,7 +379,7 @@ impl Collector for Owned {
                 "Audit lines made (numbered and chained).",
                 load(&a.lines),
             )?;
-            counter(&mut enc, "stateseal_audit_dropped", "Audit lines given up (--audit-on-failure open: queue full, or the sink failing too long); a `dropped` line counts them in the log.", load(&a.dropped))?;
+            counter(&mut enc, "stateseal_audit_dropped", "Audit lines given up (queue full, or the sink failing too long; in closed mode a decision answered AUDIT_UNAVAILABLE whose line found the queue full); a `dropped` line counts them in the log.", load(&a.dropped))?;
             counter(&mut enc, "stateseal_audit_write_failures", "Audit log writes that failed (the lines are kept and written first once the sink writes again).", load(&a.write_failures))?;
         }
         counter(
