@@ -502,13 +502,13 @@ impl KeysetFile {
 
     /// One key's clear material (unwrapped with `kek` in a wrapped keyset),
     /// `None` once retired. Made one at a time, where it is used: no list
-    /// of keys is ever collected into a buffer freed unwiped.
+    /// of keys is ever collected into a buffer freed unwiped. Callers check
+    /// [`Self::kek_fits`] once first.
     fn material_of(
         &self,
         k: &KeyRecord,
         kek: Option<&dyn Kek>,
     ) -> Result<Option<KeyMaterial>, KeysetError> {
-        self.kek_fits(kek)?;
         match (&k.material, &k.wrapped, kek) {
             (Some(m), None, None) => Ok(Some(m.clone())),
             (None, Some(w), Some(kek)) => {

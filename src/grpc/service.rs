@@ -86,8 +86,24 @@ impl RequestStateService {
         })
     }
 
-    /// Records the decision (with a fail-closed log, the answer waits for
-    /// its line, and becomes `AUDIT_UNAVAILABLE` if it cannot be written).
+    /// Ends a decision: records it in the audit log (with a fail-closed
+    /// log, the answer waits for its line, and becomes `AUDIT_UNAVAILABLE`
+    /// if it cannot be written), then in the metrics, as answered.
+    async fn settle<T>(
+        &self,
+        rpc: Rpc,
+        started: Instant,
+        asked: Option<Asked>,
+        tenant: &Tenant,
+        trail: Trail,
+        result: Result<T, Reject>,
+    ) -> Result<T, Reject> {
+        let result = self.audited(asked, tenant, trail, result).await;
+        self.metrics
+            .request(rpc, result.as_ref().err().copied(), started.elapsed());
+        result
+    }
+
     async fn audited<T>(
         &self,
         asked: Option<Asked>,
@@ -267,9 +283,9 @@ impl RequestState for RequestStateService {
             key_id: result.as_ref().ok().map(|s| s.key_id),
             ledger_id: None,
         };
-        let result = self.audited(asked, &tenant, trail, result).await;
-        self.metrics
-            .request(Rpc::Seal, result.as_ref().err().copied(), started.elapsed());
+        let result = self
+            .settle(Rpc::Seal, started, asked, &tenant, trail, result)
+            .await;
         match result {
             Ok(s) => {
                 tracing::debug!(
@@ -351,9 +367,9 @@ impl RequestState for RequestStateService {
             },
             (Err(e), _) | (_, Err(e)) => Err(e),
         };
-        let result = self.audited(asked, &tenant, trail, result).await;
-        self.metrics
-            .request(Rpc::Open, result.as_ref().err().copied(), started.elapsed());
+        let result = self
+            .settle(Rpc::Open, started, asked, &tenant, trail, result)
+            .await;
         match result {
             Ok((mut o, (input_responses_json, dropped))) => {
                 tracing::debug!(
@@ -397,20 +413,16 @@ impl RequestState for RequestStateService {
         let tenant = tenant_of(&req)?;
         let asked = self.asked(&req, Method::Commit, |_| None, |_| None);
         let mut trail = Trail::default();
-        let result = match self.admit() {
-            Ok(()) => {
-                self.sealer
-                    .commit(&tenant, &req.get_ref().reservation, &mut trail)
-                    .await
-            }
-            Err(e) => Err(e),
-        };
-        let result = self.audited(asked, &tenant, trail, result).await;
-        self.metrics.request(
-            Rpc::Commit,
-            result.as_ref().err().copied(),
-            started.elapsed(),
-        );
+        let result = async {
+            self.admit()?;
+            self.sealer
+                .commit(&tenant, &req.get_ref().reservation, &mut trail)
+                .await
+        }
+        .await;
+        let result = self
+            .settle(Rpc::Commit, started, asked, &tenant, trail, result)
+            .await;
         finish(&tenant, "commit", result.map(|()| proto::CommitResponse {}))
     }
 
@@ -424,20 +436,16 @@ impl RequestState for RequestStateService {
         let asked = self.asked(&req, Method::Renew, |_| None, |_| None);
         let r = req.get_ref();
         let mut trail = Trail::default();
-        let result = match self.admit() {
-            Ok(()) => {
-                self.sealer
-                    .renew(&tenant, &r.reservation, r.lease_seconds, &mut trail)
-                    .await
-            }
-            Err(e) => Err(e),
-        };
-        let result = self.audited(asked, &tenant, trail, result).await;
-        self.metrics.request(
-            Rpc::Renew,
-            result.as_ref().err().copied(),
-            started.elapsed(),
-        );
+        let result = async {
+            self.admit()?;
+            self.sealer
+                .renew(&tenant, &r.reservation, r.lease_seconds, &mut trail)
+                .await
+        }
+        .await;
+        let result = self
+            .settle(Rpc::Renew, started, asked, &tenant, trail, result)
+            .await;
         finish(
             &tenant,
             "renew",
@@ -457,20 +465,16 @@ impl RequestState for RequestStateService {
         let tenant = tenant_of(&req)?;
         let asked = self.asked(&req, Method::Release, |_| None, |_| None);
         let mut trail = Trail::default();
-        let result = match self.admit() {
-            Ok(()) => {
-                self.sealer
-                    .release(&tenant, &req.get_ref().reservation, &mut trail)
-                    .await
-            }
-            Err(e) => Err(e),
-        };
-        let result = self.audited(asked, &tenant, trail, result).await;
-        self.metrics.request(
-            Rpc::Release,
-            result.as_ref().err().copied(),
-            started.elapsed(),
-        );
+        let result = async {
+            self.admit()?;
+            self.sealer
+                .release(&tenant, &req.get_ref().reservation, &mut trail)
+                .await
+        }
+        .await;
+        let result = self
+            .settle(Rpc::Release, started, asked, &tenant, trail, result)
+            .await;
         finish(
             &tenant,
             "release",

@@ -16,7 +16,7 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 use zeroize::Zeroizing;
 
-use crate::domain::keyring::{Kek, Keyring, KeyringHandle, KeysetFile};
+use crate::domain::keyring::{Kek, Keyring, KeyringHandle, KeysetError, KeysetFile};
 use crate::ops::audit::{key_changes, Audit, KeyEvent};
 
 /// Reload outcomes, for metrics and tests.
@@ -121,35 +121,30 @@ pub fn keyset_applier(
     audit: Option<Arc<Audit>>,
 ) -> impl Fn(&[u8]) -> Result<(), ApplyError> {
     move |bytes| {
-        let loaded = KeysetFile::parse(bytes)
-            .and_then(|file| Keyring::from_file_with(&file, kek.as_deref()));
-        let ring = match loaded {
-            Ok(ring) => ring,
-            Err(e) => {
-                if let Some(a) = &audit {
-                    // Keyset errors never hold key bytes.
-                    a.key_event(KeyEvent::ReloadRefused(e.to_string()));
-                }
-                return Err(e.into());
+        let note = |e: KeyEvent| {
+            if let Some(a) = &audit {
+                a.key_event(e);
             }
         };
         let before = handle.current();
-        if let Some(why) = before.refuses_successor(&ring) {
-            if let Some(a) = &audit {
-                a.key_event(KeyEvent::ReloadRefused(why.clone()));
+        let ring = KeysetFile::parse(bytes)
+            .and_then(|file| Keyring::from_file_with(&file, kek.as_deref()))
+            .and_then(|ring| match before.refuses_successor(&ring) {
+                Some(why) => Err(KeysetError::Refused(why)),
+                None => Ok(ring),
+            });
+        let ring = match ring {
+            Ok(ring) => ring,
+            Err(e) => {
+                // Keyset errors never hold key bytes.
+                note(KeyEvent::ReloadRefused(e.to_string()));
+                return Err(e.into());
             }
-            return Err(crate::domain::keyring::KeysetError::Refused(why).into());
-        }
+        };
         tracing::info!(keys = ?ring.summary(), "keyset in force");
-        if let Some(a) = &audit {
-            for e in key_changes(&before, &ring) {
-                a.key_event(e);
-            }
-        }
+        key_changes(&before, &ring).into_iter().for_each(note);
         handle.replace(ring);
-        if let Some(a) = &audit {
-            a.key_event(KeyEvent::ReloadApplied);
-        }
+        note(KeyEvent::ReloadApplied);
         Ok(())
     }
 }

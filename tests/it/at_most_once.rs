@@ -429,39 +429,25 @@ async fn commit_renew_and_release_work_while_the_clock_guard_disagrees() {
             .renew(&tenant, &r, 5, &mut Trail::default())
             .await
             .unwrap();
+        let mut trail = Trail::default();
         match finish {
-            "commit" => {
-                unsynced
-                    .commit(&tenant, &r, &mut Trail::default())
-                    .await
-                    .unwrap();
-                let again = synced
-                    .open(
-                        &b,
-                        synced.precheck(&t).unwrap(),
-                        Mode::Consume,
-                        None,
-                        &mut Trail::default(),
-                    )
-                    .await;
-                assert_eq!(again.unwrap_err(), Reject::Replayed);
-            }
-            _ => {
-                unsynced
-                    .release(&tenant, &r, &mut Trail::default())
-                    .await
-                    .unwrap();
-                let again = synced
-                    .open(
-                        &b,
-                        synced.precheck(&t).unwrap(),
-                        Mode::Consume,
-                        None,
-                        &mut Trail::default(),
-                    )
-                    .await;
-                assert!(again.unwrap().consumed);
-            }
+            "commit" => unsynced.commit(&tenant, &r, &mut trail).await.unwrap(),
+            _ => unsynced.release(&tenant, &r, &mut trail).await.unwrap(),
+        }
+        let again = synced
+            .open(
+                &b,
+                synced.precheck(&t).unwrap(),
+                Mode::Consume,
+                None,
+                &mut Trail::default(),
+            )
+            .await;
+        match finish {
+            // Committed: the token is spent.
+            "commit" => assert_eq!(again.unwrap_err(), Reject::Replayed),
+            // Released: it opens afresh.
+            _ => assert!(again.unwrap().consumed),
         }
     }
 }

@@ -70,18 +70,25 @@ fn wait_for(path: &Path, event: &str) {
     }
 }
 
-fn bearer_server(dir: &Path, extra: &[&str]) -> (ServerProcess, PathBuf, PathBuf) {
+/// A server with bearer callers, its audit log at `log`: its tenants file
+/// and keyset are made in `dir` on first use and kept for a restart.
+/// Returns the server and the keyset's path.
+fn bearer_server(dir: &Path, log: &Path, extra: &[&str]) -> (ServerProcess, PathBuf) {
     let tenants = dir.join("tenants.json");
-    std::fs::write(
-        &tenants,
-        format!(
-            r#"{{"tenants":[{{"name":"tenant-a","bearer_sha256":"{}"}}]}}"#,
-            hex(&Sha256::digest(SECRET.as_bytes()))
-        ),
-    )
-    .unwrap();
-    let keyset = PathBuf::from(crate::common::process::keys_init(dir));
-    let log = dir.join("audit.log");
+    if !tenants.exists() {
+        std::fs::write(
+            &tenants,
+            format!(
+                r#"{{"tenants":[{{"name":"tenant-a","bearer_sha256":"{}"}}]}}"#,
+                hex(&Sha256::digest(SECRET.as_bytes()))
+            ),
+        )
+        .unwrap();
+    }
+    let keyset = dir.join("keyset.json");
+    if !keyset.exists() {
+        crate::common::process::keys_init(dir);
+    }
     let mut args = vec![
         "--auth",
         "bearer",
@@ -91,15 +98,13 @@ fn bearer_server(dir: &Path, extra: &[&str]) -> (ServerProcess, PathBuf, PathBuf
         keyset.to_str().unwrap(),
         "--audit-log",
         log.to_str().unwrap(),
-        "--replica-id",
-        "replica-x",
-        "--reload-interval-ms",
-        "100",
     ];
     args.extend_from_slice(extra);
-    let s = spawn(&dir.join("data"), &args, &[]);
-    (s, keyset, log)
+    (spawn(&dir.join("data"), &args, &[]), keyset)
 }
+
+/// The flags of the tests that watch reloads and replica names.
+const WATCHED: &[&str] = &["--replica-id", "replica-x", "--reload-interval-ms", "100"];
 
 async fn client(
     s: &ServerProcess,
@@ -145,7 +150,8 @@ fn opening(token: &str, mode: OpenMode) -> stateseal::proto::OpenRequest {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_decision_and_key_event_has_a_line_and_nothing_secret_is_in_any() {
     let dir = tempfile::tempdir().unwrap();
-    let (s, keyset, log) = bearer_server(dir.path(), &[]);
+    let log = dir.path().join("audit.log");
+    let (s, keyset) = bearer_server(dir.path(), &log, WATCHED);
     let mut c = client(&s).await;
     let mut secrets: Vec<String> = vec![
         String::from_utf8(STATE.to_vec()).unwrap(),
@@ -481,10 +487,11 @@ fn rotation_keeps_the_chain_across_files_and_a_restart_chains_on() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_chains_on_from_the_last_line() {
     let dir = tempfile::tempdir().unwrap();
-    let (s, keyset, log) = bearer_server(dir.path(), &[]);
+    let log = dir.path().join("audit.log");
+    let (s, keyset) = bearer_server(dir.path(), &log, &[]);
     client(&s).await.seal(sealing()).await.unwrap();
     s.kill9(); // no stop line
-    let s = bearer_server_again(dir.path(), &keyset, &log);
+    let (s, _) = bearer_server(dir.path(), &log, &[]);
     client(&s).await.seal(sealing()).await.unwrap();
     let (status, _) = s.terminate();
     assert!(status.success());
@@ -499,24 +506,6 @@ async fn a_restart_chains_on_from_the_last_line() {
         out.contains("audit.log:3: note: a restart after a run that did not end"),
         "{out}"
     );
-}
-
-fn bearer_server_again(dir: &Path, keyset: &Path, log: &Path) -> ServerProcess {
-    let tenants = dir.join("tenants.json");
-    spawn(
-        &dir.join("data"),
-        &[
-            "--auth",
-            "bearer",
-            "--tenants",
-            tenants.to_str().unwrap(),
-            "--keyset",
-            keyset.to_str().unwrap(),
-            "--audit-log",
-            log.to_str().unwrap(),
-        ],
-        &[],
-    )
 }
 
 /// A sink that fills up, then has room again: with `closed`, requests are
@@ -538,28 +527,17 @@ async fn a_full_sink_refuses_when_closed_serves_when_open_and_loses_no_line() {
                 return;
             }
         };
-        let (s, keyset, _) = bearer_server(base.path(), &["--audit-on-failure", policy]);
-        drop(s);
-        // The same server, its log on the small tmpfs.
+        // The log on the small tmpfs.
         let log = mnt.join("audit.log");
-        let tenants = base.path().join("tenants.json");
-        let s = spawn(
-            &base.path().join("data2"),
+        let (s, keyset) = bearer_server(
+            base.path(),
+            &log,
             &[
-                "--auth",
-                "bearer",
-                "--tenants",
-                tenants.to_str().unwrap(),
-                "--keyset",
-                keyset.to_str().unwrap(),
-                "--audit-log",
-                log.to_str().unwrap(),
                 "--audit-on-failure",
                 policy,
                 "--health-listen",
                 "127.0.0.1:0",
             ],
-            &[],
         );
         let health = crate::common::process::health_addr(&s);
         let mut c = client(&s).await;

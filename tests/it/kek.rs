@@ -45,6 +45,10 @@ fn refused(data: &Path, args: &[&str], envs: &[(&str, &str)], want: &str) {
     assert!(lines[0].contains(want), "{args:?}: {out}");
 }
 
+fn read_json(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
 /// Seals and opens one single-use token; returns the key id that sealed it.
 async fn round_trip(s: &ServerProcess) -> String {
     let mut c = connect(s.addr).await;
@@ -104,8 +108,7 @@ async fn serves_rotates_and_reloads(dir: &Path, kek: &str, envs: &[(&str, &str)]
     assert_eq!(round_trip(&s).await, "2");
     let (status, log) = s.terminate();
     assert!(status.success());
-    let text = std::fs::read_to_string(&ks).unwrap();
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let v = read_json(&ks);
     for k in v["keys"].as_array().unwrap() {
         assert!(k.get("material").is_none(), "a key in the clear: {k}");
     }
@@ -193,8 +196,7 @@ async fn a_file_kek_serves_rotates_reloads_and_refuses_what_it_must() {
     // A wrapped key moved to another key's entry does not open (the blob
     // is bound to its id).
     ok(&["keys", "add", ks_s, "--kek", &kek], &[]);
-    let mut v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&ks).unwrap()).unwrap();
+    let mut v: serde_json::Value = read_json(&ks);
     let (a, b) = (
         v["keys"][1]["wrapped"].clone(),
         v["keys"][2]["wrapped"].clone(),
@@ -216,10 +218,8 @@ async fn a_file_kek_serves_rotates_reloads_and_refuses_what_it_must() {
     let known_s = known.to_str().unwrap();
     ok(&["keys", "init", known_s], &[]);
     ok(&["keys", "rewrap", known_s, "--to-kek", &kek], &[]);
-    let theirs: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&known).unwrap()).unwrap();
-    let mut v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&ks).unwrap()).unwrap();
+    let theirs: serde_json::Value = read_json(&known);
+    let mut v: serde_json::Value = read_json(&ks);
     v["keys"][1]["wrapped"] = theirs["keys"][0]["wrapped"].clone();
     let planted = dir.path().join("planted.json");
     std::fs::write(&planted, serde_json::to_string(&v).unwrap()).unwrap();
@@ -244,17 +244,7 @@ async fn a_file_kek_serves_rotates_reloads_and_refuses_what_it_must() {
     );
     let mine = std::fs::read(&ks).unwrap();
     std::fs::copy(&known, &ks).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !s
-        .log
-        .lock()
-        .unwrap()
-        .iter()
-        .any(|l| l.contains("the keyset's id changed"))
-    {
-        assert!(Instant::now() < deadline, "another keyset was not refused");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    s.wait_logged("the keyset's id changed");
     assert_eq!(
         round_trip(&s).await,
         "2",
@@ -316,23 +306,11 @@ async fn a_reload_that_changes_a_keys_material_is_refused() {
         .request_state;
     let other = dir.path().join("other.json");
     ok(&["keys", "init", other.to_str().unwrap()], &[]);
-    let theirs: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&other).unwrap()).unwrap();
-    let mut v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&ks).unwrap()).unwrap();
+    let theirs: serde_json::Value = read_json(&other);
+    let mut v: serde_json::Value = read_json(&ks);
     v["keys"][0]["material"] = theirs["keys"][0]["material"].clone();
     std::fs::write(&ks, serde_json::to_string(&v).unwrap()).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !s
-        .log
-        .lock()
-        .unwrap()
-        .iter()
-        .any(|l| l.contains("key 1's material changed"))
-    {
-        assert!(Instant::now() < deadline, "a changed key was not refused");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    s.wait_logged("key 1's material changed");
     // The key in force still opens what it sealed.
     assert!(c.open(open_req(&before)).await.is_ok());
     s.terminate();

@@ -102,6 +102,17 @@ impl ServerProcess {
         }
     }
 
+    /// Waits (up to 30 s) for a log line holding `needle`: the log is read
+    /// from the child's stderr on a thread of its own, so a line may land a
+    /// moment after the state it reports.
+    pub fn wait_logged(&self, needle: &str) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !self.log.lock().unwrap().iter().any(|l| l.contains(needle)) {
+            assert!(Instant::now() < deadline, "never logged {needle:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// SIGTERM, then waits for exit; returns the exit status and the full log.
     pub fn terminate(mut self) -> (std::process::ExitStatus, Vec<String>) {
         let _ = Command::new("kill")
