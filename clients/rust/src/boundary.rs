@@ -1,0 +1,943 @@
+//! [`StatesealBoundary`] and the [`Sealed`] handler wrapper: stateseal in
+//! front of an rmcp server's tools, prompts and resources.
+//!
+//! Inbound (`tools/call`, `prompts/get`, `resources/read` carrying
+//! `requestState`), the token is opened by stateseal, bound to the audience
+//! and the verified principal (hashed together into the subject), the
+//! method, and the binding-v2 digest of the params the handler sees; a
+//! single-use token is consumed at most once across every replica:
+//! - by default in two phases: stateseal *reserves* the token for a lease,
+//!   the handler runs (the lease renewed every third of its length), and the
+//!   reservation is *committed* when the handler returns (beside the
+//!   answer; a transient Commit failure is retried) or *released* when it
+//!   fails, panics, reports an error, or its request is cancelled;
+//! - for targets in `at_most_once`, consumed before the handler runs.
+//!
+//! Each request gets an attempt id, so an Open that timed out after
+//! stateseal recorded it is sent again safely (twice at most).
+//! `inputResponses` without a `requestState` answer no question this server
+//! asked: they are removed before the handler runs. An `input_required`
+//! result with `inputRequests` but no `requestState` gets one minted here
+//! (an empty state, which the handler later sees as none).
+//!
+//! Outbound, an `input_required` result's `requestState` (the handler's
+//! plaintext) is sealed under the same binding, single-use unless the target
+//! is in `reusable`, with the questions as its manifest.
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::FutureExt as _;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, ErrorCode, GetPromptRequestParams, GetPromptResponse,
+    InputRequiredResult, InputResponses, JsonObject, ReadResourceRequestParams,
+    ReadResourceResponse,
+};
+use rmcp::service::{RequestContext, RoleServer};
+use rmcp::ErrorData;
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::{debug, error, info, warn};
+
+use crate::binding::{params_digest, subject_for, Bound};
+use crate::client::{Binding, OpenMode, Opened, RequestStateClient, StatesealError};
+use crate::refusal::{
+    call_refusal, open_refusal, renewal_lost, resend, retry_commit, Kind, Level, OnReplay, Refusal,
+    INVALID_PARAMS,
+};
+
+/// The longest `requestState` (UTF-8 bytes) sent to stateseal: a 64 KiB
+/// state sealed with a 16 KiB manifest, with 512 bytes of room for the
+/// fixed parts, in base64url (the service admits 109,295).
+pub const DEFAULT_MAX_REQUEST_STATE_BYTES: usize = ((65536 + 16384 + 512) * 4_usize).div_ceil(3);
+/// The longest `inputResponses` JSON sent to stateseal: the service's
+/// `--max-input-bytes` default, 256 KiB.
+pub const DEFAULT_MAX_INPUT_RESPONSES_BYTES: usize = 256 * 1024;
+
+/// The shortest pause between two renewals of a lease.
+const MIN_RENEW_INTERVAL: Duration = Duration::from_millis(500);
+/// How long an Open that found its token IN_USE waits, at most, for the
+/// Commit of that token still running in this boundary.
+const COMMIT_WAIT: Duration = Duration::from_secs(5);
+/// The pauses before an Open that found its token IN_USE is sent again (the
+/// same attempt id): another replica's Commit may be on the way. 375 ms in
+/// all, after which IN_USE is answered as such.
+const BUSY_WAITS: [Duration; 4] = [
+    Duration::from_millis(25),
+    Duration::from_millis(50),
+    Duration::from_millis(100),
+    Duration::from_millis(200),
+];
+
+/// The verified principal of a request, put in the HTTP request's
+/// extensions by the server's authentication layer (for example an axum
+/// middleware after it verified an OAuth access token). rmcp hands the
+/// request's `http::request::Parts` to the handler's context, where the
+/// default principal function finds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal(pub String);
+
+/// A principal function's refusal: the request is refused with -32602
+/// "Invalid or expired requestState" (deny on error, as the SDKs do).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrincipalRefused;
+
+/// Returns the verified principal of a request: `Ok(None)` on an
+/// unauthenticated transport, `Err(PrincipalRefused)` to refuse the request.
+pub type PrincipalFn =
+    dyn Fn(&RequestContext<RoleServer>) -> Result<Option<String>, PrincipalRefused> + Send + Sync;
+
+/// The default principal: a [`Principal`] in the HTTP request's extensions,
+/// or none.
+pub fn principal_from_extensions(
+    ctx: &RequestContext<RoleServer>,
+) -> Result<Option<String>, PrincipalRefused> {
+    Ok(ctx
+        .extensions
+        .get::<http::request::Parts>()
+        .and_then(|p| p.extensions.get::<Principal>())
+        .map(|p| p.0.clone()))
+}
+
+/// How the boundary binds, consumes and answers. Built with
+/// [`StatesealBoundary::builder`].
+pub struct Options {
+    audience: String,
+    principal: Arc<PrincipalFn>,
+    reusable: HashSet<String>,
+    at_most_once: HashSet<String>,
+    reask: bool,
+    reask_on_invalid_answers: bool,
+    on_replay: OnReplay,
+    ttl_seconds: u32,
+    lease_seconds: u32,
+    max_request_state_bytes: usize,
+    max_input_responses_bytes: usize,
+}
+
+/// Builds a [`StatesealBoundary`].
+pub struct Builder {
+    client: RequestStateClient,
+    options: Options,
+}
+
+impl Builder {
+    /// The verified principal of a request (default:
+    /// [`principal_from_extensions`]).
+    pub fn principal(
+        mut self,
+        f: impl Fn(&RequestContext<RoleServer>) -> Result<Option<String>, PrincipalRefused>
+            + Send
+            + Sync
+            + 'static,
+    ) -> Self {
+        self.options.principal = Arc::new(f);
+        self
+    }
+    /// Targets (tool or prompt names, resource URIs) whose tokens may open
+    /// more than once; every other target is single-use.
+    pub fn reusable<I: IntoIterator<Item = S>, S: Into<String>>(mut self, targets: I) -> Self {
+        self.options.reusable = targets.into_iter().map(Into::into).collect();
+        self
+    }
+    /// Targets consumed before their handler runs (at most once even if the
+    /// handler crashes; a failure then costs the user's retry). Every other
+    /// single-use target is reserved, then committed or released.
+    pub fn at_most_once<I: IntoIterator<Item = S>, S: Into<String>>(mut self, targets: I) -> Self {
+        self.options.at_most_once = targets.into_iter().map(Into::into).collect();
+        self
+    }
+    /// On EXPIRED (and with [`OnReplay::Reask`] on REPLAYED and IN_USE), run
+    /// the request again without its state so the handler asks afresh
+    /// (default true), instead of -32602 "Invalid or expired requestState".
+    pub fn reask(mut self, on: bool) -> Self {
+        self.options.reask = on;
+        self
+    }
+    /// When stateseal drops an answer to a question this server asked
+    /// (KIND_MISMATCH, INVALID_CONTENT), ask afresh (default true) instead
+    /// of handing the handler the answers with that key missing.
+    pub fn reask_on_invalid_answers(mut self, on: bool) -> Self {
+        self.options.reask_on_invalid_answers = on;
+        self
+    }
+    /// What a replayed token gets (default [`OnReplay::Error`]).
+    pub fn on_replay(mut self, on_replay: OnReplay) -> Self {
+        self.options.on_replay = on_replay;
+        self
+    }
+    /// A token's lifetime; 0 = the stateseal server's default.
+    pub fn ttl_seconds(mut self, ttl: u32) -> Self {
+        self.options.ttl_seconds = ttl;
+        self
+    }
+    /// The lease asked for when reserving and renewing; 0 = the stateseal
+    /// server's default.
+    pub fn lease_seconds(mut self, lease: u32) -> Self {
+        self.options.lease_seconds = lease;
+        self
+    }
+    /// A `requestState` over this many UTF-8 bytes is refused before
+    /// stateseal is called (default [`DEFAULT_MAX_REQUEST_STATE_BYTES`]).
+    pub fn max_request_state_bytes(mut self, n: usize) -> Self {
+        self.options.max_request_state_bytes = n.max(1);
+        self
+    }
+    /// An `inputResponses` whose JSON is over this many bytes is refused
+    /// before stateseal is called (default
+    /// [`DEFAULT_MAX_INPUT_RESPONSES_BYTES`]).
+    pub fn max_input_responses_bytes(mut self, n: usize) -> Self {
+        self.options.max_input_responses_bytes = n.max(1);
+        self
+    }
+    pub fn build(self) -> StatesealBoundary {
+        let (inflight, _) = watch::channel(0usize);
+        StatesealBoundary(Arc::new(Inner {
+            client: self.client,
+            options: self.options,
+            pending: Mutex::new(HashMap::new()),
+            inflight,
+        }))
+    }
+}
+
+/// stateseal's boundary for one MCP service. Cheap to clone; every clone
+/// (and every handler it wraps) shares one client and one record of the
+/// Commits still running.
+#[derive(Clone)]
+pub struct StatesealBoundary(Arc<Inner>);
+
+struct Inner {
+    client: RequestStateClient,
+    options: Options,
+    /// The Commits running beside their answers, by the SHA-256 of their
+    /// token: what an Open that finds the token IN_USE waits for.
+    pending: Mutex<HashMap<[u8; 32], watch::Receiver<bool>>>,
+    /// How many Commits are running (for [`StatesealBoundary::drain`]).
+    inflight: watch::Sender<usize>,
+}
+
+impl std::fmt::Debug for StatesealBoundary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StatesealBoundary")
+            .field("audience", &self.0.options.audience)
+            .finish_non_exhaustive()
+    }
+}
+
+impl StatesealBoundary {
+    /// A boundary with the defaults; `audience` is this MCP service's
+    /// identity (a token minted by another service on the same stateseal
+    /// tenant never opens here).
+    pub fn new(client: RequestStateClient, audience: impl Into<String>) -> Self {
+        Self::builder(client, audience).build()
+    }
+
+    pub fn builder(client: RequestStateClient, audience: impl Into<String>) -> Builder {
+        Builder {
+            client,
+            options: Options {
+                audience: audience.into(),
+                principal: Arc::new(principal_from_extensions),
+                reusable: HashSet::new(),
+                at_most_once: HashSet::new(),
+                reask: true,
+                reask_on_invalid_answers: true,
+                on_replay: OnReplay::Error,
+                ttl_seconds: 0,
+                lease_seconds: 0,
+                max_request_state_bytes: DEFAULT_MAX_REQUEST_STATE_BYTES,
+                max_input_responses_bytes: DEFAULT_MAX_INPUT_RESPONSES_BYTES,
+            },
+        }
+    }
+
+    /// `handler` behind this boundary: an rmcp `ServerHandler` whose
+    /// `call_tool`, `get_prompt` and `read_resource` go through stateseal
+    /// and whose every other method is the handler's own.
+    pub fn wrap<H>(&self, handler: H) -> Sealed<H> {
+        Sealed {
+            inner: handler,
+            boundary: self.clone(),
+        }
+    }
+
+    /// Waits (at most `timeout`) for every Commit still running after its
+    /// handler's answer went out; true when none is left. Call it before the
+    /// runtime stops: a Commit that never lands leaves its token reserved
+    /// until the lease ends, after which a retry may run the handler again.
+    pub async fn drain(&self, timeout: Duration) -> bool {
+        let mut rx = self.0.inflight.subscribe();
+        tokio::time::timeout(timeout, rx.wait_for(|n| *n == 0))
+            .await
+            .is_ok_and(|r| r.is_ok())
+    }
+
+    /// Serves one MRTR-capable request: `call` is the handler.
+    pub(crate) async fn serve<P, R, F, Fut>(
+        &self,
+        mut params: P,
+        ctx: RequestContext<RoleServer>,
+        call: F,
+    ) -> Result<R, ErrorData>
+    where
+        P: MrtrParams,
+        R: MrtrResponse,
+        F: FnOnce(P, RequestContext<RoleServer>) -> Fut,
+        Fut: Future<Output = Result<R, ErrorData>>,
+    {
+        let o = &self.0.options;
+        let method = P::METHOD;
+        let target = params.target();
+        let principal = (o.principal)(&ctx);
+        let Some(wire) = params.take_state() else {
+            if params.take_answers().is_some() {
+                // Answers without a sealed token answer no question this
+                // server asked: they never reach the handler.
+                debug!(target: "stateseal_rmcp", method, "inputResponses without requestState: dropped");
+            }
+            let result = call(params, ctx).await?;
+            return self.seal_if_asked(result, &target, &principal, None).await;
+        };
+        self.check_state(method, &wire)?;
+        let answers = params.take_answers();
+        let answers_json = match &answers {
+            Some(a) => Some(self.answers_json(method, a)?),
+            None => None,
+        };
+        let subject = self.subject(method, &principal)?;
+        let binding = Binding {
+            subject,
+            method: method.to_owned(),
+            params_digest: digest(method, &target)?,
+        };
+        let reserve = !o.at_most_once.contains(target.name());
+        let token: [u8; 32] = Sha256::digest(wire.as_bytes()).into();
+        let opened = match self
+            .open(
+                &wire,
+                &token,
+                &binding,
+                reserve,
+                answers_json.unwrap_or_default(),
+            )
+            .await
+        {
+            Ok(opened) => opened,
+            Err(e) => {
+                let r = open_refusal(&e, o.on_replay, o.reask);
+                if r.kind == Kind::Reask {
+                    info!(target: "stateseal_rmcp", method, reason = %e.reason, "requestState refused: asking again");
+                    let result = call(params, ctx).await?;
+                    return self
+                        .seal_if_asked(result, &target, &principal, Some(&binding))
+                        .await;
+                }
+                return Err(refuse(method, &e, &r));
+            }
+        };
+        // From here a reservation is held: released unless committed, even
+        // when this future is dropped (the request cancelled).
+        let mut held = Held::new(self.clone(), method, &opened);
+        let state = String::from_utf8(opened.state).map_err(|_| {
+            error!(target: "stateseal_rmcp", method, "the opened requestState is not UTF-8 (sealed by another service?)");
+            internal()
+        })?;
+        if !state.is_empty() {
+            // Empty: minted here for a handler that asked without a state.
+            params.set_state(Some(state));
+        }
+        if answers.is_some() {
+            // The handler sees only answers to questions this server asked,
+            // of the right shape.
+            let filtered: InputResponses = serde_json::from_str(&opened.input_responses_json).map_err(|_| {
+                error!(target: "stateseal_rmcp", method, "stateseal's filtered inputResponses are not a JSON object");
+                internal()
+            })?;
+            for (key, why) in &opened.dropped {
+                info!(target: "stateseal_rmcp", method, key = %json!(key), why = %why, "inputResponses entry dropped");
+            }
+            params.set_answers(Some(filtered));
+            let invalid = opened
+                .dropped
+                .iter()
+                .any(|(_, why)| why == "KIND_MISMATCH" || why == "INVALID_CONTENT");
+            if invalid && o.reask_on_invalid_answers {
+                // An asked question got no usable answer: ask afresh rather
+                // than hand the handler a state whose answers are missing.
+                info!(target: "stateseal_rmcp", method, "invalid answers: asking again");
+                params.set_state(None);
+                params.set_answers(None);
+            }
+        }
+        held.keep_renewing();
+        let ran = AssertUnwindSafe(async {
+            let result = call(params, ctx).await?;
+            self.seal_if_asked(result, &target, &principal, Some(&binding))
+                .await
+        })
+        .catch_unwind()
+        .await;
+        let result = match ran {
+            Ok(Ok(result)) => result,
+            Ok(Err(e)) => {
+                held.release().await;
+                return Err(e);
+            }
+            Err(panic) => {
+                held.release().await;
+                std::panic::resume_unwind(panic);
+            }
+        };
+        if result.is_error() {
+            // The tool reported failure: give the token back for the
+            // corrected retry.
+            held.release().await;
+        } else {
+            // The handler ran: its answer goes out now and the Commit runs
+            // beside it. Until the Commit lands the lease keeps the token
+            // IN_USE, so no other attempt runs the handler meanwhile.
+            held.commit_beside(token);
+        }
+        Ok(result)
+    }
+
+    async fn open(
+        &self,
+        wire: &str,
+        token: &[u8; 32],
+        binding: &Binding,
+        reserve: bool,
+        answers_json: String,
+    ) -> Result<Opened, StatesealError> {
+        let o = &self.0.options;
+        let attempt = attempt_id();
+        let (mode, lease) = if reserve {
+            (OpenMode::Reserve, o.lease_seconds)
+        } else {
+            (OpenMode::Consume, 0)
+        };
+        let (mut resent, mut busy, mut waited) = (0, 0, false);
+        loop {
+            let e = match self
+                .0
+                .client
+                .open(wire, binding, mode, lease, &attempt, answers_json.clone())
+                .await
+            {
+                Ok(opened) => return Ok(opened),
+                Err(e) => e,
+            };
+            // Safe: the same attempt id gets the same success if the first
+            // try was recorded.
+            if resent < 2 && resend(&e) {
+                resent += 1;
+                warn!(target: "stateseal_rmcp", method = %binding.method, reason = %e.reason, "stateseal open failed; retrying");
+                continue;
+            }
+            if e.from_stateseal && e.reason == "IN_USE" {
+                // A handler that has answered holds the token until its
+                // Commit lands. If that Commit is this boundary's, wait for
+                // it (once); else perhaps another replica's: wait a little.
+                let pending = self
+                    .0
+                    .pending
+                    .lock()
+                    .map(|p| p.get(token).cloned())
+                    .unwrap_or(None);
+                if let (Some(mut rx), false) = (pending, waited) {
+                    waited = true;
+                    let _ = tokio::time::timeout(COMMIT_WAIT, rx.wait_for(|done| *done)).await;
+                    continue;
+                }
+                if let Some(pause) = BUSY_WAITS.get(busy) {
+                    tokio::time::sleep(*pause).await;
+                    busy += 1;
+                    continue;
+                }
+            }
+            return Err(e);
+        }
+    }
+
+    async fn seal_if_asked<R: MrtrResponse>(
+        &self,
+        mut result: R,
+        target: &Target,
+        principal: &Result<Option<String>, PrincipalRefused>,
+        binding: Option<&Binding>,
+    ) -> Result<R, ErrorData> {
+        let method = target.method();
+        let Some(asked) = result.input_required_mut() else {
+            return Ok(result);
+        };
+        let questions = asked.input_requests.as_ref().filter(|q| !q.is_empty());
+        let state = match (&asked.request_state, questions) {
+            (Some(s), _) => s.clone(),
+            // The handler asked without a state of its own (the
+            // specification allows it): one is minted, empty, so the retry's
+            // answers come with a token like any other.
+            (None, Some(_)) => String::new(),
+            (None, None) => return Ok(result),
+        };
+        let manifest = match questions {
+            Some(q) => serde_json::to_string(q).map_err(|_| {
+                error!(target: "stateseal_rmcp", method, "the handler's inputRequests cannot be serialized");
+                internal()
+            })?,
+            None => String::new(),
+        };
+        let owned;
+        let binding = match binding {
+            Some(b) => b,
+            None => {
+                owned = Binding {
+                    subject: self.subject(method, principal)?,
+                    method: method.to_owned(),
+                    params_digest: digest(method, target)?,
+                };
+                &owned
+            }
+        };
+        let o = &self.0.options;
+        let single_use = !o.reusable.contains(target.name());
+        match self
+            .0
+            .client
+            .seal(
+                binding,
+                state.into_bytes(),
+                o.ttl_seconds,
+                single_use,
+                manifest,
+            )
+            .await
+        {
+            Ok(sealed) => {
+                asked.request_state = Some(sealed.request_state);
+                Ok(result)
+            }
+            Err(e) => Err(refuse(method, &e, &call_refusal(&e, true))),
+        }
+    }
+
+    fn subject(
+        &self,
+        method: &str,
+        principal: &Result<Option<String>, PrincipalRefused>,
+    ) -> Result<String, ErrorData> {
+        match principal {
+            Ok(p) => Ok(subject_for(&self.0.options.audience, p.as_deref())),
+            Err(PrincipalRefused) => {
+                // Deny on error, as the SDKs do.
+                warn!(target: "stateseal_rmcp", method, "the principal function refused the request");
+                Err(rejected())
+            }
+        }
+    }
+
+    /// Refuses, before stateseal, a `requestState` over the limit: the end
+    /// user's doing, logged at debug only.
+    fn check_state(&self, method: &str, wire: &str) -> Result<(), ErrorData> {
+        if wire.len() > self.0.options.max_request_state_bytes {
+            debug!(target: "stateseal_rmcp", method, "requestState rejected: TOO_LARGE (refused before stateseal)");
+            return Err(rejected());
+        }
+        Ok(())
+    }
+
+    /// `inputResponses` as sent to stateseal; refused, before stateseal,
+    /// over the limit.
+    fn answers_json(&self, method: &str, answers: &InputResponses) -> Result<String, ErrorData> {
+        let text = serde_json::to_string(answers).map_err(|_| invalid_params())?;
+        if text.len() > self.0.options.max_input_responses_bytes {
+            debug!(target: "stateseal_rmcp", method, "inputResponses rejected: TOO_LARGE (refused before stateseal)");
+            return Err(ErrorData::new(
+                ErrorCode(INVALID_PARAMS),
+                "Invalid params: inputResponses too large",
+                Some(json!({"reason": "input_responses_too_large"})),
+            ));
+        }
+        Ok(text)
+    }
+}
+
+/// A reservation held while its handler runs: renewed in the background,
+/// and released when dropped before it was committed or released (a
+/// cancelled request), so no token stays taken longer than its lease.
+struct Held {
+    pub(crate) boundary: StatesealBoundary,
+    method: &'static str,
+    reservation: String,
+    granted: u32,
+    keeper: Option<JoinHandle<()>>,
+    settled: bool,
+}
+
+impl Held {
+    fn new(boundary: StatesealBoundary, method: &'static str, opened: &Opened) -> Self {
+        Held {
+            boundary,
+            method,
+            reservation: opened.reservation.clone(),
+            granted: opened.lease_seconds,
+            keeper: None,
+            settled: opened.reservation.is_empty(),
+        }
+    }
+
+    /// Renews every third of the granted lease (at least every 0.5 s) until
+    /// stopped. Only the granted length is used, never the ledger's time.
+    fn keep_renewing(&mut self) {
+        if self.settled || self.granted == 0 {
+            return;
+        }
+        let (b, method, reservation) =
+            (self.boundary.clone(), self.method, self.reservation.clone());
+        let mut interval = MIN_RENEW_INTERVAL.max(Duration::from_secs(self.granted.into()) / 3);
+        self.keeper = Some(tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(interval).await;
+                match b
+                    .0
+                    .client
+                    .renew(&reservation, b.0.options.lease_seconds)
+                    .await
+                {
+                    Ok(lease) if lease.lease_seconds > 0 => {
+                        interval = MIN_RENEW_INTERVAL
+                            .max(Duration::from_secs(lease.lease_seconds.into()) / 3);
+                    }
+                    Ok(_) => {}
+                    Err(e) if renewal_lost(&e) => {
+                        error!(target: "stateseal_rmcp", method, "stateseal renew: reservation lost while the handler ran; another attempt may run it");
+                        return;
+                    }
+                    // Unreachable or transient: the lease holds until it runs
+                    // out, and Commit still succeeds while no other attempt
+                    // took the token over.
+                    Err(e) => {
+                        warn!(target: "stateseal_rmcp", method, reason = %e.reason, "stateseal renew failed; retrying")
+                    }
+                }
+            }
+        }));
+    }
+
+    /// Stops renewing and waits until the keeper has ended, so no Renew is
+    /// sent after.
+    async fn stop(&mut self) {
+        if let Some(k) = self.keeper.take() {
+            k.abort();
+            let _ = k.await;
+        }
+    }
+
+    async fn release(mut self) {
+        self.stop().await;
+        if !self.settled {
+            self.settled = true;
+            release(&self.boundary, self.method, &self.reservation).await;
+        }
+    }
+
+    /// Commits after the answer went out, in a task of its own that an Open
+    /// of the same token in this boundary waits for.
+    fn commit_beside(mut self, token: [u8; 32]) {
+        if self.settled {
+            return;
+        }
+        self.settled = true;
+        let b = self.boundary.clone();
+        let (method, reservation, keeper) = (
+            self.method,
+            std::mem::take(&mut self.reservation),
+            self.keeper.take(),
+        );
+        let (done, rx) = watch::channel(false);
+        if let Ok(mut p) = b.0.pending.lock() {
+            p.insert(token, rx);
+        }
+        b.0.inflight.send_modify(|n| *n += 1);
+        tokio::spawn(async move {
+            if let Some(k) = keeper {
+                k.abort();
+                let _ = k.await;
+            }
+            commit(&b, method, &reservation).await;
+            if let Ok(mut p) = b.0.pending.lock() {
+                if p.get(&token)
+                    .is_some_and(|r| r.same_channel(&done.subscribe()))
+                {
+                    p.remove(&token);
+                }
+            }
+            let _ = done.send(true);
+            b.0.inflight.send_modify(|n| *n -= 1);
+        });
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let Some(k) = self.keeper.take() {
+            k.abort();
+        }
+        if !self.settled {
+            // The request was cancelled (or its future dropped) while the
+            // handler ran: give the token back.
+            let (b, method, reservation) = (
+                self.boundary.clone(),
+                self.method,
+                std::mem::take(&mut self.reservation),
+            );
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move { release(&b, method, &reservation).await });
+            }
+        }
+    }
+}
+
+async fn commit(b: &StatesealBoundary, method: &str, reservation: &str) {
+    // The handler ran; its answer stands whatever Commit answers. Commit is
+    // idempotent, so a transient failure is retried twice after a wait.
+    for n in 0..3u32 {
+        match b.0.client.commit(reservation).await {
+            Ok(()) => return,
+            Err(e) if n < 2 && retry_commit(&e) => {
+                warn!(target: "stateseal_rmcp", method, reason = %e.reason, "stateseal commit failed; retrying");
+                tokio::time::sleep(Duration::from_millis(100 * u64::from(n + 1))).await;
+            }
+            Err(e) if e.from_stateseal && e.reason == "LEASE_EXPIRED" => {
+                error!(target: "stateseal_rmcp", method, "stateseal commit: LEASE_EXPIRED, the token was taken over by another attempt while this handler ran (this result stands; the other attempt may run it too)");
+                return;
+            }
+            Err(e) => {
+                error!(target: "stateseal_rmcp", method, reason = %e.reason, "stateseal commit failed: the token may open again after its lease");
+                return;
+            }
+        }
+    }
+}
+
+async fn release(b: &StatesealBoundary, method: &str, reservation: &str) {
+    // Safe to repeat: a reservation names one lease, so a late or repeated
+    // Release never frees a newer one.
+    for n in 0..3u32 {
+        match b.0.client.release(reservation).await {
+            Ok(()) => return,
+            Err(e) if n < 2 && resend(&e) => {
+                tokio::time::sleep(Duration::from_millis(50 * u64::from(n + 1))).await;
+            }
+            Err(e) => {
+                // The lease ends by itself; the retry waits for it at worst.
+                warn!(target: "stateseal_rmcp", method, reason = %e.reason, "stateseal release failed");
+                return;
+            }
+        }
+    }
+}
+
+fn attempt_id() -> String {
+    let bytes: [u8; 16] = rand::random();
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn digest(method: &str, target: &Target) -> Result<[u8; 32], ErrorData> {
+    params_digest(target.bound()).map_err(|_| {
+        warn!(target: "stateseal_rmcp", method, "params cannot be bound");
+        invalid_params()
+    })
+}
+
+fn invalid_params() -> ErrorData {
+    ErrorData::new(ErrorCode(INVALID_PARAMS), "Invalid params", None)
+}
+
+fn rejected() -> ErrorData {
+    ErrorData::new(
+        ErrorCode(INVALID_PARAMS),
+        "Invalid or expired requestState",
+        Some(json!({"reason": "invalid_request_state"})),
+    )
+}
+
+fn internal() -> ErrorData {
+    ErrorData::new(
+        ErrorCode(crate::refusal::INTERNAL_ERROR),
+        "Internal error",
+        None,
+    )
+}
+
+/// Logs a refusal at its level (never the token) and turns it into the MCP
+/// error the table names.
+fn refuse(method: &str, e: &StatesealError, r: &Refusal) -> ErrorData {
+    let what = match r.kind {
+        Kind::Replayed => "requestState REPLAYED: already used",
+        Kind::InUse => "requestState IN_USE: in progress",
+        Kind::Unavailable => "stateseal unavailable",
+        Kind::Rejected if !e.from_stateseal => {
+            "requestState rejected (stateseal refused the message as too large; are the boundary's limits above its --max-state-bytes / --max-input-bytes?)"
+        }
+        Kind::Rejected => "requestState rejected",
+        _ => "stateseal call failed (check credentials and configuration)",
+    };
+    match r.log {
+        Level::Info => info!(target: "stateseal_rmcp", method, reason = %e.reason, "{what}"),
+        Level::Warn => warn!(target: "stateseal_rmcp", method, reason = %e.reason, "{what}"),
+        Level::Error => error!(target: "stateseal_rmcp", method, reason = %e.reason, "{what}"),
+    }
+    ErrorData::new(
+        ErrorCode(r.code),
+        r.message,
+        r.data_reason.map(|d| json!({ "reason": d })),
+    )
+}
+
+/// What of a request is bound, kept (owned) for sealing after the handler
+/// took the params.
+#[derive(Debug, Clone)]
+pub(crate) enum Target {
+    Named {
+        method: &'static str,
+        name: String,
+        arguments: Option<JsonObject>,
+    },
+    Uri(String),
+}
+
+impl Target {
+    fn name(&self) -> &str {
+        match self {
+            Target::Named { name, .. } => name,
+            Target::Uri(uri) => uri,
+        }
+    }
+    fn method(&self) -> &'static str {
+        match self {
+            Target::Named { method, .. } => method,
+            Target::Uri(_) => "resources/read",
+        }
+    }
+    fn bound(&self) -> Bound<'_> {
+        match self {
+            Target::Named {
+                name, arguments, ..
+            } => Bound::Named {
+                name,
+                arguments: arguments.as_ref(),
+            },
+            Target::Uri(uri) => Bound::Uri(uri),
+        }
+    }
+}
+
+/// The params of a request that may carry `requestState`.
+pub(crate) trait MrtrParams {
+    const METHOD: &'static str;
+    fn target(&self) -> Target;
+    fn take_state(&mut self) -> Option<String>;
+    fn set_state(&mut self, s: Option<String>);
+    fn take_answers(&mut self) -> Option<InputResponses>;
+    fn set_answers(&mut self, a: Option<InputResponses>);
+}
+
+macro_rules! mrtr_params {
+    ($t:ty, $method:literal, |$p:ident| $target:expr) => {
+        impl MrtrParams for $t {
+            const METHOD: &'static str = $method;
+            fn target(&self) -> Target {
+                let $p = self;
+                $target
+            }
+            fn take_state(&mut self) -> Option<String> {
+                self.request_state.take()
+            }
+            fn set_state(&mut self, s: Option<String>) {
+                self.request_state = s;
+            }
+            fn take_answers(&mut self) -> Option<InputResponses> {
+                self.input_responses.take()
+            }
+            fn set_answers(&mut self, a: Option<InputResponses>) {
+                self.input_responses = a;
+            }
+        }
+    };
+}
+
+mrtr_params!(CallToolRequestParams, "tools/call", |p| Target::Named {
+    method: "tools/call",
+    name: p.name.to_string(),
+    arguments: p.arguments.clone()
+});
+mrtr_params!(GetPromptRequestParams, "prompts/get", |p| Target::Named {
+    method: "prompts/get",
+    name: p.name.clone(),
+    arguments: p.arguments.clone()
+});
+mrtr_params!(
+    ReadResourceRequestParams,
+    "resources/read",
+    |p| Target::Uri(p.uri.clone())
+);
+
+/// A result that may be `input_required`.
+pub(crate) trait MrtrResponse {
+    fn input_required_mut(&mut self) -> Option<&mut InputRequiredResult>;
+    /// A tool result that reports failure (`isError`).
+    fn is_error(&self) -> bool {
+        false
+    }
+}
+
+impl MrtrResponse for CallToolResponse {
+    fn input_required_mut(&mut self) -> Option<&mut InputRequiredResult> {
+        match self {
+            CallToolResponse::InputRequired(r) => Some(r),
+            _ => None,
+        }
+    }
+    fn is_error(&self) -> bool {
+        matches!(self, CallToolResponse::Complete(r) if r.is_error == Some(true))
+    }
+}
+
+impl MrtrResponse for GetPromptResponse {
+    fn input_required_mut(&mut self) -> Option<&mut InputRequiredResult> {
+        match self {
+            GetPromptResponse::InputRequired(r) => Some(r),
+            _ => None,
+        }
+    }
+}
+
+impl MrtrResponse for ReadResourceResponse {
+    fn input_required_mut(&mut self) -> Option<&mut InputRequiredResult> {
+        match self {
+            ReadResourceResponse::InputRequired(r) => Some(r),
+            _ => None,
+        }
+    }
+}
+
+/// An rmcp `ServerHandler` behind a [`StatesealBoundary`] (made by
+/// [`StatesealBoundary::wrap`]).
+#[derive(Clone)]
+pub struct Sealed<H> {
+    pub(crate) inner: H,
+    pub(crate) boundary: StatesealBoundary,
+}
+
+impl<H> Sealed<H> {
+    /// The wrapped handler.
+    pub fn handler(&self) -> &H {
+        &self.inner
+    }
+}

@@ -1,0 +1,362 @@
+//! The boundary end to end: a real stateseal process, the example bank on a
+//! real rmcp server behind the boundary, and a real rmcp client over
+//! Streamable HTTP on 127.0.0.1.
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::transfer::Bank;
+use common::*;
+use serde_json::json;
+use stateseal_rmcp::{Credentials, RequestStateClient, StatesealBoundary};
+
+fn boundary(ss: &Stateseal) -> StatesealBoundary {
+    StatesealBoundary::new(
+        RequestStateClient::new(&ss.addr).expect("client"),
+        "transfer-service",
+    )
+}
+
+#[tokio::test]
+async fn a_round_trip_completes_once_and_a_replay_is_refused() {
+    let ss = Stateseal::start(&[]);
+    let bank = Bank::default();
+    let client = connect(&serve_bank(boundary(&ss), bank.clone()).await).await;
+    let a = asked(call(&client, "transfer", json!({"amount": 42}), None).await);
+    let token = a.request_state.clone().expect("a sealed requestState");
+    assert!(
+        !token.contains("confirm") && !token.starts_with('{'),
+        "the state went out unsealed"
+    );
+    let r = call(
+        &client,
+        "transfer",
+        json!({"amount": 42}),
+        Some((&a, yes())),
+    )
+    .await;
+    assert_eq!(done(r), "transferred 42 (rust)");
+    let replay = call(
+        &client,
+        "transfer",
+        json!({"amount": 42}),
+        Some((&a, yes())),
+    )
+    .await;
+    refused(
+        replay,
+        -32602,
+        "requestState already used",
+        Some("request_state_used"),
+    );
+    assert_eq!(bank.runs.transfer.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn changed_arguments_are_refused_without_burning_the_token() {
+    let ss = Stateseal::start(&[]);
+    let bank = Bank::default();
+    let client = connect(&serve_bank(boundary(&ss), bank.clone()).await).await;
+    let a = asked(call(&client, "transfer", json!({"amount": 8}), None).await);
+    let forged = call(
+        &client,
+        "transfer",
+        json!({"amount": 800}),
+        Some((&a, yes())),
+    )
+    .await;
+    refused(
+        forged,
+        -32602,
+        "Invalid or expired requestState",
+        Some("invalid_request_state"),
+    );
+    // 2^53 + 1 against 2^53: serde_json holds both exactly, so they differ.
+    let big = asked(
+        call(
+            &client,
+            "transfer",
+            json!({"amount": 9007199254740993u64}),
+            None,
+        )
+        .await,
+    );
+    let near = call(
+        &client,
+        "transfer",
+        json!({"amount": 9007199254740992u64}),
+        Some((&big, yes())),
+    )
+    .await;
+    refused(
+        near,
+        -32602,
+        "Invalid or expired requestState",
+        Some("invalid_request_state"),
+    );
+    assert_eq!(bank.runs.transfer.load(Ordering::SeqCst), 0);
+    let genuine = call(&client, "transfer", json!({"amount": 8}), Some((&a, yes()))).await;
+    assert_eq!(done(genuine), "transferred 8 (rust)");
+    let genuine = call(
+        &client,
+        "transfer",
+        json!({"amount": 9007199254740993u64}),
+        Some((&big, yes())),
+    )
+    .await;
+    assert_eq!(done(genuine), "transferred 9007199254740993 (rust)");
+}
+
+#[tokio::test]
+async fn answers_without_a_token_never_reach_the_handler_and_unasked_ones_are_dropped() {
+    let ss = Stateseal::start(&[]);
+    let bank = Bank::default();
+    let client = connect(&serve_bank(boundary(&ss), bank.clone()).await).await;
+    let mut p = rmcp::model::CallToolRequestParams::new("transfer")
+        .with_arguments(args(json!({"amount": 1})));
+    p = p.with_input_responses(serde_json::from_value(yes()).expect("answers"));
+    let r = client.call_tool_once(p).await.expect("an answer");
+    assert!(
+        matches!(r, rmcp::model::CallToolResponse::InputRequired(_)),
+        "answers without a token were used: {r:?}"
+    );
+    assert!(
+        bank.seen.lock().expect("seen").is_empty(),
+        "the handler saw answers without a token"
+    );
+
+    let a = asked(call(&client, "transfer", json!({"amount": 2}), None).await);
+    let mut answers = yes();
+    answers["unasked"] = json!({"action": "accept", "content": {"x": 1}});
+    assert_eq!(
+        done(
+            call(
+                &client,
+                "transfer",
+                json!({"amount": 2}),
+                Some((&a, answers))
+            )
+            .await
+        ),
+        "transferred 2 (rust)"
+    );
+    let seen = bank.seen.lock().expect("seen").clone();
+    assert_eq!(
+        seen,
+        vec![yes()],
+        "the handler saw an answer to a question it never asked"
+    );
+}
+
+#[tokio::test]
+async fn a_handler_that_reports_failure_gives_the_token_back() {
+    let ss = Stateseal::start(&[]);
+    let bank = Bank::default();
+    let client = connect(&serve_bank(boundary(&ss), bank.clone()).await).await;
+    let a = asked(call(&client, "flaky", json!({"amount": 1}), None).await);
+    match call(&client, "flaky", json!({"amount": 1}), Some((&a, yes()))).await {
+        Ok(rmcp::model::CallToolResponse::Complete(r)) => assert_eq!(r.is_error, Some(true)),
+        other => panic!("expected the tool's error result, got {other:?}"),
+    }
+    let retry = call(&client, "flaky", json!({"amount": 1}), Some((&a, yes()))).await;
+    assert_eq!(done(retry), "flaky 1 done (rust)");
+    let replay = call(&client, "flaky", json!({"amount": 1}), Some((&a, yes()))).await;
+    refused(
+        replay,
+        -32602,
+        "requestState already used",
+        Some("request_state_used"),
+    );
+}
+
+#[tokio::test]
+async fn at_most_once_targets_are_consumed_before_the_handler_runs() {
+    let ss = Stateseal::start(&[]);
+    let bank = Bank::default();
+    let b = StatesealBoundary::builder(
+        RequestStateClient::new(&ss.addr).expect("client"),
+        "transfer-service",
+    )
+    .at_most_once(["flaky"])
+    .build();
+    let client = connect(&serve_bank(b, bank.clone()).await).await;
+    let a = asked(call(&client, "flaky", json!({"amount": 1}), None).await);
+    let failed = call(&client, "flaky", json!({"amount": 1}), Some((&a, yes()))).await;
+    assert!(
+        matches!(failed, Ok(rmcp::model::CallToolResponse::Complete(ref r)) if r.is_error == Some(true))
+    );
+    // Consumed before the handler ran: the failure cost the retry.
+    let retry = call(&client, "flaky", json!({"amount": 1}), Some((&a, yes()))).await;
+    refused(
+        retry,
+        -32602,
+        "requestState already used",
+        Some("request_state_used"),
+    );
+    assert_eq!(bank.runs.flaky.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_slow_handler_keeps_its_token_past_the_lease_and_runs_once() {
+    let ss = Stateseal::start(&["--default-lease-s", "2"]);
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let bank = Bank {
+        gate: Some(gate.clone()),
+        ..Bank::default()
+    };
+    let url = serve_bank(boundary(&ss), bank.clone()).await;
+    let client = connect(&url).await;
+    let a = asked(call(&client, "slow_transfer", json!({"amount": 5}), None).await);
+    let first = {
+        let (client, a) = (connect(&url).await, a.clone());
+        tokio::spawn(async move {
+            call(
+                &client,
+                "slow_transfer",
+                json!({"amount": 5}),
+                Some((&a, yes())),
+            )
+            .await
+        })
+    };
+    until("the handler to start", Duration::from_secs(30), || {
+        bank.runs.slow_started.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    // Past the lease granted at the Open: only the renewals hold the token.
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    let during = call(
+        &client,
+        "slow_transfer",
+        json!({"amount": 5}),
+        Some((&a, yes())),
+    )
+    .await;
+    refused(
+        during,
+        -32603,
+        "Request in progress; retry later",
+        Some("in_progress"),
+    );
+    assert_eq!(bank.runs.slow_finished.load(Ordering::SeqCst), 0);
+    gate.add_permits(1);
+    let r = first.await.expect("the first retry");
+    assert_eq!(done(r), "slow 5 done (rust)");
+    let replay = call(
+        &client,
+        "slow_transfer",
+        json!({"amount": 5}),
+        Some((&a, yes())),
+    )
+    .await;
+    refused(
+        replay,
+        -32602,
+        "requestState already used",
+        Some("request_state_used"),
+    );
+    assert_eq!(
+        bank.runs.slow_started.load(Ordering::SeqCst),
+        1,
+        "executed more than once"
+    );
+}
+
+#[tokio::test]
+async fn an_expired_token_asks_again() {
+    let ss = Stateseal::start(&[]);
+    let b = StatesealBoundary::builder(
+        RequestStateClient::new(&ss.addr).expect("client"),
+        "transfer-service",
+    )
+    .ttl_seconds(1)
+    .build();
+    let bank = Bank::default();
+    let client = connect(&serve_bank(b, bank.clone()).await).await;
+    let a = asked(call(&client, "transfer", json!({"amount": 3}), None).await);
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let again = asked(call(&client, "transfer", json!({"amount": 3}), Some((&a, yes()))).await);
+    assert_ne!(again.request_state, a.request_state);
+    assert_eq!(bank.runs.transfer.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn a_token_opens_only_for_the_principal_it_was_sealed_for() {
+    let ss = Stateseal::start(&[]);
+    let bank = Bank::default();
+    let url = serve_bank_with_users(boundary(&ss), bank.clone()).await;
+    let (alice, mallory) = (
+        connect_as(&url, "alice").await,
+        connect_as(&url, "mallory").await,
+    );
+    let a = asked(call(&alice, "transfer", json!({"amount": 4}), None).await);
+    let stolen = call(
+        &mallory,
+        "transfer",
+        json!({"amount": 4}),
+        Some((&a, yes())),
+    )
+    .await;
+    refused(
+        stolen,
+        -32602,
+        "Invalid or expired requestState",
+        Some("invalid_request_state"),
+    );
+    let anonymous = call(
+        &connect(&url).await,
+        "transfer",
+        json!({"amount": 4}),
+        Some((&a, yes())),
+    )
+    .await;
+    refused(
+        anonymous,
+        -32602,
+        "Invalid or expired requestState",
+        Some("invalid_request_state"),
+    );
+    assert_eq!(
+        done(call(&alice, "transfer", json!({"amount": 4}), Some((&a, yes()))).await),
+        "transferred 4 (rust)"
+    );
+}
+
+#[tokio::test]
+async fn bearer_credentials_are_presented_and_a_missing_one_is_an_internal_error() {
+    use sha2::Digest;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tenants = dir.path().join("tenants.json");
+    let digest = hex::encode(sha2::Sha256::digest(b"s3cret-of-transfer"));
+    std::fs::write(
+        &tenants,
+        json!({"tenants": [{"name": "transfer", "bearer_sha256": digest}]}).to_string(),
+    )
+    .expect("write");
+    let tenants = tenants.to_str().expect("utf-8").to_owned();
+    let ss = Stateseal::start_in(dir, &["--auth", "bearer", "--tenants", &tenants]);
+    let creds = Credentials {
+        bearer: Some("s3cret-of-transfer".into()),
+        ..Credentials::default()
+    };
+    let good = RequestStateClient::with(&ss.addr, creds, Duration::from_secs(5)).expect("client");
+    let client = connect(
+        &serve_bank(
+            StatesealBoundary::new(good, "transfer-service"),
+            Bank::default(),
+        )
+        .await,
+    )
+    .await;
+    let a = asked(call(&client, "transfer", json!({"amount": 6}), None).await);
+    assert_eq!(
+        done(call(&client, "transfer", json!({"amount": 6}), Some((&a, yes()))).await),
+        "transferred 6 (rust)"
+    );
+
+    let none = connect(&serve_bank(boundary(&ss), Bank::default()).await).await;
+    let r = call(&none, "transfer", json!({"amount": 6}), None).await;
+    refused(r, -32603, "Internal error", None);
+}
