@@ -360,3 +360,168 @@ async fn bearer_credentials_are_presented_and_a_missing_one_is_an_internal_error
     let r = call(&none, "transfer", json!({"amount": 6}), None).await;
     refused(r, -32603, "Internal error", None);
 }
+
+/// A CA, a server certificate for 127.0.0.1 and client certificates with
+/// these URI SANs, made with the openssl CLI (as the TypeScript test does).
+fn pki(dir: &std::path::Path, uris: &[&str]) {
+    let openssl = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("openssl");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+    ];
+    let mut ca = vec!["req", "-x509"];
+    ca.extend(ec);
+    ca.extend([
+        "-days",
+        "1",
+        "-subj",
+        "/CN=test CA",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+    ]);
+    ca.extend([
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+    ]);
+    openssl(&ca);
+    let leaf = |name: &str, ext: &str| {
+        std::fs::write(dir.join(format!("{name}.ext")), ext).expect("ext");
+        let (key, csr, pem, extfile) = (
+            format!("{name}.key"),
+            format!("{name}.csr"),
+            format!("{name}.pem"),
+            format!("{name}.ext"),
+        );
+        let mut req = vec!["req"];
+        req.extend(ec);
+        req.extend(["-subj", "/CN=leaf", "-keyout", &key, "-out", &csr]);
+        openssl(&req);
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "1",
+            "-out",
+            &pem,
+            "-extfile",
+            &extfile,
+        ]);
+    };
+    leaf(
+        "server",
+        "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+    );
+    for (i, u) in uris.iter().enumerate() {
+        leaf(
+            &format!("client{i}"),
+            &format!("subjectAltName=URI:{u}\nextendedKeyUsage=clientAuth\n"),
+        );
+    }
+}
+
+#[tokio::test]
+async fn mtls_a_tenant_certificate_works_and_one_naming_no_tenant_is_an_internal_error() {
+    use stateseal_rmcp::{Certificate, ClientTlsConfig, Identity};
+    let dir = tempfile::tempdir().expect("tempdir");
+    pki(
+        dir.path(),
+        &[
+            "spiffe://test/transfer-service",
+            "spiffe://test/someone-else",
+        ],
+    );
+    let p = |f: &str| dir.path().join(f).to_str().expect("utf-8").to_owned();
+    let read = |f: &str| std::fs::read(dir.path().join(f)).expect("read");
+    let tenants =
+        json!({"tenants": [{"name": "transfer", "uri": "spiffe://test/transfer-service"}]});
+    std::fs::write(dir.path().join("tenants.json"), tenants.to_string()).expect("tenants");
+    let (cert, key, ca, t) = (
+        p("server.pem"),
+        p("server.key"),
+        p("ca.pem"),
+        p("tenants.json"),
+    );
+    let (ca_pem, c0, k0, c1, k1) = (
+        read("ca.pem"),
+        read("client0.pem"),
+        read("client0.key"),
+        read("client1.pem"),
+        read("client1.key"),
+    );
+    let args = [
+        "--auth",
+        "mtls",
+        "--tls-cert",
+        cert.as_str(),
+        "--tls-key",
+        key.as_str(),
+        "--tls-client-ca",
+        ca.as_str(),
+        "--tenants",
+        t.as_str(),
+    ];
+    let ss = Stateseal::start_in(dir, &args);
+    let client_for = |pem: &[u8], key: &[u8]| {
+        let tls = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(&ca_pem))
+            .identity(Identity::from_pem(pem, key));
+        let creds = Credentials {
+            tls: Some(tls),
+            ..Credentials::default()
+        };
+        RequestStateClient::with(&ss.addr, creds, Duration::from_secs(5)).expect("client")
+    };
+    let tenant = connect(
+        &serve_bank(
+            StatesealBoundary::new(client_for(&c0, &k0), "transfer-service"),
+            Bank::default(),
+        )
+        .await,
+    )
+    .await;
+    let a = asked(call(&tenant, "transfer", json!({"amount": 9}), None).await);
+    assert_eq!(
+        done(call(&tenant, "transfer", json!({"amount": 9}), Some((&a, yes()))).await),
+        "transferred 9 (rust)"
+    );
+
+    let stranger = connect(
+        &serve_bank(
+            StatesealBoundary::new(client_for(&c1, &k1), "transfer-service"),
+            Bank::default(),
+        )
+        .await,
+    )
+    .await;
+    refused(
+        call(&stranger, "transfer", json!({"amount": 9}), None).await,
+        -32603,
+        "Internal error",
+        None,
+    );
+}
