@@ -90,6 +90,14 @@ impl ServerHandler for Bank {
         ))
     }
 
+    async fn on_custom_request(
+        &self,
+        request: CustomRequest,
+        _: RequestContext<RoleServer>,
+    ) -> Result<CustomResult, ErrorData> {
+        Ok(Bank::echo(&request))
+    }
+
     async fn call_tool(
         &self,
         request: CallToolRequestParams,
@@ -153,6 +161,15 @@ impl ServerHandler for Bank {
             }
             _ => Err(ErrorData::invalid_params("no such tool", None)),
         }
+    }
+}
+
+impl Bank {
+    /// What an app's catch-all for methods rmcp does not know looks like:
+    /// it echoes the params it got. A `tools/call` whose params rmcp cannot
+    /// parse would land here, unopened, without the boundary's guard.
+    pub fn echo(request: &CustomRequest) -> CustomResult {
+        CustomResult::new(json!({ "method": request.method, "params": request.params }))
     }
 }
 

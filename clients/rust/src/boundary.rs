@@ -27,8 +27,9 @@
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::FutureExt as _;
 use rmcp::model::{
@@ -50,6 +51,7 @@ use crate::refusal::{
     call_refusal, open_refusal, renewal_lost, resend, retry_commit, Kind, Level, OnReplay, Refusal,
     INVALID_PARAMS,
 };
+use crate::steps::{nanos, Step, Steps};
 
 /// The longest `requestState` (UTF-8 bytes) sent to stateseal: a 64 KiB
 /// state sealed with a 16 KiB manifest, with 512 bytes of room for the
@@ -118,6 +120,7 @@ pub struct Options {
     lease_seconds: u32,
     max_request_state_bytes: usize,
     max_input_responses_bytes: usize,
+    steps: Option<Arc<Steps>>,
 }
 
 /// Builds a [`StatesealBoundary`].
@@ -195,6 +198,12 @@ impl Builder {
         self.options.max_input_responses_bytes = n.max(1);
         self
     }
+    /// Records where the boundary's time goes into `steps` (for
+    /// benchmarks; off by default).
+    pub fn steps(mut self, steps: Arc<Steps>) -> Self {
+        self.options.steps = Some(steps);
+        self
+    }
     pub fn build(self) -> StatesealBoundary {
         let (inflight, _) = watch::channel(0usize);
         StatesealBoundary(Arc::new(Inner {
@@ -253,6 +262,7 @@ impl StatesealBoundary {
                 lease_seconds: 0,
                 max_request_state_bytes: DEFAULT_MAX_REQUEST_STATE_BYTES,
                 max_input_responses_bytes: DEFAULT_MAX_INPUT_RESPONSES_BYTES,
+                steps: None,
             },
         }
     }
@@ -278,8 +288,48 @@ impl StatesealBoundary {
             .is_ok_and(|r| r.is_ok())
     }
 
-    /// Serves one MRTR-capable request: `call` is the handler.
+    /// Serves one MRTR-capable request: `call` is the handler. With
+    /// [`Builder::steps`], the boundary's own time (without the handler's)
+    /// is recorded as [`Step::Boundary`].
     pub(crate) async fn serve<P, R, F, Fut>(
+        &self,
+        params: P,
+        ctx: RequestContext<RoleServer>,
+        call: F,
+    ) -> Result<R, ErrorData>
+    where
+        P: MrtrParams,
+        R: MrtrResponse,
+        F: FnOnce(P, RequestContext<RoleServer>) -> Fut,
+        Fut: Future<Output = Result<R, ErrorData>>,
+    {
+        let Some(steps) = self.0.options.steps.clone() else {
+            return self.serve_inner(params, ctx, call).await;
+        };
+        let handler = AtomicU64::new(0);
+        let start = Instant::now();
+        let timed = |p, c| {
+            let (fut, handler) = (call(p, c), &handler);
+            async move {
+                let t = Instant::now();
+                let r = fut.await;
+                handler.fetch_add(nanos(t.elapsed()), Ordering::Relaxed);
+                r
+            }
+        };
+        let r = self.serve_inner(params, ctx, timed).await;
+        let handled = Duration::from_nanos(handler.load(Ordering::Relaxed));
+        steps.add(Step::Boundary, start.elapsed().saturating_sub(handled));
+        r
+    }
+
+    fn lap(&self, step: Step, since: Instant) {
+        if let Some(steps) = &self.0.options.steps {
+            steps.add(step, since.elapsed());
+        }
+    }
+
+    async fn serve_inner<P, R, F, Fut>(
         &self,
         mut params: P,
         ctx: RequestContext<RoleServer>,
@@ -306,16 +356,20 @@ impl StatesealBoundary {
         };
         self.check_state(method, &wire)?;
         let answers = params.take_answers();
+        let t = Instant::now();
         let answers_json = match &answers {
             Some(a) => Some(self.answers_json(method, a)?),
             None => None,
         };
+        self.lap(Step::Manifest, t);
+        let t = Instant::now();
         let subject = self.subject(method, &principal)?;
         let binding = Binding {
             subject,
             method: method.to_owned(),
             params_digest: digest(method, &target)?,
         };
+        self.lap(Step::Binding, t);
         let reserve = !o.at_most_once.contains(target.name());
         let token: [u8; 32] = Sha256::digest(wire.as_bytes()).into();
         let opened = match self
@@ -355,14 +409,23 @@ impl StatesealBoundary {
         if answers.is_some() {
             // The handler sees only answers to questions this server asked,
             // of the right shape.
+            let t = Instant::now();
             let filtered: InputResponses = serde_json::from_str(&opened.input_responses_json).map_err(|_| {
                 error!(target: "stateseal_rmcp", method, "stateseal's filtered inputResponses are not a JSON object");
                 internal()
             })?;
-            for (key, why) in &opened.dropped {
-                info!(target: "stateseal_rmcp", method, key = %json!(key), why = %why, "inputResponses entry dropped");
+            if !opened.dropped.is_empty() {
+                // A count and the first few: a client can send thousands.
+                let first: Vec<String> = opened
+                    .dropped
+                    .iter()
+                    .take(8)
+                    .map(|(k, why)| format!("{}: {why}", json!(k)))
+                    .collect();
+                info!(target: "stateseal_rmcp", method, dropped = opened.dropped.len(), first = %first.join(", "), "inputResponses entries dropped");
             }
             params.set_answers(Some(filtered));
+            self.lap(Step::Manifest, t);
             let invalid = opened
                 .dropped
                 .iter()
@@ -424,12 +487,14 @@ impl StatesealBoundary {
         };
         let (mut resent, mut busy, mut waited) = (0, 0, false);
         loop {
-            let e = match self
+            let t = Instant::now();
+            let opened = self
                 .0
                 .client
                 .open(wire, binding, mode, lease, &attempt, answers_json.clone())
-                .await
-            {
+                .await;
+            self.lap(Step::RpcOpen, t);
+            let e = match opened {
                 Ok(opened) => return Ok(opened),
                 Err(e) => e,
             };
@@ -485,6 +550,7 @@ impl StatesealBoundary {
             (None, Some(_)) => String::new(),
             (None, None) => return Ok(result),
         };
+        let t = Instant::now();
         let manifest = match questions {
             Some(q) => serde_json::to_string(q).map_err(|_| {
                 error!(target: "stateseal_rmcp", method, "the handler's inputRequests cannot be serialized");
@@ -492,6 +558,8 @@ impl StatesealBoundary {
             })?,
             None => String::new(),
         };
+        self.lap(Step::Manifest, t);
+        let t = Instant::now();
         let owned;
         let binding = match binding {
             Some(b) => b,
@@ -504,9 +572,11 @@ impl StatesealBoundary {
                 &owned
             }
         };
+        self.lap(Step::Binding, t);
         let o = &self.0.options;
         let single_use = !o.reusable.contains(target.name());
-        match self
+        let t = Instant::now();
+        let sealed = self
             .0
             .client
             .seal(
@@ -516,8 +586,9 @@ impl StatesealBoundary {
                 single_use,
                 manifest,
             )
-            .await
-        {
+            .await;
+        self.lap(Step::RpcSeal, t);
+        match sealed {
             Ok(sealed) => {
                 asked.request_state = Some(sealed.request_state);
                 Ok(result)
@@ -534,9 +605,14 @@ impl StatesealBoundary {
         match principal {
             Ok(p) => Ok(subject_for(&self.0.options.audience, p.as_deref())),
             Err(PrincipalRefused) => {
-                // Deny on error, as the SDKs do.
-                warn!(target: "stateseal_rmcp", method, "the principal function refused the request");
-                Err(rejected())
+                // Deny on error, as the SDKs do (and as the Python package
+                // answers: no data, an ERROR for the operator).
+                error!(target: "stateseal_rmcp", method, "the principal function refused the request");
+                Err(ErrorData::new(
+                    ErrorCode(INVALID_PARAMS),
+                    "Invalid or expired requestState",
+                    None,
+                ))
             }
         }
     }
@@ -603,12 +679,13 @@ impl Held {
         self.keeper = Some(tokio::spawn(async move {
             loop {
                 tokio::time::sleep(interval).await;
-                match b
-                    .0
-                    .client
-                    .renew(&reservation, b.0.options.lease_seconds)
-                    .await
-                {
+                let t = Instant::now();
+                let renewed =
+                    b.0.client
+                        .renew(&reservation, b.0.options.lease_seconds)
+                        .await;
+                b.lap(Step::RpcRenew, t);
+                match renewed {
                     Ok(lease) if lease.lease_seconds > 0 => {
                         interval = MIN_RENEW_INTERVAL
                             .max(Duration::from_secs(lease.lease_seconds.into()) / 3);
@@ -707,7 +784,10 @@ async fn commit(b: &StatesealBoundary, method: &str, reservation: &str) {
     // The handler ran; its answer stands whatever Commit answers. Commit is
     // idempotent, so a transient failure is retried twice after a wait.
     for n in 0..3u32 {
-        match b.0.client.commit(reservation).await {
+        let t = Instant::now();
+        let committed = b.0.client.commit(reservation).await;
+        b.lap(Step::RpcCommit, t);
+        match committed {
             Ok(()) => return,
             Err(e) if n < 2 && retry_commit(&e) => {
                 warn!(target: "stateseal_rmcp", method, reason = %e.reason, "stateseal commit failed; retrying");
@@ -729,7 +809,10 @@ async fn release(b: &StatesealBoundary, method: &str, reservation: &str) {
     // Safe to repeat: a reservation names one lease, so a late or repeated
     // Release never frees a newer one.
     for n in 0..3u32 {
-        match b.0.client.release(reservation).await {
+        let t = Instant::now();
+        let released = b.0.client.release(reservation).await;
+        b.lap(Step::RpcRelease, t);
+        match released {
             Ok(()) => return,
             Err(e) if n < 2 && resend(&e) => {
                 tokio::time::sleep(Duration::from_millis(50 * u64::from(n + 1))).await;
@@ -753,6 +836,29 @@ fn digest(method: &str, target: &Target) -> Result<[u8; 32], ErrorData> {
         warn!(target: "stateseal_rmcp", method, "params cannot be bound");
         invalid_params()
     })
+}
+
+/// The methods whose params may carry `requestState`.
+pub(crate) fn is_mrtr_method(method: &str) -> bool {
+    matches!(method, "tools/call" | "prompts/get" | "resources/read")
+}
+
+/// The answer to an MRTR request whose params rmcp could not parse: with a
+/// `requestState`, the usual -32602 "Invalid or expired requestState";
+/// otherwise -32602 "Invalid params". Logged at debug: the end user's doing.
+pub(crate) fn malformed_mrtr(request: &rmcp::model::CustomRequest) -> ErrorData {
+    let method = request.method.as_str();
+    let has_state = request
+        .params
+        .as_ref()
+        .and_then(|p| p.get("requestState"))
+        .is_some();
+    debug!(target: "stateseal_rmcp", method, has_state, "params that do not parse: refused");
+    if has_state {
+        rejected()
+    } else {
+        invalid_params()
+    }
 }
 
 fn invalid_params() -> ErrorData {

@@ -254,10 +254,16 @@ impl RequestStateClient {
         } else {
             "http"
         };
-        let uri = if target.contains("://") {
-            target.to_owned()
-        } else {
-            format!("{scheme}://{target}")
+        let uri = match target.split_once("://") {
+            // With TLS credentials the connection must be TLS: tonic speaks
+            // plaintext to an http:// URI whatever the TLS configuration.
+            Some((s, _)) if credentials.tls.is_some() && !s.eq_ignore_ascii_case("https") => {
+                return Err(ConfigError(
+                    "TLS credentials need an https:// target (or host:port)".into(),
+                ));
+            }
+            Some(_) => target.to_owned(),
+            None => format!("{scheme}://{target}"),
         };
         let mut endpoint = Endpoint::from_shared(uri)
             .map_err(|_| ConfigError("the target is not a valid address".into()))?
@@ -271,9 +277,15 @@ impl RequestStateClient {
                 .map_err(|e| ConfigError(format!("TLS: {e}")))?;
         }
         let auth = match credentials.bearer {
-            Some(secret) => Some(format!("Bearer {secret}").parse().map_err(|_| {
-                ConfigError("the bearer secret is not a valid header value".into())
-            })?),
+            Some(secret) => {
+                let mut v: MetadataValue<tonic::metadata::Ascii> =
+                    format!("Bearer {secret}").parse().map_err(|_| {
+                        ConfigError("the bearer secret is not a valid header value".into())
+                    })?;
+                // Kept out of HPACK's index and of Debug output.
+                v.set_sensitive(true);
+                Some(v)
+            }
             None => None,
         };
         Ok(Self {

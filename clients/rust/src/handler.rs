@@ -158,6 +158,13 @@ impl<H: ServerHandler> ServerHandler for Sealed<H> {
         request: CustomRequest,
         context: RequestContext<RoleServer>,
     ) -> Result<CustomResult, ErrorData> {
+        // rmcp hands a tools/call, prompts/get or resources/read whose params
+        // do not parse (a non-string requestState, non-object arguments or
+        // inputResponses) to on_custom_request: it never reaches a handler,
+        // which would see its requestState and answers unopened.
+        if crate::boundary::is_mrtr_method(&request.method) {
+            return Err(crate::boundary::malformed_mrtr(&request));
+        }
         self.inner.on_custom_request(request, context).await
     }
 

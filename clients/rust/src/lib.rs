@@ -22,6 +22,7 @@ mod boundary;
 mod client;
 mod handler;
 pub mod refusal;
+pub mod steps;
 
 #[allow(clippy::all, missing_docs)]
 mod proto {

@@ -525,3 +525,90 @@ async fn mtls_a_tenant_certificate_works_and_one_naming_no_tenant_is_an_internal
         None,
     );
 }
+
+#[tokio::test]
+async fn mrtr_params_rmcp_cannot_parse_never_reach_the_handler() {
+    use rmcp::model::{ClientRequest, CustomRequest};
+    use rmcp::service::ServiceError;
+    let ss = Stateseal::start(&[]);
+    let client = connect(&serve_bank(boundary(&ss), Bank::default()).await).await;
+    let a = asked(call(&client, "transfer", json!({"amount": 7}), None).await);
+    let token = a.request_state.clone().expect("token");
+    // Each fails rmcp's typed parse, so rmcp hands it to on_custom_request,
+    // where the bank (like an app's catch-all) would echo it unopened.
+    let cases = [
+        (
+            json!({"name": "transfer", "arguments": {"amount": 7}, "requestState": 5, "inputResponses": yes()}),
+            true,
+        ),
+        (
+            json!({"name": "transfer", "arguments": [7], "requestState": token, "inputResponses": yes()}),
+            true,
+        ),
+        (
+            json!({"name": "transfer", "arguments": {"amount": 7}, "requestState": token, "inputResponses": [1]}),
+            true,
+        ),
+        (json!({"name": 7, "arguments": {"amount": 7}}), false),
+    ];
+    for (method, (params, with_state)) in ["tools/call", "prompts/get", "resources/read"]
+        .iter()
+        .flat_map(|m| cases.iter().map(move |c| (m, c)))
+    {
+        let r = client
+            .send_request(ClientRequest::CustomRequest(CustomRequest::new(
+                *method,
+                Some(params.clone()),
+            )))
+            .await;
+        match r {
+            Err(ServiceError::McpError(e)) => {
+                let want = if *with_state {
+                    "Invalid or expired requestState"
+                } else {
+                    "Invalid params"
+                };
+                assert_eq!(
+                    (e.code.0, e.message.as_ref()),
+                    (-32602, want),
+                    "{method} {params}"
+                );
+            }
+            other => panic!("{method} {params}: reached the handler: {other:?}"),
+        }
+    }
+    // Another method still reaches the handler's own catch-all.
+    let other = client
+        .send_request(ClientRequest::CustomRequest(CustomRequest::new(
+            "bank/audit",
+            Some(json!({})),
+        )))
+        .await;
+    assert!(other.is_ok(), "{other:?}");
+}
+
+#[tokio::test]
+async fn tls_credentials_with_a_plaintext_target_are_refused() {
+    use stateseal_rmcp::ClientTlsConfig;
+    let creds = || Credentials {
+        tls: Some(ClientTlsConfig::new()),
+        ..Credentials::default()
+    };
+    for target in [
+        "http://127.0.0.1:50051",
+        "HTTP://stateseal:50051",
+        "unix://x",
+    ] {
+        let r = RequestStateClient::with(target, creds(), Duration::from_secs(1));
+        assert!(
+            r.is_err(),
+            "{target}: TLS credentials over a plaintext target"
+        );
+    }
+    for target in ["127.0.0.1:50051", "https://stateseal:50051"] {
+        assert!(
+            RequestStateClient::with(target, creds(), Duration::from_secs(1)).is_ok(),
+            "{target}"
+        );
+    }
+}
