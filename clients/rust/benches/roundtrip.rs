@@ -27,25 +27,20 @@
 //! - the gRPC client and loopback: the RPCs as awaited minus the server's
 //!   handling of them.
 
-#[path = "../examples/transfer_server.rs"]
-mod transfer;
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use common::transfer;
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rmcp::model::*;
-use rmcp::service::{
-    ClientLifecycleMode, ClientServiceExt, RequestContext, RoleClient, RoleServer, RunningService,
-};
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
-use rmcp::transport::{
-    StreamableHttpClientTransport, StreamableHttpServerConfig, StreamableHttpService,
-};
-use rmcp::{ClientHandler, ErrorData, ServerHandler};
+use rmcp::service::{RequestContext, RoleServer};
+use rmcp::{ErrorData, ServerHandler};
 use serde_json::{json, Value};
 use stateseal_rmcp::steps::{Step, Steps};
 use stateseal_rmcp::{RequestStateClient, StatesealBoundary};
@@ -103,63 +98,13 @@ impl ServerHandler for CodecBank {
                 .associated_data(&ad)
                 .ttl(Duration::from_secs(600)),
         );
-        let questions: InputRequests = serde_json::from_value(json!({
-            "confirm": { "method": "elicitation/create", "params": { "mode": "form", "message": format!("Transfer {amount}?"),
-                "requestedSchema": { "type": "object", "properties": { "confirm": { "type": "boolean" } }, "required": ["confirm"] } } }
-        }))
-        .map_err(|_| ErrorData::internal_error("question", None))?;
+        let questions = transfer::confirm_question(&amount)?;
         Ok(InputRequiredResult::new(Some(questions), Some(sealed)).into())
     }
 }
 
-#[derive(Clone)]
-struct BenchClient;
-
-impl ClientHandler for BenchClient {
-    fn get_info(&self) -> ClientConfig {
-        ClientConfig::new(
-            ClientCapabilities::builder().enable_elicitation().build(),
-            Implementation::new("roundtrip-bench", "1"),
-        )
-        .with_protocol_version(ProtocolVersion::V_2026_07_28)
-    }
-}
-
-type Client = RunningService<RoleClient, BenchClient>;
-
-async fn serve<H: ServerHandler + Clone>(handler: H) -> String {
-    let service = StreamableHttpService::new(
-        move || Ok(handler.clone()),
-        Arc::new(LocalSessionManager::default()),
-        StreamableHttpServerConfig::default()
-            .with_legacy_session_mode(false)
-            .with_json_response(true),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let url = format!("http://{}/mcp", listener.local_addr().expect("addr"));
-    tokio::spawn(async move {
-        axum::serve(listener, axum::Router::new().nest_service("/mcp", service)).await
-    });
-    url
-}
-
-async fn connect(url: &str) -> Client {
-    let mode = ClientLifecycleMode::Discover {
-        preferred_versions: vec![ProtocolVersion::V_2026_07_28],
-    };
-    BenchClient
-        .serve_with_lifecycle(
-            StreamableHttpClientTransport::from_uri(url.to_owned()),
-            mode,
-        )
-        .await
-        .expect("connect")
-}
-
 /// One MRTR round trip: the call that asks, and the retry that completes.
-async fn round(client: &Client, amount: u64) -> Duration {
+async fn round(client: &common::Client, amount: u64) -> Duration {
     let args: JsonObject = serde_json::from_value(json!({ "amount": amount })).expect("args");
     let start = Instant::now();
     let first = client
@@ -184,14 +129,6 @@ async fn round(client: &Client, amount: u64) -> Duration {
         other => panic!("expected a complete result, got {other:?}"),
     }
     start.elapsed()
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
 }
 
 /// The server's request and ledger histograms: sum and count by name.
@@ -260,39 +197,9 @@ async fn main() {
         "no stateseal binary at {} (cargo build --release --bin stateseal at the root)",
         bin.display()
     );
-    let dir = tempfile::tempdir().expect("tempdir");
-    let metrics = format!("127.0.0.1:{}", free_port());
-    let mut child = Command::new(&bin)
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics-listen",
-            &metrics,
-            "--data-dir",
-        ])
-        .arg(dir.path().join("data"))
-        .env_remove("STATESEAL_LOG")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start stateseal");
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let addr = lines
-        .by_ref()
-        .map_while(Result::ok)
-        .find_map(|l| {
-            l.contains("listening")
-                .then(|| {
-                    l.split_whitespace()
-                        .find_map(|w| w.strip_prefix("addr="))
-                        .map(|a| a.trim_matches('"').to_owned())
-                })
-                .flatten()
-        })
-        .expect("stateseal did not start");
-    std::thread::spawn(move || for _ in lines {});
+    let metrics = format!("127.0.0.1:{}", common::free_port());
+    let ss = common::Stateseal::start_with(&bin, &["--metrics-listen", &metrics]);
+    let addr = ss.addr.clone();
 
     let steps = Arc::new(Steps::default());
     let boundary = StatesealBoundary::builder(
@@ -301,13 +208,16 @@ async fn main() {
     )
     .steps(steps.clone())
     .build();
-    let sealed_url = serve(boundary.wrap(transfer::Bank::default())).await;
+    let sealed_url = common::serve_handler(boundary.wrap(transfer::Bank::default())).await;
     let key: [u8; 32] = rand::random();
-    let codec_url = serve(CodecBank {
+    let codec_url = common::serve_handler(CodecBank {
         codec: RequestStateCodec::try_new(key.to_vec()).expect("a 32-byte key"),
     })
     .await;
-    let (codec, sealed) = (connect(&codec_url).await, connect(&sealed_url).await);
+    let (codec, sealed) = (
+        common::connect(&codec_url).await,
+        common::connect(&sealed_url).await,
+    );
 
     let mut amount = 0u64;
     // Warm-up: connections, caches, the ledger's first writes.
@@ -421,6 +331,5 @@ async fn main() {
         "the server's durable rounds (Open RESERVE and Commit, within their handling) | {:.3}",
         per(durable)
     );
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(ss);
 }

@@ -40,7 +40,7 @@ pub struct Runs {
     pub flaky: AtomicUsize,
 }
 
-fn confirm_question(amount: &Value) -> Result<InputRequests, ErrorData> {
+pub fn confirm_question(amount: &Value) -> Result<InputRequests, ErrorData> {
     serde_json::from_value(json!({
         "confirm": {
             "method": "elicitation/create",

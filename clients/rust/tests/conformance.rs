@@ -81,14 +81,6 @@ impl Drop for Server {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
-
 /// Parses `Passed: P/T, F failed, W warnings` and the warned check ids.
 fn verdict(out: &str) -> Option<(u32, u32, u32, u32, Vec<String>)> {
     let at = out.find("Passed: ")?;
@@ -150,7 +142,7 @@ fn the_suites_mrtr_scenarios_pass() {
     );
 
     let ss = Stateseal::start(&[]);
-    let port = free_port();
+    let port = common::free_port();
     let _server = Server(
         Command::new(example())
             .args([port.to_string(), ss.addr.clone()])

@@ -6,7 +6,6 @@
 import assert from 'node:assert/strict';
 import { type ChildProcess, spawn } from 'node:child_process';
 import { type Server as HttpServer } from 'node:http';
-import { createConnection } from 'node:net';
 import { dirname, join } from 'node:path';
 import { after, before, test } from 'node:test';
 import { fileURLToPath } from 'node:url';
@@ -17,7 +16,9 @@ import {
   addSlowTool,
   call,
   connect,
+  freePort,
   front,
+  listening,
   port,
   recordingLogger,
   rpcError,
@@ -45,31 +46,6 @@ let lb: HttpServer & { served: number[] };
 const LEASE_S = 2;
 const slow = new SlowTool(5000);
 const tsLog = recordingLogger();
-
-async function freePort(): Promise<number> {
-  const s = await serveHttp(() => {
-    throw new Error('unused');
-  }, 0);
-  const p = port(s);
-  await new Promise((r) => s.close(r));
-  return p;
-}
-
-async function listening(p: number, ms: number): Promise<void> {
-  const until = Date.now() + ms;
-  for (;;) {
-    const ok = await new Promise<boolean>((resolve) => {
-      const c = createConnection({ host: '127.0.0.1', port: p }, () => {
-        c.end();
-        resolve(true);
-      });
-      c.on('error', () => resolve(false));
-    });
-    if (ok) return;
-    if (Date.now() > until) throw new Error(`nothing listens on ${p}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
-}
 
 before(async () => {
   assert.ok(PYTHON, 'STATESEAL_PYTHON must name a Python with clients/python installed');

@@ -4,7 +4,7 @@ import assert from 'node:assert/strict';
 import { type ChildProcess, spawn } from 'node:child_process';
 import { mkdtempSync } from 'node:fs';
 import { createServer, request as httpRequest, type Server as HttpServer } from 'node:http';
-import { type AddressInfo } from 'node:net';
+import { type AddressInfo, createConnection } from 'node:net';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -43,28 +43,42 @@ export function startStateseal(...extra: string[]): Promise<{ proc: ChildProcess
   });
 }
 
-/** A round-robin front: every tools/call goes to the next backend. */
-export async function front(backends: number[], route: number[] = []): Promise<HttpServer & { served: number[] }> {
+/** A round-robin front: every tools/call goes to the next backend (or the
+ * next port in `route`). `rewrites`, when given, holds one entry per
+ * tools/call: null, or [from, to] to replace in that request's body on its
+ * way (to send what the SDK client cannot write, such as 2^53+1). */
+export async function front(
+  backends: number[],
+  route: number[] = [],
+  rewrites?: Array<[string, string] | null>,
+): Promise<HttpServer & { served: number[] }> {
   let next = 0;
   const served: number[] = [];
   const server = createServer((req, res) => {
     const chunks: Buffer[] = [];
     req.on('data', (c: Buffer) => chunks.push(c));
     req.on('end', () => {
-      const body = Buffer.concat(chunks);
+      let body = Buffer.concat(chunks).toString();
       let port = backends[0];
+      let toolsCall = false;
       try {
-        if (JSON.parse(body.toString() || '{}').method === 'tools/call') {
-          port = route.shift() ?? backends[next++ % backends.length];
-          served.push(port);
-        }
+        toolsCall = JSON.parse(body || '{}').method === 'tools/call';
       } catch {
         // not JSON: first backend
+      }
+      if (toolsCall) {
+        port = route.shift() ?? backends[next++ % backends.length];
+        served.push(port);
+        const rw = rewrites?.shift();
+        if (rw) {
+          assert.ok(body.includes(rw[0]), `nothing to rewrite in ${body}`);
+          body = body.split(rw[0]).join(rw[1]);
+        }
       }
       const headers = { ...req.headers, host: `127.0.0.1:${port}` };
       delete headers['content-length'];
       const up = httpRequest(
-        { host: '127.0.0.1', port, path: req.url, method: req.method, headers: { ...headers, 'content-length': body.length } },
+        { host: '127.0.0.1', port, path: req.url, method: req.method, headers: { ...headers, 'content-length': Buffer.byteLength(body) } },
         (r) => {
           res.writeHead(r.statusCode ?? 502, r.headers);
           r.pipe(res);
@@ -77,6 +91,32 @@ export async function front(backends: number[], route: number[] = []): Promise<H
   const out = Object.assign(server, { served });
   await new Promise<void>((resolve) => out.listen(0, '127.0.0.1', resolve));
   return out;
+}
+
+/** A port nothing listens on now. */
+export async function freePort(): Promise<number> {
+  const s = createServer();
+  await new Promise<void>((resolve) => s.listen(0, '127.0.0.1', resolve));
+  const p = (s.address() as AddressInfo).port;
+  await new Promise((r) => s.close(r));
+  return p;
+}
+
+/** Waits until something listens on `p` (a liveness bound of `ms`). */
+export async function listening(p: number, ms: number): Promise<void> {
+  const until = Date.now() + ms;
+  for (;;) {
+    const ok = await new Promise<boolean>((resolve) => {
+      const c = createConnection({ host: '127.0.0.1', port: p }, () => {
+        c.end();
+        resolve(true);
+      });
+      c.on('error', () => resolve(false));
+    });
+    if (ok) return;
+    if (Date.now() > until) throw new Error(`nothing listens on ${p}`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
 }
 
 export const port = (s: HttpServer) => (s.address() as AddressInfo).port;

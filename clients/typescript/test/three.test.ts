@@ -7,14 +7,13 @@
 import assert from 'node:assert/strict';
 import { type ChildProcess, spawn } from 'node:child_process';
 import { type Server as HttpServer } from 'node:http';
-import { createConnection } from 'node:net';
 import { dirname, join } from 'node:path';
 import { after, before, test } from 'node:test';
 import { fileURLToPath } from 'node:url';
 
 import { serveHttp, transferServer } from '../examples/transfer-server.js';
 import { RequestStateClient, StatesealBoundary } from '../src/index.js';
-import { call, connect, front, port, type Round, rpcError, startStateseal, text, yes } from './helpers.js';
+import { call, connect, freePort, front, listening, port, type Round, rpcError, startStateseal, text, yes } from './helpers.js';
 
 const here = dirname(fileURLToPath(import.meta.url));
 // A Python with clients/python installed, and the Rust replica
@@ -35,74 +34,6 @@ const LANGS: Lang[] = ['python', 'typescript', 'rust'];
 /** Request bodies to rewrite on their way through the front (one per call). */
 const rewrites: Array<[string, string] | null> = [];
 
-async function freePort(): Promise<number> {
-  const s = await serveHttp(() => {
-    throw new Error('unused');
-  }, 0);
-  const p = port(s);
-  await new Promise((r) => s.close(r));
-  return p;
-}
-
-async function listening(p: number, ms: number): Promise<void> {
-  const until = Date.now() + ms;
-  for (;;) {
-    const ok = await new Promise<boolean>((resolve) => {
-      const c = createConnection({ host: '127.0.0.1', port: p }, () => {
-        c.end();
-        resolve(true);
-      });
-      c.on('error', () => resolve(false));
-    });
-    if (ok) return;
-    if (Date.now() > until) throw new Error(`nothing listens on ${p}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
-}
-
-/** The front of helpers.ts, with one addition: a tools/call body may be
- * rewritten on its way (to send a number JavaScript cannot hold). */
-async function rewritingFront(): Promise<HttpServer & { served: number[] }> {
-  const { createServer, request } = await import('node:http');
-  const served: number[] = [];
-  const backends = LANGS.map((l) => ports[l]);
-  const server = createServer((req, res) => {
-    const chunks: Buffer[] = [];
-    req.on('data', (c: Buffer) => chunks.push(c));
-    req.on('end', () => {
-      let body = Buffer.concat(chunks).toString();
-      let to = backends[0];
-      try {
-        if (JSON.parse(body || '{}').method === 'tools/call') {
-          to = route.shift() ?? backends[0];
-          served.push(to);
-          const rw = rewrites.shift();
-          if (rw) {
-            assert.ok(body.includes(rw[0]), `nothing to rewrite in ${body}`);
-            body = body.split(rw[0]).join(rw[1]);
-          }
-        }
-      } catch (e) {
-        if (e instanceof assert.AssertionError) throw e;
-      }
-      const headers = { ...req.headers, host: `127.0.0.1:${to}` };
-      delete headers['content-length'];
-      const up = request(
-        { host: '127.0.0.1', port: to, path: req.url, method: req.method, headers: { ...headers, 'content-length': Buffer.byteLength(body) } },
-        (r) => {
-          res.writeHead(r.statusCode ?? 502, r.headers);
-          r.pipe(res);
-        },
-      );
-      up.on('error', () => res.writeHead(502).end());
-      up.end(body);
-    });
-  });
-  const out = Object.assign(server, { served });
-  await new Promise<void>((resolve) => out.listen(0, '127.0.0.1', resolve));
-  return out;
-}
-
 before(async () => {
   assert.ok(PYTHON, 'STATESEAL_PYTHON must name a Python with clients/python installed');
   assert.ok(RUST, "STATESEAL_RUST_REPLICA must name clients/rust's built examples/transfer_server");
@@ -120,7 +51,7 @@ before(async () => {
   ports.typescript = port(ts);
   await listening(ports.python, 30_000);
   await listening(ports.rust, 30_000);
-  lb = await rewritingFront();
+  lb = await front(LANGS.map((l) => ports[l]), route, rewrites);
 });
 
 after(() => {

@@ -46,7 +46,15 @@ impl Stateseal {
     }
 
     pub fn start_in(dir: tempfile::TempDir, extra: &[&str]) -> Self {
-        let bin = stateseal_bin();
+        Self::start_from(&stateseal_bin(), dir, extra)
+    }
+
+    /// `bin` (for the bench: a release build).
+    pub fn start_with(bin: &std::path::Path, extra: &[&str]) -> Self {
+        Self::start_from(bin, tempfile::tempdir().expect("tempdir"), extra)
+    }
+
+    fn start_from(bin: &std::path::Path, dir: tempfile::TempDir, extra: &[&str]) -> Self {
         assert!(bin.exists(), "no stateseal binary at {} (cargo build --bin stateseal at the root, or set STATESEAL_BIN)", bin.display());
         let mut child = Command::new(bin)
             .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
@@ -126,11 +134,28 @@ pub async fn serve_bank(
     boundary: stateseal_rmcp::StatesealBoundary,
     bank: transfer::Bank,
 ) -> String {
+    serve_handler(boundary.wrap(bank)).await
+}
+
+/// Any handler over Streamable HTTP (stateless, JSON answers) at /mcp on
+/// 127.0.0.1; returns the URL.
+pub async fn serve_handler<H: rmcp::ServerHandler + Clone>(handler: H) -> String {
+    use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+    use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
+    let service = StreamableHttpService::new(
+        move || Ok(handler.clone()),
+        std::sync::Arc::new(LocalSessionManager::default()),
+        StreamableHttpServerConfig::default()
+            .with_legacy_session_mode(false)
+            .with_json_response(true),
+    );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let url = format!("http://{}/mcp", listener.local_addr().expect("addr"));
-    tokio::spawn(transfer::serve(listener, boundary, bank));
+    tokio::spawn(async move {
+        axum::serve(listener, axum::Router::new().nest_service("/mcp", service)).await
+    });
     url
 }
 
@@ -270,4 +295,13 @@ pub async fn serve_bank_with_users(
     let url = format!("http://{}/mcp", listener.local_addr().expect("addr"));
     tokio::spawn(async move { axum::serve(listener, app).await });
     url
+}
+
+/// A port nothing listens on now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
 }
