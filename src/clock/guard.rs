@@ -185,3 +185,68 @@ pub async fn run(
         tokio::time::sleep(every).await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    /// A reference without a clock (the guard's monotonic anchor) that
+    /// counts the high-water marks recorded.
+    #[derive(Default)]
+    struct Counting(AtomicUsize);
+
+    #[async_trait::async_trait]
+    impl Reference for Counting {
+        async fn record_high_water(&self, _now_unix: u64) -> Result<(), ReferenceError> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+    }
+
+    fn start(
+        every: Duration,
+        record_every: Duration,
+    ) -> (Arc<Counting>, tokio::task::JoinHandle<()>) {
+        let reference = Arc::new(Counting::default());
+        let guard = TimeGuard::new(60, None);
+        let task = tokio::spawn(run(guard, reference.clone(), every, record_every));
+        (reference, task)
+    }
+
+    /// `--gc-interval-ms` under the guard's tick: the mark is recorded at
+    /// every tick, again and again, while the server runs (not only once
+    /// after start).
+    #[tokio::test]
+    async fn the_mark_is_recorded_while_running_when_recording_is_due_every_tick() {
+        let (reference, task) = start(Duration::from_millis(20), Duration::from_millis(5));
+        // A liveness bound only: three records come within 60 ms when idle.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while reference.0.load(Ordering::SeqCst) < 3 {
+            assert!(
+                Instant::now() < deadline,
+                "the high-water mark stopped being recorded"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        task.abort();
+    }
+
+    /// Recording less often than the tick: at most once per `record_every`
+    /// (a load slows the ticks, which only lowers the count).
+    #[tokio::test]
+    async fn the_mark_is_recorded_no_more_often_than_asked() {
+        let started = Instant::now();
+        let (reference, task) = start(Duration::from_millis(5), Duration::from_millis(200));
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        task.abort();
+        let _ = task.await;
+        let records = reference.0.load(Ordering::SeqCst);
+        let most = started.elapsed().as_millis() / 200 + 1;
+        assert!(
+            records as u128 <= most,
+            "{records} records in {:?}",
+            started.elapsed()
+        );
+    }
+}
