@@ -24,19 +24,6 @@ pub enum Step {
     RpcRelease,
 }
 
-impl Step {
-    pub const ALL: [Step; 8] = [
-        Step::Boundary,
-        Step::Binding,
-        Step::Manifest,
-        Step::RpcSeal,
-        Step::RpcOpen,
-        Step::RpcCommit,
-        Step::RpcRenew,
-        Step::RpcRelease,
-    ];
-}
-
 /// Total time and count per [`Step`].
 #[derive(Debug, Default)]
 pub struct Steps {
