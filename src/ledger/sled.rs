@@ -170,9 +170,47 @@ fn read_u64(tree: &sled::Tree, key: &[u8]) -> Result<Option<u64>, LedgerError> {
     }
 }
 
+/// sled 0.34 writes a snapshot to `snap.<LSN>.generating` and renames it
+/// only once it is complete and synced; a write cut short (a full disk, a
+/// crash) leaves the unfinished file, which sled's next open takes for the
+/// latest snapshot and refuses as corrupt, for ever. Such a file holds
+/// nothing the log does not: it is removed before sled opens.
+fn drop_unfinished_snapshots(dir: &Path) -> Result<(), LedgerError> {
+    // Only while no other process holds the store (sled locks `db` with
+    // flock): another's snapshot may be generating. Held until done.
+    let _lock = match File::open(dir.join("db")) {
+        Ok(f) => {
+            if rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err()
+            {
+                // sled's own open reports the holder.
+                return Ok(());
+            }
+            Some(f)
+        }
+        Err(_) => None,
+    };
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(LedgerError::storage("read the ledger directory", e)),
+    };
+    for entry in entries {
+        let entry = entry.map_err(|e| LedgerError::storage("read the ledger directory", e))?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with("snap.") && name.ends_with(".generating") {
+            std::fs::remove_file(entry.path())
+                .map_err(|e| LedgerError::storage("remove an unfinished sled snapshot", e))?;
+            tracing::warn!(file = %name, "sled ledger: removed an unfinished snapshot");
+        }
+    }
+    Ok(())
+}
+
 impl SledLedger {
     /// Opens (or creates) the ledger in `dir`. Fails if another process holds it.
     pub fn open(dir: &Path) -> Result<Self, LedgerError> {
+        drop_unfinished_snapshots(dir)?;
         let db = sled::Config::new()
             .path(dir)
             // sled's page cache; the ledger holds 40-byte keys, so this bounds memory.

@@ -304,6 +304,44 @@ async fn a_full_disk_fails_stop_and_loses_nothing() {
     drop(fs);
 }
 
+/// An orchestrator restarts the process at once, while the disk is still
+/// full: that start must fail without damaging the ledger, so that once
+/// space returns the next start recovers everything. (Found by the nemesis:
+/// sled opened on a full filesystem left a database that never opened
+/// again, "Read corrupted data".)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restart_on_a_still_full_disk_fails_and_damages_nothing() {
+    let base = tempfile::tempdir().unwrap();
+    let fs = match mount_tmpfs(base.path(), "16m") {
+        Ok(fs) => fs,
+        Err(e) => {
+            crate::common::skip::skipped(
+                "real-disk-fault-test",
+                &format!("cannot mount a tmpfs here ({e})"),
+            );
+            return;
+        }
+    };
+    let data = base.path().join("data");
+    let mut filler = None;
+    let run = consume_until_fail_stop(&data, || filler = Some(fill(base.path()))).await;
+    for _ in 0..3 {
+        let out = crate::common::process::command()
+            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(&data)
+            .env_remove("STATESEAL_LOG")
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "started on a full disk");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("ledger unavailable"), "{err}");
+        eprintln!("start on a full disk: {}", err.lines().last().unwrap_or(""));
+    }
+    std::fs::remove_file(filler.unwrap()).unwrap();
+    restart_and_recheck(&data, "full disk, restarted while full", run).await;
+    drop(fs);
+}
+
 /// The loss this guards against (an `fdatasync` that returns 0 while the
 /// kernel aborts the journal, the write then lost) needs a round to race the
 /// error, so the fault is raised several times, each on a fresh filesystem.
@@ -389,4 +427,39 @@ async fn a_sled_writer_dead_on_a_read_only_filesystem_is_not_ready() {
     assert!(ledger.consume(&consumed).await.is_err());
     assert!(ledger.consume(&key()).await.is_err());
     assert!(!ledger.ready().await);
+}
+
+/// A snapshot write that hits a full disk leaves sled 0.34 an unfinished,
+/// empty `snap.<LSN>.generating`, which its next open takes for the latest
+/// snapshot and refuses ("Read corrupted data"): the replica could never be
+/// restarted. Found by the nemesis (a restart while the disk was still
+/// full); here the file sled leaves is planted directly. The ledger drops it
+/// at open (it holds nothing the log does not) and every consumption is
+/// still there.
+#[tokio::test]
+async fn an_unfinished_sled_snapshot_does_not_stop_a_restart() {
+    use stateseal::internals::ledger::sled::SledLedger;
+    use stateseal::internals::ledger::{Consumed, Ledger, LedgerKey, TenantTag};
+    let base = tempfile::tempdir().unwrap();
+    let dir = base.path().join("ledger");
+    let keys: Vec<LedgerKey> = (0..50u8)
+        .map(|i| LedgerKey {
+            expires_at: 4_000_000_000,
+            id: [i; 32],
+            tenant: TenantTag::default(),
+        })
+        .collect();
+    {
+        let ledger = SledLedger::open(&dir).unwrap();
+        for k in &keys {
+            assert_eq!(ledger.consume(k).await.unwrap(), Consumed::Now);
+        }
+    }
+    let unfinished = dir.join("snap.7FFFFFFFFFFFFFFF.generating");
+    std::fs::write(&unfinished, b"").unwrap();
+    let ledger = SledLedger::open(&dir).expect("the ledger opens past an unfinished snapshot");
+    for k in &keys {
+        assert_eq!(ledger.consume(k).await.unwrap(), Consumed::Before);
+    }
+    assert!(!unfinished.exists());
 }

@@ -149,6 +149,19 @@ impl PrivatePg {
     }
 }
 
+impl PrivatePg {
+    /// `pg_ctl restart -m MODE` (`fast` or `immediate`), waiting until the
+    /// server accepts connections again on the same port.
+    pub fn restart(&self, mode: &str) {
+        run(as_postgres(&self.bin, "pg_ctl")
+            .args(["-w", "-t", "60", "-m", mode, "-D"])
+            .arg(&self.data)
+            .arg("-l")
+            .arg(self._dir.path().join("log"))
+            .arg("restart"));
+    }
+}
+
 impl Drop for PrivatePg {
     fn drop(&mut self) {
         let _ = as_postgres(&self.bin, "pg_ctl")

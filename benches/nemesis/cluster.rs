@@ -1,0 +1,402 @@
+//! The system under test: the replicas (processes of the real binary, under
+//! the clock shim, each in its own network namespace on PostgreSQL), the
+//! private PostgreSQL, the proxies, and the operations the nemesis applies
+//! to them.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use super::net::{sh, Chain, Netns};
+use super::private_pg::{self, PrivatePg};
+use super::proxy::Proxy;
+use super::{Config, Store};
+
+/// The lease every reservation asks for, and the servers' maximum.
+pub const LEASE_S: u32 = 2;
+/// The servers' `--db-timeout-ms`.
+pub const DB_TIMEOUT_MS: u64 = 1000;
+const GRPC_PORT: u16 = 50051;
+
+pub struct Replica {
+    pub idx: usize,
+    pub ns: Option<Netns>,
+    /// Where the callers connect (through the client proxy on PostgreSQL).
+    pub client_addr: SocketAddr,
+    pub db_proxy: Option<Proxy>,
+    pub client_proxy: Option<Proxy>,
+    args: Vec<String>,
+    shim: PathBuf,
+    log: PathBuf,
+    offset_file: PathBuf,
+    pub data_dir: PathBuf,
+    child: tokio::sync::Mutex<Option<Child>>,
+}
+
+pub struct Cluster {
+    pub store: Store,
+    pub replicas: Vec<Replica>,
+    pub pg: Option<std::sync::Mutex<PrivatePg>>,
+    /// The sled replica's tmpfs.
+    tmpfs: Option<PathBuf>,
+    exits: AtomicUsize,
+}
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_stateseal")
+}
+
+fn free_port() -> u16 {
+    private_pg::free_port()
+}
+
+impl Cluster {
+    pub async fn start(cfg: &Config, dir: &Path) -> Cluster {
+        let shim = super::skew::shim(dir).expect("the clock shim needs cc");
+        let keyset = super::process::keys_init(dir);
+        let ttl = (cfg.duration.as_secs() + 3600).to_string();
+        let lease = LEASE_S.to_string();
+        let common = |listen: String, data: &Path| -> Vec<String> {
+            [
+                "serve",
+                "--listen",
+                &listen,
+                "--data-dir",
+                data.to_str().unwrap(),
+                "--keyset",
+                &keyset,
+                "--clock-skew",
+                &super::schedule::CLOCK_SKEW_S.to_string(),
+                "--default-lease-s",
+                &lease,
+                "--max-lease-s",
+                &lease,
+                "--max-ttl",
+                &ttl,
+                "--max-ledger-records",
+                "5000000",
+            ]
+            .map(String::from)
+            .to_vec()
+        };
+        let mut replicas = Vec::new();
+        let (pg, tmpfs) = match cfg.store {
+            Store::Postgres => {
+                let pg_bin = private_pg::available().unwrap();
+                let pg = PrivatePg::start(&pg_bin, None, "max_connections = 200\n");
+                let upstream: SocketAddr = ([127, 0, 0, 1], pg.port).into();
+                for idx in 0..3u8 {
+                    let db_port = free_port();
+                    let ns = Netns::create(idx, db_port, GRPC_PORT).unwrap();
+                    let db_proxy = Proxy::start(
+                        (ns.host_ip, db_port).into(),
+                        upstream,
+                        cfg.seed ^ u64::from(idx),
+                    )
+                    .await;
+                    let client_proxy = Proxy::start(
+                        (Ipv4Addr::LOCALHOST, 0).into(),
+                        (ns.ns_ip, GRPC_PORT).into(),
+                        cfg.seed ^ (u64::from(idx) << 8),
+                    )
+                    .await;
+                    let data = dir.join(format!("replica{idx}"));
+                    let mut args = common(format!("{}:{GRPC_PORT}", ns.ns_ip), &data);
+                    let url = format!(
+                        "postgres://postgres@{}:{db_port}/postgres?sslmode=disable",
+                        ns.host_ip
+                    );
+                    args.extend(
+                        [
+                            "--ledger",
+                            "postgres",
+                            "--database-url",
+                            &url,
+                            "--expected-replicas",
+                            "3",
+                            "--db-timeout-ms",
+                            &DB_TIMEOUT_MS.to_string(),
+                            "--insecure-plaintext",
+                        ]
+                        .map(String::from),
+                    );
+                    replicas.push(Replica::new(
+                        idx.into(),
+                        Some(ns),
+                        client_proxy.addr,
+                        Some(db_proxy),
+                        Some(client_proxy),
+                        args,
+                        &shim,
+                        dir,
+                        data,
+                    ));
+                }
+                (Some(std::sync::Mutex::new(pg)), None)
+            }
+            Store::Sled => {
+                let mnt = dir.join("tmpfs");
+                std::fs::create_dir_all(&mnt).unwrap();
+                sh(Command::new("mount")
+                    .args(["-t", "tmpfs", "-o", "size=512m", "tmpfs"])
+                    .arg(&mnt))
+                .unwrap();
+                let port = free_port();
+                let data = mnt.join("data");
+                let args = common(format!("127.0.0.1:{port}"), &data);
+                replicas.push(Replica::new(
+                    0,
+                    None,
+                    ([127, 0, 0, 1], port).into(),
+                    None,
+                    None,
+                    args,
+                    &shim,
+                    dir,
+                    data,
+                ));
+                (None, Some(mnt))
+            }
+        };
+        let c = Cluster {
+            store: cfg.store,
+            replicas,
+            pg,
+            tmpfs,
+            exits: AtomicUsize::new(0),
+        };
+        for r in &c.replicas {
+            let mut child = r.child.lock().await;
+            *child = Some(r.spawn().await);
+        }
+        c
+    }
+
+    /// Replicas that exited without the nemesis killing them (restarted by
+    /// [`Cluster::supervise`]).
+    pub fn exits(&self) -> usize {
+        self.exits.load(Ordering::Relaxed)
+    }
+
+    /// Restarts a replica that exited on its own; called every half second.
+    pub async fn supervise(&self) {
+        for r in &self.replicas {
+            // A replica a fault holds (paused, being restarted) is its.
+            let Ok(mut child) = r.child.try_lock() else {
+                continue;
+            };
+            let exited = match child.as_mut() {
+                Some(c) => c.try_wait().ok().flatten(),
+                None => None,
+            };
+            if let Some(status) = exited {
+                self.exits.fetch_add(1, Ordering::Relaxed);
+                eprintln!(
+                    "nemesis: replica{} exited on its own ({status}); last log lines:\n{}",
+                    r.idx,
+                    r.log_tail(5)
+                );
+                *child = Some(r.spawn().await);
+            }
+        }
+    }
+
+    /// Every fault healed by the schedule; here every replica is made sure
+    /// to run and to answer.
+    pub async fn recover(&self) {
+        for r in &self.replicas {
+            r.set_clock(0);
+            if let Some(p) = &r.db_proxy {
+                p.set(0, 0);
+            }
+            if let Some(p) = &r.client_proxy {
+                p.set(0, 0);
+            }
+            if let Some(ns) = &r.ns {
+                for c in [
+                    Chain::DbIn,
+                    Chain::DbOut,
+                    Chain::ClientsIn,
+                    Chain::ClientsOut,
+                ] {
+                    ns.heal(c).unwrap();
+                }
+            }
+            r.signal("CONT");
+        }
+        self.supervise().await;
+    }
+
+    pub async fn shutdown(&self) {
+        for r in &self.replicas {
+            if let Some(mut c) = r.child.lock().await.take() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+        if let Some(mnt) = &self.tmpfs {
+            let _ = sh(Command::new("umount").arg(mnt));
+        }
+    }
+
+    pub fn pg_restart(&self, mode: &str) {
+        if let Some(pg) = &self.pg {
+            pg.lock().unwrap().restart(mode);
+        }
+    }
+
+    /// Fills the sled replica's tmpfs; returns the filler to delete.
+    pub fn fill_disk(&self) -> Option<PathBuf> {
+        use std::io::Write;
+        let mnt = self.tmpfs.as_ref()?;
+        let path = mnt.join("filler");
+        let mut f = std::fs::File::create(&path).ok()?;
+        let block = vec![0u8; 1 << 20];
+        while f.write_all(&block).is_ok() {}
+        let _ = f.flush();
+        Some(path)
+    }
+}
+
+impl Replica {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        idx: usize,
+        ns: Option<Netns>,
+        client_addr: SocketAddr,
+        db_proxy: Option<Proxy>,
+        client_proxy: Option<Proxy>,
+        args: Vec<String>,
+        shim: &Path,
+        dir: &Path,
+        data_dir: PathBuf,
+    ) -> Replica {
+        let r = Replica {
+            idx,
+            ns,
+            client_addr,
+            db_proxy,
+            client_proxy,
+            args,
+            shim: shim.to_owned(),
+            log: dir.join(format!("replica{idx}.log")),
+            offset_file: dir.join(format!("replica{idx}.offset")),
+            data_dir,
+            child: tokio::sync::Mutex::new(None),
+        };
+        r.set_clock(0);
+        r
+    }
+
+    /// Starts the process and waits for its "listening" line; a start that
+    /// fails (the database unreachable, the disk full) is tried again every
+    /// half second, as an orchestrator would, for two minutes at most.
+    async fn spawn(&self) -> Child {
+        let give_up = Instant::now() + Duration::from_secs(120);
+        loop {
+            match self.try_spawn().await {
+                Ok(child) => return child,
+                Err(why) => {
+                    eprintln!("nemesis: replica{} did not start: {why}", self.idx);
+                    assert!(
+                        Instant::now() < give_up,
+                        "replica{} could not be restarted for two minutes: {why}",
+                        self.idx
+                    );
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            }
+        }
+    }
+
+    async fn try_spawn(&self) -> Result<Child, String> {
+        let before = std::fs::metadata(&self.log).map(|m| m.len()).unwrap_or(0);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let mut cmd = match &self.ns {
+            Some(ns) => ns.exec(bin()),
+            None => Command::new(bin()),
+        };
+        cmd.args(&self.args)
+            .env("LD_PRELOAD", &self.shim)
+            .env("STATESEAL_TEST_CLOCK_OFFSET_FILE", &self.offset_file)
+            .env_remove("STATESEAL_LOG")
+            .env_remove("STATESEAL_DATABASE_URL")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log);
+        let mut child = cmd.spawn().expect("spawn stateseal");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let text = std::fs::read(&self.log).unwrap_or_default();
+            let new =
+                String::from_utf8_lossy(&text[(before as usize).min(text.len())..]).into_owned();
+            if new.contains("listening") {
+                return Ok(child);
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(format!("{status}: {}", new.lines().last().unwrap_or("")));
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("no \"listening\" line in 60 s: {new}"));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn log_tail(&self, n: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+
+    pub fn set_clock(&self, secs: i64) {
+        let tmp = self.offset_file.with_extension("tmp");
+        std::fs::write(&tmp, secs.to_string()).unwrap();
+        std::fs::rename(&tmp, &self.offset_file).unwrap();
+    }
+
+    /// `kill -SIG` the running process (STOP, CONT).
+    pub fn signal(&self, sig: &str) {
+        if let Ok(child) = self.child.try_lock() {
+            if let Some(c) = child.as_ref() {
+                let _ = Command::new("kill")
+                    .arg(format!("-{sig}"))
+                    .arg(c.id().to_string())
+                    .status();
+            }
+        }
+    }
+
+    /// `kill -9`, then a restart after `down`.
+    pub async fn kill_restart(&self, down: Duration) {
+        let mut child = self.child.lock().await;
+        if let Some(mut c) = child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        tokio::time::sleep(down).await;
+        *child = Some(self.spawn().await);
+    }
+
+    /// SIGSTOP for `d`, then SIGCONT; holds the process so that neither the
+    /// supervisor nor a kill touches it meanwhile.
+    pub async fn pause(&self, d: Duration) {
+        let child = self.child.lock().await;
+        let pid = child.as_ref().map(|c| c.id().to_string());
+        if let Some(pid) = &pid {
+            let _ = Command::new("kill").args(["-STOP", pid]).status();
+        }
+        tokio::time::sleep(d).await;
+        if let Some(pid) = &pid {
+            let _ = Command::new("kill").args(["-CONT", pid]).status();
+        }
+    }
+}

@@ -1,0 +1,331 @@
+//! The nemesis in its short mode (docs/security.md, "The nemesis"): three
+//! replicas on PostgreSQL for two minutes, then one on sled, under combined
+//! faults; the checker must find no violation and resolve every
+//! indeterminate outcome. And the checker itself, on histories that break
+//! each of its rules.
+#![allow(clippy::unwrap_used)]
+
+#[path = "../benches/nemesis/mod.rs"]
+mod nemesis;
+
+use std::time::Duration;
+
+use nemesis::checker::check;
+use nemesis::history::Op;
+
+fn short(store: nemesis::Store, secs: u64, min_ops: u64, min_faults: usize) {
+    if let Some(why) = nemesis::unavailable(store) {
+        nemesis::skip::skipped(&format!("nemesis-{}", store.name()), &why);
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let history = dir.path().join("history.jsonl");
+    let seed = std::env::var("STATESEAL_NEMESIS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random);
+    // Two minutes at least, and then until the floors are reached (on a
+    // slow machine the faults stall more of the callers), five at most.
+    let cfg = nemesis::Config {
+        min_operations: min_ops,
+        min_faults,
+        max_duration: Duration::from_secs(300),
+        ..nemesis::Config::timed(Duration::from_secs(secs), history.clone(), seed, store, 128)
+    };
+    let s = nemesis::run(&cfg);
+    let v = &s.verdict;
+    println!(
+        "nemesis ({}, seed {seed}): by outcome {:?}; faults {:?}; replicas that exited on their own {}",
+        store.name(),
+        v.by_outcome,
+        s.faults_by_kind,
+        s.replica_exits
+    );
+    println!("{}", s.line());
+    assert!(
+        v.violations.is_empty(),
+        "seed {seed}: {} violations: {:#?}",
+        v.violations.len(),
+        &v.violations[..v.violations.len().min(20)]
+    );
+    assert_eq!(
+        v.unconfirmed, 0,
+        "seed {seed}: acknowledged uses the final replay could not confirm"
+    );
+    assert_eq!(
+        v.resolved, v.indeterminate,
+        "seed {seed}: indeterminate outcomes left unresolved"
+    );
+    assert!(
+        v.operations >= min_ops,
+        "seed {seed}: {} operations, want {min_ops}",
+        v.operations
+    );
+    assert!(
+        s.faults >= min_faults,
+        "seed {seed}: {} faults, want {min_faults}",
+        s.faults
+    );
+    assert!(
+        v.acknowledged_uses > 0,
+        "seed {seed}: nothing was ever used"
+    );
+}
+
+/// Both stores, one after the other: each run wants the machine to itself.
+#[test]
+fn nemesis_short_runs() {
+    short(nemesis::Store::Postgres, 120, 50_000, 20);
+    short(nemesis::Store::Sled, 60, 25_000, 10);
+}
+
+fn op(process: &str, op: &str, token: &str, attempt: &str, t: (f64, f64), outcome: &str) -> Op {
+    Op {
+        process: process.into(),
+        op: op.into(),
+        token: token.into(),
+        attempt: Some(attempt.into()),
+        reservation: None,
+        invoke: t.0,
+        complete: t.1,
+        outcome: outcome.into(),
+        reason: None,
+        consumed: None,
+        replica: Some(0),
+        lease: None,
+    }
+}
+fn consume(attempt: &str, t: (f64, f64), consumed: bool) -> Op {
+    Op {
+        consumed: Some(consumed),
+        ..op("c0", "open_consume", "t1", attempt, t, "ok")
+    }
+}
+fn reserve(attempt: &str, r: &str, t: (f64, f64), lease: f64) -> Op {
+    Op {
+        reservation: Some(r.into()),
+        consumed: Some(false),
+        lease: Some(lease),
+        ..op("c0", "open_reserve", "t1", attempt, t, "ok")
+    }
+}
+fn settle(what: &str, attempt: &str, r: &str, t: (f64, f64), outcome: &str) -> Op {
+    Op {
+        reservation: Some(r.into()),
+        ..op("c0", what, "t1", attempt, t, outcome)
+    }
+}
+fn replayed(t: (f64, f64)) -> Op {
+    Op {
+        reason: Some("REPLAYED".into()),
+        consumed: Some(false),
+        ..op("final", "open_consume", "t1", "z", t, "fail")
+    }
+}
+fn info(mut o: Op) -> Op {
+    o.outcome = "info".into();
+    o.reason = Some("timeout".into());
+    o
+}
+
+#[test]
+fn checker_passes_a_clean_history_and_resolves_what_was_indeterminate() {
+    let v = check(
+        vec![
+            reserve("a1", "r1", (1.0, 1.1), 2.0),
+            Op {
+                lease: Some(2.0),
+                ..settle("renew", "a1", "r1", (1.5, 1.6), "ok")
+            },
+            settle("commit", "a1", "r1", (1.7, 1.8), "ok"),
+            // The same attempt again gets the same success.
+            consume("a1", (1.9, 2.0), true),
+            Op {
+                reason: Some("REPLAYED".into()),
+                ..consume("a2", (2.1, 2.2), false)
+            },
+            info(consume("a3", (2.3, 5.0), false)),
+            replayed((10.0, 10.1)),
+        ],
+        0.0,
+    );
+    assert!(v.violations.is_empty(), "{:?}", v.violations);
+    assert_eq!(
+        (v.indeterminate, v.resolved, v.acknowledged_uses),
+        (1, 1, 1)
+    );
+}
+
+#[test]
+fn checker_finds_two_uses() {
+    let v = check(
+        vec![
+            consume("a1", (1.0, 1.1), true),
+            settle("commit", "a2", "r2", (0.5, 1.2), "ok"),
+            replayed((10.0, 10.1)),
+        ],
+        0.0,
+    );
+    assert!(
+        v.violations
+            .iter()
+            .any(|x| x.contains("used by 2 attempts")),
+        "{:?}",
+        v.violations
+    );
+}
+
+#[test]
+fn checker_finds_overlapping_leases_but_not_successive_ones() {
+    let overlap = check(
+        vec![
+            reserve("a1", "r1", (1.0, 1.1), 2.0),
+            reserve("a2", "r2", (2.0, 2.1), 2.0),
+        ],
+        0.0,
+    );
+    assert!(
+        overlap.violations.iter().any(|x| x.contains("overlapped")),
+        "{:?}",
+        overlap.violations
+    );
+    // A renew extends the window.
+    let renewed = check(
+        vec![
+            reserve("a1", "r1", (1.0, 1.1), 2.0),
+            Op {
+                lease: Some(2.0),
+                ..settle("renew", "a1", "r1", (2.5, 2.6), "ok")
+            },
+            reserve("a2", "r2", (3.5, 3.6), 2.0),
+        ],
+        0.0,
+    );
+    assert!(
+        renewed.violations.iter().any(|x| x.contains("overlapped")),
+        "{:?}",
+        renewed.violations
+    );
+    let after = check(
+        vec![
+            reserve("a1", "r1", (1.0, 1.1), 2.0),
+            reserve("a2", "r2", (3.2, 3.3), 2.0),
+        ],
+        0.0,
+    );
+    assert!(after.violations.is_empty(), "{:?}", after.violations);
+    // A release ends the window.
+    let released = check(
+        vec![
+            reserve("a1", "r1", (1.0, 1.1), 2.0),
+            settle("release", "a1", "r1", (1.2, 1.3), "ok"),
+            reserve("a2", "r2", (1.4, 1.5), 2.0),
+        ],
+        0.0,
+    );
+    assert!(released.violations.is_empty(), "{:?}", released.violations);
+    assert!(after.violations.is_empty(), "{:?}", after.violations);
+    // With a slack of 1 s the first window ends at 2.0.
+    let slack = check(
+        vec![
+            reserve("a1", "r1", (1.0, 1.1), 2.0),
+            reserve("a2", "r2", (2.5, 2.6), 2.0),
+        ],
+        1.0,
+    );
+    assert!(slack.violations.is_empty(), "{:?}", slack.violations);
+}
+
+#[test]
+fn checker_finds_a_grant_after_a_use_and_a_commit_after_a_takeover() {
+    let grant = check(
+        vec![
+            consume("a1", (1.0, 1.1), true),
+            reserve("a2", "r2", (5.0, 5.1), 2.0),
+            settle("release", "a2", "r2", (5.2, 5.3), "ok"),
+            replayed((10.0, 10.1)),
+        ],
+        0.0,
+    );
+    assert!(
+        grant.violations.iter().any(|x| x.contains("after the use")),
+        "{:?}",
+        grant.violations
+    );
+    let takeover = check(
+        vec![
+            reserve("a1", "r1", (1.0, 1.1), 2.0),
+            reserve("a2", "r2", (3.5, 3.6), 2.0),
+            settle("release", "a2", "r2", (3.7, 3.8), "ok"),
+            settle("commit", "a1", "r1", (4.0, 4.1), "ok"),
+            replayed((10.0, 10.1)),
+        ],
+        0.0,
+    );
+    assert!(
+        takeover
+            .violations
+            .iter()
+            .any(|x| x.contains("was granted the token")),
+        "{:?}",
+        takeover.violations
+    );
+    let inside = check(
+        vec![
+            reserve("a1", "r1", (1.0, 1.1), 5.0),
+            consume("a2", (2.0, 2.1), true),
+            replayed((10.0, 10.1)),
+        ],
+        0.0,
+    );
+    assert!(
+        inside.violations.iter().any(|x| x.contains("during lease")),
+        "{:?}",
+        inside.violations
+    );
+}
+
+#[test]
+fn checker_finds_a_lost_use_and_a_phantom_one() {
+    let lost = check(
+        vec![
+            consume("a1", (1.0, 1.1), true),
+            Op {
+                consumed: Some(true),
+                ..op("final", "open_consume", "t1", "z", (10.0, 10.1), "ok")
+            },
+        ],
+        0.0,
+    );
+    assert!(
+        lost.violations.iter().any(|x| x.contains("lost")),
+        "{:?}",
+        lost.violations
+    );
+    let phantom = check(
+        vec![
+            Op {
+                reason: Some("IN_USE".into()),
+                ..op("c0", "open_consume", "t1", "a1", (1.0, 1.1), "fail")
+            },
+            replayed((10.0, 10.1)),
+        ],
+        0.0,
+    );
+    assert!(
+        phantom
+            .violations
+            .iter()
+            .any(|x| x.contains("failed definitely")),
+        "{:?}",
+        phantom.violations
+    );
+    let unresolved = check(
+        vec![
+            info(consume("a1", (1.0, 5.0), false)),
+            info(replayed((10.0, 14.0))),
+        ],
+        0.0,
+    );
+    assert_eq!((unresolved.indeterminate, unresolved.resolved), (1, 0));
+}
