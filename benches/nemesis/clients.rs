@@ -30,6 +30,17 @@ use super::{Config, Stop};
 const CALL_TIMEOUT: Duration = Duration::from_millis(1500);
 const HARD_TIMEOUT: Duration = Duration::from_millis(2500);
 
+/// The reasons that mean nothing happened.
+const DEFINITE: &[&str] = &[
+    "REPLAYED",
+    "IN_USE",
+    "LEASE_EXPIRED",
+    "CLOCK_UNSYNCED",
+    "OVERLOADED",
+    "MALFORMED",
+    "TOO_LARGE",
+];
+
 struct Abandoned {
     ready: Instant,
     n: u64,
@@ -162,9 +173,12 @@ impl Workload {
             Err(_) => Answer::Info("timeout".into()),
             Ok(Ok(r)) => Answer::Ok(r.into_inner()),
             Ok(Err(s)) => match stateseal::internals::status::reason_of(&s) {
-                // The ledger may have applied what it could not confirm.
-                Some(r) if r == "LEDGER_UNAVAILABLE" || r == "AUDIT_UNAVAILABLE" => Answer::Info(r),
-                Some(r) => Answer::Fail(r),
+                // Refusals decided before anything is written. Any other
+                // reason may come after the ledger acted (LEDGER_UNAVAILABLE:
+                // it could not confirm; EXPIRED: decided after the token
+                // expired), so it is indeterminate.
+                Some(r) if DEFINITE.contains(&r.as_str()) => Answer::Fail(r),
+                Some(r) => Answer::Info(r),
                 None => Answer::Info(format!("{:?}", s.code())),
             },
         }
@@ -362,8 +376,14 @@ impl Workload {
             self.open_once(p, n, token, m1, &a1, r1),
             self.open_once(p, n, token, m2, &a2, r2)
         );
-        for (a, x) in [(a1, x1), (a2, x2)] {
-            if let Answer::Ok(r) = x {
+        for ((a, x), m) in [(a1, x1), (a2, x2)].into_iter().zip([m1, m2]) {
+            let x = match x {
+                // Indeterminate: resent with the same attempt id.
+                Answer::Info(_) => self.open(p, n, token, m, &a, rng).await,
+                Answer::Ok(r) => Some(r),
+                Answer::Fail(_) => None,
+            };
+            if let Some(r) = x {
                 if !r.reservation.is_empty() {
                     let rid = self.reservation_id(&r.reservation);
                     self.settle(p, "commit", n, &a, &rid, &r.reservation, rng)
@@ -469,7 +489,7 @@ impl Workload {
     }
 
     /// After recovery: every token sealed is opened once more with a fresh
-    /// attempt, until a definite answer (leases still held run out first;
+    /// attempt (resent with the same id), until a definite answer (leases still held run out first;
     /// two minutes at most per token).
     pub async fn final_replay(self: &Arc<Self>) {
         let tokens = std::mem::take(&mut *self.tokens.lock().unwrap());
@@ -484,8 +504,10 @@ impl Workload {
                     };
                     let deadline = Instant::now() + Duration::from_secs(120);
                     let mut i = w;
+                    // One attempt id, resent: a try that consumed before its
+                    // answer was lost gets the same success again.
+                    let a = me.attempt();
                     loop {
-                        let a = me.attempt();
                         i += 1;
                         let x = me
                             .open_once(

@@ -282,8 +282,10 @@ async fn restart_and_recheck(data: &Path, fault: &str, run: Run) {
     assert!(st.success());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_full_disk_fails_stop_and_loses_nothing() {
+/// A 16 MiB tmpfs filled under consumption until the server fails stop;
+/// `restarts_while_full` starts attempted before space returns (each must
+/// fail); then the restart and the re-check.
+async fn full_disk(what: &str, restarts_while_full: usize) {
     let base = tempfile::tempdir().unwrap();
     let fs = match mount_tmpfs(base.path(), "16m") {
         Ok(fs) => fs,
@@ -298,34 +300,7 @@ async fn a_full_disk_fails_stop_and_loses_nothing() {
     let data = base.path().join("data");
     let mut filler = None;
     let run = consume_until_fail_stop(&data, || filler = Some(fill(base.path()))).await;
-    // Space returns; the process is restarted.
-    std::fs::remove_file(filler.unwrap()).unwrap();
-    restart_and_recheck(&data, "full disk", run).await;
-    drop(fs);
-}
-
-/// An orchestrator restarts the process at once, while the disk is still
-/// full: that start must fail without damaging the ledger, so that once
-/// space returns the next start recovers everything. (Found by the nemesis:
-/// sled opened on a full filesystem left a database that never opened
-/// again, "Read corrupted data".)
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_restart_on_a_still_full_disk_fails_and_damages_nothing() {
-    let base = tempfile::tempdir().unwrap();
-    let fs = match mount_tmpfs(base.path(), "16m") {
-        Ok(fs) => fs,
-        Err(e) => {
-            crate::common::skip::skipped(
-                "real-disk-fault-test",
-                &format!("cannot mount a tmpfs here ({e})"),
-            );
-            return;
-        }
-    };
-    let data = base.path().join("data");
-    let mut filler = None;
-    let run = consume_until_fail_stop(&data, || filler = Some(fill(base.path()))).await;
-    for _ in 0..3 {
+    for _ in 0..restarts_while_full {
         let out = crate::common::process::command()
             .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(&data)
@@ -335,11 +310,24 @@ async fn a_restart_on_a_still_full_disk_fails_and_damages_nothing() {
         assert!(!out.status.success(), "started on a full disk");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains("ledger unavailable"), "{err}");
-        eprintln!("start on a full disk: {}", err.lines().last().unwrap_or(""));
     }
+    // Space returns; the process is restarted.
     std::fs::remove_file(filler.unwrap()).unwrap();
-    restart_and_recheck(&data, "full disk, restarted while full", run).await;
+    restart_and_recheck(&data, what, run).await;
     drop(fs);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_full_disk_fails_stop_and_loses_nothing() {
+    full_disk("full disk", 0).await;
+}
+
+/// An orchestrator restarts the process at once, while the disk is still
+/// full: those starts fail, and once space returns the next one recovers
+/// everything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restart_on_a_still_full_disk_fails_and_damages_nothing() {
+    full_disk("full disk, restarted while full", 3).await;
 }
 
 /// The loss this guards against (an `fdatasync` that returns 0 while the
