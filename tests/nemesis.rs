@@ -314,7 +314,10 @@ fn checker_finds_a_grant_after_a_use_and_a_commit_after_a_takeover() {
         &[],
     );
     assert!(
-        inside.violations.iter().any(|x| x.contains("against lease")),
+        inside
+            .violations
+            .iter()
+            .any(|x| x.contains("against lease")),
         "{:?}",
         inside.violations
     );

@@ -806,11 +806,17 @@ impl Ledger for PgLedger {
         // The horizon is the earlier of the caller's and the database's
         // clock minus the skew: a replica whose clock runs ahead cannot
         // delete live rows.
+        // Each DELETE repeats its conditions on the row it deletes: the
+        // subquery picks ids from the statement's snapshot, and when a row
+        // changed meanwhile (a takeover committed while the DELETE waited
+        // for it) PostgreSQL re-checks only the DELETE's own conditions on
+        // the new version, never the subquery's.
         let sql = format!(
             "DELETE FROM {TABLE} WHERE id IN
                (SELECT id FROM {TABLE}
                  WHERE expires_at < LEAST($1, extract(epoch FROM statement_timestamp())::bigint - $3)
-                 ORDER BY expires_at LIMIT $2)"
+                 ORDER BY expires_at LIMIT $2)
+               AND expires_at < LEAST($1, extract(epoch FROM statement_timestamp())::bigint - $3)"
         );
         let mut removed = timed(
             "gc delete",
@@ -825,7 +831,9 @@ impl Ledger for PgLedger {
                (SELECT id FROM {TABLE}
                  WHERE state = 1
                    AND lease_until < LEAST($1, extract(epoch FROM statement_timestamp())::bigint - $3)
-                 LIMIT $2)"
+                 LIMIT $2)
+               AND state = 1
+               AND lease_until < LEAST($1, extract(epoch FROM statement_timestamp())::bigint - $3)"
         );
         removed += timed(
             "gc delete leases",

@@ -650,3 +650,66 @@ async fn postgres_collector_vacuums_itself_only_without_autovacuum() {
         }
     }
 }
+
+/// Collection picks ended leases in a subquery, then deletes by id. A
+/// takeover whose Commit lands while that DELETE waits for the row must
+/// survive it: PostgreSQL re-checks only the DELETE's own conditions on the
+/// new row version. Found by the nemesis (two acknowledged Commits lost,
+/// their tokens consumed again by the final replay); here a transaction
+/// holds the row with a Commit's update while collection runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_collection_never_deletes_a_commit_that_raced_it() {
+    let Some((l, pg)) = postgres().await else {
+        return;
+    };
+    let k = key(FAR);
+    reserved_now(l.reserve(&k, ask(1, 1), wall_now()).await.unwrap());
+    // Abandoned: the lease ends (no skew here; whole seconds).
+    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+    let (client, conn) = tokio_postgres::connect(&pg.url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    client.batch_execute("BEGIN").await.unwrap();
+    let updated = client
+        .execute(
+            "UPDATE stateseal_consumed_v1 SET state = 2, lease_until = NULL, rid = NULL, attempt = NULL
+              WHERE id = $1",
+            &[&&k.id[..]],
+        )
+        .await
+        .unwrap();
+    assert_eq!(updated, 1);
+    let gc = tokio::spawn({
+        let l = l.clone();
+        async move { l.remove_expired(wall_now(), 1000).await }
+    });
+    // Until collection's DELETE waits for the row.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let waiting: i64 = client
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity
+                  WHERE wait_event_type = 'Lock' AND query LIKE 'DELETE FROM stateseal_consumed_v1%'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if waiting > 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "collection never waited for the row"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    client.batch_execute("COMMIT").await.unwrap();
+    gc.await.unwrap().unwrap();
+    assert_eq!(
+        l.consume(&k).await.unwrap(),
+        Consumed::Before,
+        "collection deleted a committed consumption"
+    );
+}
