@@ -66,21 +66,27 @@ impl Clock {
     }
 }
 
-/// Appends history lines from any task.
-pub struct Writer {
+/// Appends JSON lines from any task: the history ([`Writer`]) and the
+/// fault windows ([`FaultLog`]).
+pub struct JsonLines<T> {
     out: Mutex<Option<std::io::BufWriter<std::fs::File>>>,
     clock: Clock,
     count: std::sync::atomic::AtomicU64,
+    _line: std::marker::PhantomData<fn(&T)>,
 }
 
-impl Writer {
-    pub fn create(path: &Path) -> Writer {
+pub type Writer = JsonLines<Op>;
+pub type FaultLog = JsonLines<Fault>;
+
+impl<T: Serialize> JsonLines<T> {
+    pub fn create(path: &Path, clock: Clock) -> JsonLines<T> {
         let f = std::fs::File::create(path)
-            .unwrap_or_else(|e| panic!("cannot create the history {}: {e}", path.display()));
-        Writer {
+            .unwrap_or_else(|e| panic!("cannot create {}: {e}", path.display()));
+        JsonLines {
             out: Mutex::new(Some(std::io::BufWriter::with_capacity(1 << 20, f))),
-            clock: Clock::new(),
+            clock,
             count: Default::default(),
+            _line: std::marker::PhantomData,
         }
     }
     pub fn clock(&self) -> Clock {
@@ -89,11 +95,11 @@ impl Writer {
     pub fn now(&self) -> f64 {
         self.clock.now()
     }
-    pub fn record(&self, op: &Op) {
-        let mut line = serde_json::to_vec(op).unwrap();
-        line.push(b'\n');
+    pub fn record(&self, line: &T) {
+        let mut bytes = serde_json::to_vec(line).unwrap();
+        bytes.push(b'\n');
         if let Some(w) = self.out.lock().unwrap().as_mut() {
-            w.write_all(&line).unwrap();
+            w.write_all(&bytes).unwrap();
         }
         self.count
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -129,35 +135,6 @@ pub fn faults_path(history: &Path) -> PathBuf {
     let mut p = history.as_os_str().to_owned();
     p.push(".faults");
     PathBuf::from(p)
-}
-
-pub struct FaultLog {
-    out: Mutex<Option<std::fs::File>>,
-    clock: Clock,
-}
-
-impl FaultLog {
-    pub fn create(path: &Path, clock: Clock) -> FaultLog {
-        FaultLog {
-            out: Mutex::new(Some(std::fs::File::create(path).unwrap())),
-            clock,
-        }
-    }
-    pub fn now(&self) -> f64 {
-        self.clock.now()
-    }
-    pub fn record(&self, f: &Fault) {
-        let mut line = serde_json::to_vec(f).unwrap();
-        line.push(b'\n');
-        if let Some(w) = self.out.lock().unwrap().as_mut() {
-            w.write_all(&line).unwrap();
-        }
-    }
-    pub fn finish(&self) {
-        if let Some(f) = self.out.lock().unwrap().take() {
-            f.sync_all().unwrap();
-        }
-    }
 }
 
 pub fn read_faults(path: &Path) -> Vec<Fault> {

@@ -185,7 +185,7 @@ async fn run_async(cfg: &Config) -> Summary {
         .prefix("stateseal-nemesis-")
         .tempdir()
         .unwrap();
-    let hist = Arc::new(history::Writer::create(&cfg.history));
+    let hist = Arc::new(history::Writer::create(&cfg.history, history::Clock::new()));
     let faults_file = history::faults_path(&cfg.history);
     let faults = Arc::new(history::FaultLog::create(&faults_file, hist.clock()));
     let cluster = Arc::new(cluster::Cluster::start(cfg, dir.path()).await);
