@@ -680,14 +680,23 @@ async fn postgres_collection_never_deletes_a_commit_that_raced_it() {
         .await
         .unwrap();
     assert_eq!(updated, 1);
-    let gc = tokio::spawn({
+    // pg_stat_activity is read once per transaction: watched from another
+    // connection.
+    let (watch, conn) = tokio_postgres::connect(&pg.url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let start_gc = || {
         let l = l.clone();
-        async move { l.remove_expired(wall_now(), 1000).await }
-    });
-    // Until collection's DELETE waits for the row.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        tokio::spawn(async move { l.remove_expired(wall_now(), 1000).await })
+    };
+    let mut gc = start_gc();
+    // Until collection's DELETE waits for the row. Another ledger on the
+    // shared database may hold collection's lock: then this one returns at
+    // once, and is started again.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     loop {
-        let waiting: i64 = client
+        let waiting: i64 = watch
             .query_one(
                 "SELECT count(*) FROM pg_stat_activity
                   WHERE wait_event_type = 'Lock' AND query LIKE 'DELETE FROM stateseal_consumed_v1%'",
@@ -703,6 +712,11 @@ async fn postgres_collection_never_deletes_a_commit_that_raced_it() {
             std::time::Instant::now() < deadline,
             "collection never waited for the row"
         );
+        if gc.is_finished() {
+            // Lock held elsewhere, or our row lock outlasted its timeout.
+            let _ = gc.await.unwrap();
+            gc = start_gc();
+        }
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
     client.batch_execute("COMMIT").await.unwrap();
