@@ -54,7 +54,7 @@ fn short(store: nemesis::Store, secs: u64, min_ops: u64, min_faults: usize) {
             f,
             "{} (seed {seed}): {} faults by kind {:?}; by outcome {:?}; tokens {}, acknowledged uses {}, unconfirmed {}, seal timeouts {}, lease overlaps excused by clock steps {}, replicas that exited on their own {}, clock drift {:.3} s\n{}",
             store.name(),
-            s.faults,
+            s.faults(),
             s.faults_by_kind,
             v.by_outcome,
             v.tokens,
@@ -88,9 +88,9 @@ fn short(store: nemesis::Store, secs: u64, min_ops: u64, min_faults: usize) {
         v.operations
     );
     assert!(
-        s.faults >= min_faults,
+        s.faults() >= min_faults,
         "seed {seed}: {} faults, want {min_faults}",
-        s.faults
+        s.faults()
     );
     assert!(
         v.acknowledged_uses > 0,

@@ -48,10 +48,6 @@ fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_stateseal")
 }
 
-fn free_port() -> u16 {
-    private_pg::free_port()
-}
-
 impl Cluster {
     pub async fn start(cfg: &Config, dir: &Path) -> Cluster {
         let shim = super::skew::shim(dir).expect("the clock shim needs cc");
@@ -88,7 +84,7 @@ impl Cluster {
                 let pg = PrivatePg::start(&pg_bin, None, "max_connections = 200\n");
                 let upstream: SocketAddr = ([127, 0, 0, 1], pg.port).into();
                 for idx in 0..3u8 {
-                    let db_port = free_port();
+                    let db_port = private_pg::free_port();
                     let ns = Netns::create(idx, db_port, GRPC_PORT).unwrap();
                     let db_proxy = Proxy::start(
                         (ns.host_ip, db_port).into(),
@@ -143,7 +139,7 @@ impl Cluster {
                     .args(["-t", "tmpfs", "-o", "size=512m", "tmpfs"])
                     .arg(&mnt))
                 .unwrap();
-                let port = free_port();
+                let port = private_pg::free_port();
                 let data = mnt.join("data");
                 let args = common(format!("127.0.0.1:{port}"), &data);
                 replicas.push(Replica::new(
@@ -180,7 +176,8 @@ impl Cluster {
         self.exits.load(Ordering::Relaxed)
     }
 
-    /// Restarts a replica that exited on its own; called every half second.
+    /// Restarts a replica that exited on its own; the schedule calls it
+    /// between faults.
     pub async fn supervise(&self) {
         for r in &self.replicas {
             // A replica a fault holds (paused, being restarted) is its.
@@ -224,7 +221,6 @@ impl Cluster {
                     ns.heal(c).unwrap();
                 }
             }
-            r.signal("CONT");
         }
         self.supervise().await;
     }
@@ -333,9 +329,7 @@ impl Replica {
         let mut child = cmd.spawn().expect("spawn stateseal");
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            let text = std::fs::read(&self.log).unwrap_or_default();
-            let new =
-                String::from_utf8_lossy(&text[(before as usize).min(text.len())..]).into_owned();
+            let new = read_from(&self.log, before);
             if new.contains("listening") {
                 return Ok(child);
             }
@@ -363,18 +357,6 @@ impl Replica {
         std::fs::rename(&tmp, &self.offset_file).unwrap();
     }
 
-    /// `kill -SIG` the running process (STOP, CONT).
-    pub fn signal(&self, sig: &str) {
-        if let Ok(child) = self.child.try_lock() {
-            if let Some(c) = child.as_ref() {
-                let _ = Command::new("kill")
-                    .arg(format!("-{sig}"))
-                    .arg(c.id().to_string())
-                    .status();
-            }
-        }
-    }
-
     /// `kill -9`, then a restart after `down`.
     pub async fn kill_restart(&self, down: Duration) {
         let mut child = self.child.lock().await;
@@ -399,4 +381,17 @@ impl Replica {
             let _ = Command::new("kill").args(["-CONT", pid]).status();
         }
     }
+}
+
+/// What `path` holds past byte `offset` (this start's lines of a log that
+/// every restart appends to).
+fn read_from(path: &Path, offset: u64) -> String {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut text = Vec::new();
+    if let Ok(mut f) = std::fs::File::open(path) {
+        if f.seek(SeekFrom::Start(offset)).is_ok() {
+            let _ = f.read_to_end(&mut text);
+        }
+    }
+    String::from_utf8_lossy(&text).into_owned()
 }

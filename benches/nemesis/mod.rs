@@ -112,7 +112,6 @@ impl Stop {
 #[derive(Debug)]
 pub struct Summary {
     pub verdict: checker::Verdict,
-    pub faults: usize,
     pub faults_by_kind: std::collections::BTreeMap<String, usize>,
     pub replica_exits: usize,
     pub faults_file: PathBuf,
@@ -123,12 +122,16 @@ pub struct Summary {
 }
 
 impl Summary {
+    /// Faults injected, all kinds.
+    pub fn faults(&self) -> usize {
+        self.faults_by_kind.values().sum()
+    }
     /// The pinned last line.
     pub fn line(&self) -> String {
         format!(
             "nemesis: operations={} faults={} violations={} indeterminate={} resolved={}",
             self.verdict.operations,
-            self.faults,
+            self.faults(),
             self.verdict.violations.len(),
             self.verdict.indeterminate,
             self.verdict.resolved
@@ -237,7 +240,6 @@ async fn run_async(cfg: &Config) -> Summary {
     let verdict = checker::check_file(&cfg.history, cfg.store == Store::Sled).unwrap();
     Summary {
         verdict,
-        faults: injected.values().sum(),
         faults_by_kind: injected,
         replica_exits: exits,
         faults_file,

@@ -58,8 +58,7 @@ pub async fn run(
     // baseline.
     tokio::time::sleep(Duration::from_secs(2)).await;
     while !stop.now() {
-        let sup = cluster.clone();
-        sup.supervise().await;
+        cluster.supervise().await;
         tokio::time::sleep(Duration::from_millis(rng.gen_range(500..2500))).await;
         if stop.now() {
             break;
@@ -100,7 +99,6 @@ pub async fn run(
             });
             b.lock().unwrap()[target] = false;
         }));
-        // Keep restarting whatever exited meanwhile.
         tasks.retain(|t| !t.is_finished());
     }
     for t in tasks {
