@@ -4,7 +4,9 @@
 //! (key 1, tenant `default`) and tests/data/golden-v2.json (key 7, tenant
 //! `acme`), so the seeds made from those vectors open and the oracle runs;
 //! the binding version is the token header's. How often the oracle ran is
-//! printed (`oracle reached N times`) at 1, 10, 100, ... times.
+//! printed (`oracle reached N times`) at 1, 10, 100, ... times, and exactly
+//! when the run ends (`oracle reached N times in all`, from an `atexit`
+//! handler: libFuzzer ends a `-runs=N` run with `exit`).
 #![no_main]
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -27,9 +29,23 @@ fn root_key(id: u32) -> [u8; 32] {
     k
 }
 
+extern "C" {
+    fn atexit(callback: extern "C" fn()) -> i32;
+}
+
+extern "C" fn report_oracle() {
+    eprintln!(
+        "oracle reached {} times in all",
+        ORACLE.load(Ordering::Relaxed)
+    );
+}
+
 fn ring() -> &'static Keyring {
     static RING: OnceLock<Keyring> = OnceLock::new();
     RING.get_or_init(|| {
+        // SAFETY: registers a plain function with no captured state; the C
+        // runtime calls it once at exit.
+        assert_eq!(unsafe { atexit(report_oracle) }, 0, "atexit");
         let record = |id: u32, state: KeyState| KeyRecord {
             id,
             state,
@@ -43,7 +59,7 @@ fn ring() -> &'static Keyring {
         Keyring::from_file(&KeysetFile {
             format: KEYSET_FORMAT.into(),
             kek: None,
-        keyset_id: None,
+            keyset_id: None,
             keys: vec![record(1, KeyState::Staged), record(7, KeyState::Primary)],
         })
         .expect("keyring")

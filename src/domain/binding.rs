@@ -240,6 +240,29 @@ mod tests {
     }
 
     #[test]
+    fn debug_forms_name_the_tenant_and_only_a_digest_prefix() {
+        assert_eq!(format!("{:?}", Tenant::new("acme")), r#"Tenant("acme")"#);
+        let mut d = [0u8; 32];
+        d[..5].copy_from_slice(&[0xde, 0xad, 0xbe, 0xef, 0x77]);
+        assert_eq!(format!("{:?}", ParamsDigest(d)), "ParamsDigest(deadbeef…)");
+    }
+
+    #[test]
+    fn wire_versions() {
+        use BindingVersion::{V1, V2};
+        assert_eq!(
+            BindingVersion::from_wire(0),
+            Ok(V1),
+            "callers that predate the field"
+        );
+        assert_eq!(BindingVersion::from_wire(1), Ok(V1));
+        assert_eq!(BindingVersion::from_wire(2), Ok(V2));
+        assert_eq!(BindingVersion::from_wire(3), Err(Reject::Malformed));
+        assert_eq!((V1.number(), V2.number()), (1, 2));
+        assert_eq!(BindingVersion::CURRENT, V2);
+    }
+
+    #[test]
     fn methods() {
         for m in ["tools/call", "prompts/get", "resources/read"] {
             assert_eq!(Method::parse(m).map(Method::as_str), Ok(m));

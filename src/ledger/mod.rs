@@ -435,3 +435,20 @@ pub async fn run_gc(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_shows_its_expiry_never_its_id() {
+        let key = LedgerKey {
+            expires_at: 1_700_000_000,
+            id: [0xab; 32],
+            tenant: TenantTag::of("acme"),
+        };
+        let shown = format!("{key:?}");
+        assert_eq!(shown, "LedgerKey { expires_at: 1700000000, .. }");
+        assert!(!shown.contains("ab") && !shown.contains("171"));
+    }
+}

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Mutation testing of a change (docs/security.md, "Mutation testing"):
+# cargo-mutants mutates the lines of the core files that changed since
+# STATESEAL_MUTANTS_BASE (default HEAD~1, the last commit) and runs the tests
+# that exercise those files. A mutant no test catches fails this script,
+# unless .cargo/mutants.toml lists it as equivalent.
+#
+# It mutates the tree in place (no second copy to build), so .ci/run calls it
+# last, and the tree is restored from git however it ends. The run stops
+# after STATESEAL_MUTANTS_SECONDS (default 900): the mutants tested by then
+# are judged, the rest are reported as not tested.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+base="${STATESEAL_MUTANTS_BASE:-HEAD~1}"
+cap="${STATESEAL_MUTANTS_SECONDS:-900}"
+out="${TMPDIR:-/tmp}/stateseal-ci-mutants"
+
+# The core, and the tests that exercise each part of it (cargo test name
+# filters: `domain::` is every unit test under src/domain).
+domain_tests="domain:: golden:: binding_vectors:: rfc8785:: properties::"
+declare -A tests=(
+  [src/domain/token.rs]="$domain_tests"
+  [src/domain/codec.rs]="$domain_tests"
+  [src/domain/keyring.rs]="$domain_tests"
+  [src/domain/binding.rs]="$domain_tests"
+  [src/domain/canon.rs]="$domain_tests"
+  [src/domain/sealer.rs]="$domain_tests manifest::"
+  [src/domain/manifest.rs]="domain:: manifest::"
+  [src/ledger/mod.rs]="ledger:: ledger_contract:: ledger_bound::"
+  [src/ledger/journal.rs]="ledger:: ledger_contract::sled ledger_bound::"
+  [src/ledger/sled.rs]="ledger:: ledger_contract::sled ledger_bound::"
+  [src/ledger/postgres.rs]="ledger_contract::postgres ledger_contract::a_bad"
+  [src/clock/guard.rs]="clock::"
+)
+
+files=()
+filters=()
+for f in "${!tests[@]}"; do
+  if ! git diff --quiet "$base" -- "$f"; then
+    files+=(-f "$f")
+    read -r -a more <<<"${tests[$f]}"
+    filters+=("${more[@]}")
+  fi
+done
+if [ ${#files[@]} -eq 0 ]; then
+  echo "no core file changed since $base: no mutants to test"
+  exit 0
+fi
+mapfile -t filters < <(printf '%s\n' "${filters[@]}" | sort -u)
+
+diff="$(mktemp)"
+git diff "$base" -- "${!tests[@]}" >"$diff"
+echo "core files changed since $base: ${files[*]}"
+cargo mutants --version | grep -q '27.1.0' || { echo "cargo-mutants 27.1.0 is required" >&2; exit 1; }
+
+rm -rf "$out"
+restore() { git checkout -q -- src; }
+trap restore EXIT
+rc=0
+timeout --signal=INT --kill-after=60 "$cap" \
+  cargo mutants --in-place --in-diff "$diff" "${files[@]}" --baseline skip \
+    --timeout 300 --build-timeout 900 -o "$out" \
+    -C --lib -C --test=it -- -- "${filters[@]}" || rc=$?
+restore
+
+m="$out/mutants.out"
+count() { [ -f "$m/$1" ] && grep -c . "$m/$1" || echo 0; }
+echo "mutants: caught $(count caught.txt), missed $(count missed.txt), timeout $(count timeout.txt), unviable $(count unviable.txt)"
+if [ "$(count missed.txt)" != 0 ]; then
+  echo "FATAL: mutants no test caught (add a test, or list an equivalent mutant in .cargo/mutants.toml and docs/security.md):"
+  cat "$m/missed.txt"
+  exit 1
+fi
+case "$rc" in
+  0 | 3) ;; # all caught, or some caught by a test timeout
+  124 | 130) echo "the ${cap} s cap stopped the run: the mutants above were tested, the rest were not" ;;
+  *) echo "FATAL: cargo mutants exited $rc"; tail -n 40 "$m/debug.log" 2>/dev/null || true; exit 1 ;;
+esac
