@@ -31,3 +31,4 @@ mod properties;
 mod replicas;
 mod rfc8785;
 mod rotation;
+mod sealer;
