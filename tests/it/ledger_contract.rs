@@ -727,3 +727,50 @@ async fn postgres_collection_never_deletes_a_commit_that_raced_it() {
         "collection deleted a committed consumption"
     );
 }
+
+/// Options in the URL (`options=-c …`) reach every session beside the
+/// ledger's own: with `search_path` set there, the table is created and
+/// written in that schema. `Debug` of the ledger shows nothing of the URL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_keeps_the_url_options_and_debug_shows_no_url() {
+    use stateseal::internals::ledger::postgres::TABLE;
+    let Some(pg) = crate::common::pg::shared("postgresql-url-options").await else {
+        return;
+    };
+    let schema = format!("stateseal_options_{}", std::process::id());
+    let (client, conn) = tokio_postgres::connect(&pg.url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    client
+        .batch_execute(&format!(
+            "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"
+        ))
+        .await
+        .unwrap();
+    let sep = if pg.url.contains('?') { '&' } else { '?' };
+    let url = format!("{}{sep}options=-c%20search_path%3D{schema}", pg.url);
+    let ledger = PgLedger::connect(&url, PgOptions::default()).await.unwrap();
+    assert_eq!(format!("{ledger:?}"), "PgLedger { .. }");
+    let key = LedgerKey {
+        expires_at: u64::from(u32::MAX),
+        id: [0x5c; 32],
+        tenant: TenantTag::of("t"),
+    };
+    assert_eq!(ledger.consume(&key).await.unwrap(), Consumed::Now);
+    let rows: i64 = client
+        .query_one(&format!("SELECT count(*) FROM {schema}.{TABLE}"), &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        rows, 1,
+        "the record went to the schema the URL's options named"
+    );
+    ledger.close().await.unwrap();
+    drop(ledger);
+    client
+        .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+        .await
+        .unwrap();
+}
