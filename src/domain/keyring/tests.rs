@@ -412,3 +412,103 @@ fn wiped_hkdf_is_overwritten_in_memory_on_drop() {
     let left = secrets.iter().filter(|w| contains(&after, w)).count();
     assert_eq!(left, 0, "PRK-derived windows left after drop");
 }
+
+/// A key-encryption key for these tests: XChaCha20-Poly1305 under a fixed
+/// key (the operations layer's file KEK is the same construction).
+#[derive(Debug)]
+struct TestKek(&'static str);
+
+impl Kek for TestKek {
+    fn kind(&self) -> &'static str {
+        self.0
+    }
+    fn wrap(&self, aad: &[u8], key: &[u8; 32]) -> Result<Vec<u8>, KeysetError> {
+        use chacha20poly1305::aead::{Aead, Payload};
+        use chacha20poly1305::{KeyInit, XChaCha20Poly1305, XNonce};
+        let aead = XChaCha20Poly1305::new(&[9u8; 32].into());
+        let nonce = [4u8; 24];
+        let mut blob = nonce.to_vec();
+        blob.extend(
+            aead.encrypt(XNonce::from_slice(&nonce), Payload { msg: key, aad })
+                .map_err(|_| KeysetError::Refused("wrap".into()))?,
+        );
+        Ok(blob)
+    }
+    fn unwrap(&self, aad: &[u8], blob: &[u8]) -> Result<Zeroizing<[u8; 32]>, KeysetError> {
+        use chacha20poly1305::aead::{Aead, Payload};
+        use chacha20poly1305::{KeyInit, XChaCha20Poly1305, XNonce};
+        let aead = XChaCha20Poly1305::new(&[9u8; 32].into());
+        let (nonce, ct) = blob.split_at(24.min(blob.len()));
+        let clear = Zeroizing::new(
+            aead.decrypt(XNonce::from_slice(nonce), Payload { msg: ct, aad })
+                .map_err(|_| KeysetError::Refused("does not open".into()))?,
+        );
+        let mut out = Zeroizing::new([0u8; 32]);
+        out.copy_from_slice(&clear);
+        Ok(out)
+    }
+}
+
+#[test]
+fn a_wrapped_key_opens_only_under_its_own_id_and_keyset() {
+    let kek = TestKek("file");
+    let mut k = ks();
+    k.add_staged(2000, None).unwrap();
+    k.rewrap(None, &kek).unwrap();
+    k.validate().unwrap();
+    assert!(Keyring::from_file_with(&k, Some(&kek)).is_ok());
+
+    let mut swapped = k.clone();
+    let (a, b) = (
+        swapped.keys[0].wrapped.clone(),
+        swapped.keys[1].wrapped.clone(),
+    );
+    swapped.keys[0].wrapped = b;
+    swapped.keys[1].wrapped = a;
+    let err = Keyring::from_file_with(&swapped, Some(&kek))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("does not open key 1"), "{err}");
+
+    let mut moved = k.clone();
+    moved.keyset_id = Some("another keyset".into());
+    let err = Keyring::from_file_with(&moved, Some(&kek))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("does not open key 1"), "{err}");
+}
+
+#[test]
+fn a_wrapped_keyset_names_a_known_kek() {
+    let mut k = ks();
+    k.rewrap(None, &TestKek("file")).unwrap();
+    k.validate().unwrap();
+    k.kek = Some("pkcs11".into());
+    k.validate().unwrap();
+    k.kek = Some("hsm".into());
+    assert_eq!(
+        k.validate().unwrap_err().to_string(),
+        "keyset is invalid: unknown kek (want file or pkcs11)"
+    );
+}
+
+#[test]
+fn display_and_debug_forms() {
+    assert_eq!(KeyId(7).to_string(), "7");
+    let states = [KeyState::Staged, KeyState::Primary, KeyState::Retired];
+    assert_eq!(
+        states.map(|s| s.to_string()),
+        ["staged", "primary", "retired"]
+    );
+    assert_eq!(
+        format!("{:?}", KeyMaterial::from_bytes([0x41; 32])),
+        "KeyMaterial(..)"
+    );
+    let err = serde_json::from_str::<KeyMaterial>("5")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("expected 32 bytes of key material, base64url without padding"),
+        "{err}"
+    );
+}
