@@ -25,12 +25,12 @@ declare -A tests=(
   [src/domain/keyring.rs]="$domain_tests"
   [src/domain/binding.rs]="$domain_tests"
   [src/domain/canon.rs]="$domain_tests"
-  [src/domain/sealer.rs]="$domain_tests manifest::"
+  [src/domain/sealer.rs]="$domain_tests manifest:: grpc:: at_most_once:: sealer::"
   [src/domain/manifest.rs]="domain:: manifest::"
   [src/ledger/mod.rs]="ledger:: ledger_contract:: ledger_bound::"
   [src/ledger/journal.rs]="ledger:: ledger_contract::sled ledger_bound::"
-  [src/ledger/sled.rs]="ledger:: ledger_contract::sled ledger_bound::"
-  [src/ledger/postgres.rs]="ledger_contract::postgres ledger_contract::a_bad"
+  [src/ledger/sled.rs]="ledger:: ledger_contract::sled ledger_bound:: disk::an_unfinished_sled_snapshot"
+  [src/ledger/postgres.rs]="ledger_contract::postgres ledger_contract::a_bad pg_tls::"
   [src/clock/guard.rs]="clock::"
 )
 
@@ -54,8 +54,13 @@ git diff "$base" -- "${!tests[@]}" >"$diff"
 echo "core files changed since $base: ${files[*]}"
 cargo mutants --version | grep -q '27.1.0' || { echo "cargo-mutants 27.1.0 is required" >&2; exit 1; }
 
+# Mutated in place and restored from git: uncommitted changes there would be lost.
+if ! git diff --quiet HEAD -- "${!tests[@]}"; then
+  echo "FATAL: commit your changes to the core files first (the run restores them from git)" >&2
+  exit 1
+fi
 rm -rf "$out"
-restore() { git checkout -q -- src; }
+restore() { git checkout -q -- "${!tests[@]}"; }
 trap restore EXIT
 rc=0
 timeout --signal=INT --kill-after=60 "$cap" \
