@@ -163,8 +163,7 @@ async fn one_tenant_at_its_bound_does_not_block_another() {
         |sled: Arc<SledLedger>| Sealer::new(keys.clone(), sled, clock.clone(), limits.clone());
     let open_sled = || {
         Arc::new(
-            SledLedger::open(&dir.path().join("ledger"))
-                .unwrap()
+            crate::common::open_sled_again(&dir.path().join("ledger"))
                 .with_max_records(100)
                 .with_max_tenant_records(4),
         )

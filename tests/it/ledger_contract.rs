@@ -142,7 +142,7 @@ async fn sled_horizon_survives_a_restart() {
         l.remove_expired(2_000_000, 100).await.unwrap();
         l.close().await.unwrap();
     }
-    let l = SledLedger::open(dir.path()).unwrap();
+    let l = crate::common::open_sled_again(dir.path());
     assert_eq!(l.consume(&k).await.unwrap(), Consumed::PastHorizon);
     assert_eq!(
         l.consume(&key(2_000_001)).await.unwrap(),

@@ -290,3 +290,24 @@ pub fn bind_json(
         BindingVersion::CURRENT,
     ))
 }
+
+/// Opens the sled ledger at `dir`, which this process may have had open a
+/// moment ago: sled's background threads can hold the directory's lock for a
+/// while after the last handle drops (seen on a busy machine: "could not
+/// acquire lock"), so a busy lock is waited for. A liveness bound, not a
+/// speed; any other error fails at once.
+pub fn open_sled_again(dir: &std::path::Path) -> SledLedger {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        match SledLedger::open(dir) {
+            Ok(l) => return l,
+            Err(e)
+                if e.to_string().contains("could not acquire lock")
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(50))
+            }
+            Err(e) => panic!("the sled ledger does not open again: {e}"),
+        }
+    }
+}
