@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Mutation testing of a change (docs/security.md, "Mutation testing"):
 # cargo-mutants mutates the lines of the core files that changed since
-# STATESEAL_MUTANTS_BASE (default HEAD~1, the last commit) and runs the tests
-# that exercise those files. A mutant no test catches fails this script,
-# unless .cargo/mutants.toml lists it as equivalent.
+# STATESEAL_MUTANTS_BASE (default HEAD~1: CI sees a clone of main, so the
+# last commit; set it to the commit a branch started from to cover a whole
+# branch) and runs the tests that exercise those files, once unmutated first.
+# A mutant no test catches fails this script, unless .cargo/mutants.toml
+# lists it as equivalent.
 #
 # It mutates the tree in place (no second copy to build), so .ci/run calls it
 # last, and the tree is restored from git however it ends. The run stops
 # after STATESEAL_MUTANTS_SECONDS (default 900): the mutants tested by then
-# are judged, the rest are reported as not tested.
+# are judged and the rest reported as not tested; a run stopped before it
+# tested any fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -50,7 +53,7 @@ fi
 mapfile -t filters < <(printf '%s\n' "${filters[@]}" | sort -u)
 
 diff="$(mktemp)"
-git diff "$base" -- "${!tests[@]}" >"$diff"
+git diff --no-ext-diff --no-color --src-prefix=a/ --dst-prefix=b/ "$base" -- "${!tests[@]}" >"$diff"
 echo "core files changed since $base: ${files[*]}"
 cargo mutants --version | grep -q '27.1.0' || { echo "cargo-mutants 27.1.0 is required" >&2; exit 1; }
 
@@ -64,21 +67,26 @@ restore() { git checkout -q -- "${!tests[@]}"; }
 trap restore EXIT
 rc=0
 timeout --signal=INT --kill-after=60 "$cap" \
-  cargo mutants --in-place --in-diff "$diff" "${files[@]}" --baseline skip \
-    --timeout 300 --build-timeout 900 -o "$out" \
+  cargo mutants --in-place --in-diff "$diff" "${files[@]}" \
+    --timeout 300 --build-timeout 600 -o "$out" \
     -C --lib -C --test=it -- -- "${filters[@]}" || rc=$?
 restore
 
 m="$out/mutants.out"
-count() { [ -f "$m/$1" ] && grep -c . "$m/$1" || echo 0; }
+# Lines in one of cargo-mutants' lists (it writes each, empty when none).
+count() { if [ -f "$m/$1" ]; then awk 'NF { n++ } END { print n + 0 }' "$m/$1"; else echo 0; fi; }
 echo "mutants: caught $(count caught.txt), missed $(count missed.txt), timeout $(count timeout.txt), unviable $(count unviable.txt)"
 if [ "$(count missed.txt)" != 0 ]; then
   echo "FATAL: mutants no test caught (add a test, or list an equivalent mutant in .cargo/mutants.toml and docs/security.md):"
   cat "$m/missed.txt"
   exit 1
 fi
+tested=$(($(count caught.txt) + $(count missed.txt) + $(count timeout.txt)))
 case "$rc" in
   0 | 3) ;; # all caught, or some caught by a test timeout
-  124 | 130) echo "the ${cap} s cap stopped the run: the mutants above were tested, the rest were not" ;;
+  124 | 130)
+    [ "$tested" -gt 0 ] || { echo "FATAL: the ${cap} s cap stopped the run before it tested any mutant"; exit 1; }
+    echo "the ${cap} s cap stopped the run: the $tested mutants above were tested, the rest were not" ;;
+  4) echo "FATAL: the tests fail on the unmutated tree"; tail -n 40 "$m/log/baseline.log" 2>/dev/null || true; exit 1 ;;
   *) echo "FATAL: cargo mutants exited $rc"; tail -n 40 "$m/debug.log" 2>/dev/null || true; exit 1 ;;
 esac

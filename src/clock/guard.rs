@@ -204,6 +204,21 @@ mod tests {
         }
     }
 
+    /// The floor (an earlier run's high-water mark) replaces the reference
+    /// only for a wall clock more than the skew below it: at exactly the
+    /// skew below, the reference still judges (found by review: `<` made
+    /// `<=` called a clock far from its reference synced).
+    #[test]
+    fn the_floor_replaces_the_reference_only_below_the_skew() {
+        let guard = TimeGuard::new(60, Some(2000));
+        assert!(!guard.judge(1940, 3000), "1,060 s from the reference");
+        assert_eq!(guard.offset(), -1060);
+        assert!(!guard.judge(1939, 1939), "61 s below the floor");
+        assert_eq!(guard.offset(), -61);
+        assert!(guard.judge(1940, 1940));
+        assert_eq!(guard.offset(), 0);
+    }
+
     fn start(
         every: Duration,
         record_every: Duration,

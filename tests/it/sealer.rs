@@ -104,7 +104,9 @@ async fn a_lease_ends_at_the_latest_when_its_record_may_go() {
     let s = sealer(dir.path(), limits);
     let tenant = Tenant::new("t");
     let b = bind_json(&s, &tenant, "alice", "tools/call", r#"{"name":"t"}"#).unwrap();
-    let sealed = s.seal(&b, b"x", 5, true, None).unwrap();
+    // 60 s: far from expiring on a busy machine, and the cap (expiry + 10 s)
+    // still far below the 300 s asked for.
+    let sealed = s.seal(&b, b"x", 60, true, None).unwrap();
     let opened = s
         .open(
             &b,
