@@ -281,6 +281,20 @@ async fn timed<T, E: std::fmt::Display>(
 async fn migrate(pool: &Pool, limit: Duration) -> Result<(), LedgerError> {
     let mut client = timed("connect", limit, pool.get()).await?;
     let tx = timed("begin", limit, client.transaction()).await?;
+    // The migration lock and the DDL get five times the statement timeout,
+    // on the server too: the session's own statement_timeout and
+    // lock_timeout (below the client's bound) would otherwise cut a start
+    // that waits for another replica's migration, or for the table lock an
+    // ALTER TABLE needs while old replicas still write.
+    let slow = (limit * 5).as_millis().max(50);
+    timed(
+        "migration timeouts",
+        limit,
+        tx.batch_execute(&format!(
+            "SET LOCAL statement_timeout = {slow}; SET LOCAL lock_timeout = {slow}"
+        )),
+    )
+    .await?;
     // Serializes concurrent starts: CREATE … IF NOT EXISTS alone can race.
     timed(
         "migration lock",

@@ -774,3 +774,88 @@ async fn postgres_keeps_the_url_options_and_debug_shows_no_url() {
         .await
         .unwrap();
 }
+
+/// A start waits out another replica's migration for up to five times the
+/// statement timeout (the migration lock and the DDL get that long, on the
+/// server too): here a session holds the migration lock for 1.5 s against a
+/// 1 s timeout. Before, the session's lock_timeout (half the timeout) cut
+/// the wait at 0.5 s: "migration lock: db error".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_start_waits_out_a_concurrent_migration() {
+    let Some(pg) = crate::common::pg::alone("postgresql-migration-lock").await else {
+        return;
+    };
+    let (holder, conn) = tokio_postgres::connect(&pg.url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    // LOCK_MIGRATE in src/ledger/postgres.rs: "states" in ASCII, then 1.
+    holder
+        .execute("SELECT pg_advisory_lock($1)", &[&0x7374_6174_6573_0001_i64])
+        .await
+        .unwrap();
+    let release = tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+        holder
+            .execute(
+                "SELECT pg_advisory_unlock($1)",
+                &[&0x7374_6174_6573_0001_i64],
+            )
+            .await
+            .unwrap();
+    });
+    let ledger = PgLedger::connect(
+        &pg.url,
+        PgOptions {
+            timeout: std::time::Duration::from_secs(1),
+            ..PgOptions::default()
+        },
+    )
+    .await
+    .expect("the start waits for the migration lock");
+    release.await.unwrap();
+    ledger.close().await.unwrap();
+}
+
+/// The warnings an operator gets for a connection that is not encrypted
+/// (sslmode=disable) or whose server certificate is not verified
+/// (sslmode=prefer), captured from this thread's log.
+#[tokio::test(flavor = "current_thread")]
+async fn postgres_warns_of_plaintext_and_unverified_connections() {
+    use std::sync::Mutex;
+    #[derive(Clone, Default)]
+    struct Capture(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Capture {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let Some(pg) = crate::common::pg::shared("postgresql-tls-warnings").await else {
+        return;
+    };
+    let sep = if pg.url.contains('?') { '&' } else { '?' };
+    for (mode, want, not) in [
+        ("disable", "is not encrypted", "is not verified"),
+        ("prefer", "is not verified", "is not encrypted"),
+    ] {
+        let capture = Capture::default();
+        let writer = capture.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        let url = format!("{}{sep}sslmode={mode}", pg.url);
+        let ledger = {
+            let _guard = tracing::subscriber::set_default(subscriber);
+            PgLedger::connect(&url, PgOptions::default()).await.unwrap()
+        };
+        ledger.close().await.unwrap();
+        let log = String::from_utf8(capture.0.lock().unwrap().clone()).unwrap();
+        assert!(log.contains(want), "sslmode={mode}: {log}");
+        assert!(!log.contains(not), "sslmode={mode}: {log}");
+    }
+}
