@@ -55,6 +55,23 @@ async fn collect_past(
     removed
 }
 
+/// sled's horizon is exclusive and moves only when collection raises it: a
+/// record expiring exactly on it is kept and answers `Before`, a key below it
+/// `PastHorizon`. (PostgreSQL's horizon is the database's clock minus the
+/// skew at each statement, so the same second cannot be pinned there.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sled_record_expiring_on_the_horizon_stays() {
+    let (l, _dir) = sled().await;
+    let on = key(1_000_000);
+    assert_eq!(l.consume(&on).await.unwrap(), Consumed::Now);
+    l.remove_expired(1_000_000, 100).await.unwrap();
+    assert_eq!(
+        l.consume(&key(999_999)).await.unwrap(),
+        Consumed::PastHorizon
+    );
+    assert_eq!(l.consume(&on).await.unwrap(), Consumed::Before);
+}
+
 async fn consume_once(l: Arc<dyn Ledger>) {
     let k = key(FAR);
     assert_eq!(l.consume(&k).await.unwrap(), Consumed::Now);
