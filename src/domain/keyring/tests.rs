@@ -512,3 +512,141 @@ fn display_and_debug_forms() {
         "{err}"
     );
 }
+
+#[test]
+fn times_and_ages_as_operators_read_them() {
+    for (t, want) in [
+        (0, "1970-01-01T00:00:00Z"),
+        (951_782_400, "2000-02-29T00:00:00Z"),
+        (1_709_164_800, "2024-02-29T00:00:00Z"),
+        (1_764_512_790, "2025-11-30T14:26:30Z"),
+        (4_102_444_799, "2099-12-31T23:59:59Z"),
+    ] {
+        assert_eq!(rfc3339(t), want);
+    }
+    for (s, want) in [
+        (42, "42s"),
+        (450, "7m30s"),
+        (18_720, "5h12m"),
+        (273_600, "3d04h"),
+        (3_600, "1h00m"),
+    ] {
+        assert_eq!(human_age(s), want);
+    }
+}
+
+#[test]
+fn a_listing_gives_no_retirement_time_for_a_retired_key() {
+    let mut k = ks();
+    let id = k.add_staged(2000, None).unwrap();
+    k.promote(id, 2000, 0, true).unwrap();
+    k.retire(
+        1,
+        3000,
+        RetirePolicy {
+            max_ttl: 10,
+            clock_skew: 10,
+            rollout: 10,
+        },
+        true,
+    )
+    .unwrap();
+    let policy = RetirePolicy {
+        max_ttl: 10,
+        clock_skew: 10,
+        rollout: 10,
+    };
+    let listing = k.listing(5000, policy);
+    let retired = listing.keys.iter().find(|l| l.id == 1).unwrap();
+    assert_eq!(retired.state, KeyState::Retired);
+    assert_eq!(retired.retire_after, None);
+    assert!(!retired.retirable_now);
+    let primary = listing.keys.iter().find(|l| l.id == id).unwrap();
+    assert_eq!(primary.state, KeyState::Primary);
+}
+
+#[test]
+fn a_running_keyring_takes_a_successor_only_of_the_same_keyset_and_bytes() {
+    let k = ks();
+    let ring = Keyring::from_file(&k).unwrap();
+    assert_eq!(ring.primary_since(), Some(1000));
+    assert_eq!(
+        ring.refuses_successor(&Keyring::from_file(&k).unwrap()),
+        None
+    );
+
+    let mut changed = k.clone();
+    changed.keys[0].material = Some(KeyMaterial::generate());
+    assert_eq!(
+        ring.refuses_successor(&Keyring::from_file(&changed).unwrap()),
+        Some("key 1's material changed".to_owned())
+    );
+
+    let kek = TestKek("file");
+    let (mut a, mut b) = (k.clone(), k.clone());
+    a.rewrap(None, &kek).unwrap();
+    b.rewrap(None, &kek).unwrap();
+    let ring_a = Keyring::from_file_with(&a, Some(&kek)).unwrap();
+    let why = ring_a
+        .refuses_successor(&Keyring::from_file_with(&b, Some(&kek)).unwrap())
+        .unwrap();
+    assert!(why.starts_with("the keyset's id changed"), "{why}");
+
+    let handle = KeyringHandle::new(ring);
+    let mut next = k.clone();
+    let id = next.add_staged(2000, None).unwrap();
+    handle.replace(Keyring::from_file(&next).unwrap());
+    assert!(
+        handle.current().get(KeyId(id)).is_some(),
+        "the new keyring is in force"
+    );
+}
+
+#[test]
+fn audit_keys_separate_lines_and_fields() {
+    let ring = Keyring::from_file(&ks()).unwrap();
+    let audit = ring.primary().audit_keys();
+    let prev = [7u8; 32];
+    let a = audit.chain_mac(&prev, b"line one");
+    assert_eq!(a, audit.chain_mac(&prev, b"line one"));
+    assert_ne!(a, audit.chain_mac(&prev, b"line two"));
+    assert_ne!(a, audit.chain_mac(&[8u8; 32], b"line one"));
+    let d = audit.digest("subject", &[b"alice"]);
+    assert_eq!(d, audit.digest("subject", &[b"alice"]));
+    assert_ne!(d, audit.digest("attempt", &[b"alice"]));
+    assert_ne!(d, audit.digest("subject", &[b"bob"]));
+    assert_ne!(d, [0u8; 16]);
+    assert_ne!(d, [1u8; 16]);
+}
+
+#[test]
+fn debug_of_key_holders_shows_no_bytes() {
+    let ring = Keyring::from_file(&ks()).unwrap();
+    let root = ring.primary();
+    assert_eq!(
+        format!("{root:?}"),
+        "RootKey { id: KeyId(1), state: Primary, .. }"
+    );
+    assert_eq!(
+        format!("{:?}", root.tenant_keys(&Tenant::new("t"))),
+        "TenantKeys { .. }"
+    );
+    assert_eq!(format!("{:?}", root.audit_keys()), "AuditKeys(..)");
+}
+
+#[test]
+fn a_keyset_written_new_reads_back_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("keyset.json");
+    let k = ks();
+    k.write(&path, true).unwrap();
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let back = KeysetFile::read(&path).unwrap();
+    assert_eq!(*back.to_json().unwrap(), *k.to_json().unwrap());
+    let err = k.write(&path, true).unwrap_err().to_string();
+    assert!(err.contains("exists; not overwriting"), "{err}");
+}
