@@ -393,3 +393,33 @@ async fn a_bad_keyset_is_rejected_and_the_old_one_stays_in_force() {
     let (_, log) = p.terminate();
     assert_eq!(log.iter().filter(|l| l.contains("reloaded")).count(), 0);
 }
+
+/// `keys init` and `keys add` with a bare file name write it in the working
+/// directory (the temporary file beside it, then linked or renamed).
+#[test]
+fn keys_commands_take_a_bare_file_name() {
+    let dir = tempfile::tempdir().unwrap();
+    for args in [["init"], ["add"]] {
+        let out = command()
+            .current_dir(dir.path())
+            .arg("keys")
+            .arg(args[0])
+            .arg("keyset.json")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "keys {}: {}",
+            args[0],
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let ks =
+        stateseal::internals::keyring::KeysetFile::read(&dir.path().join("keyset.json")).unwrap();
+    assert_eq!(ks.keys.len(), 2);
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["keyset.json"], "no temporary file left");
+}

@@ -457,6 +457,11 @@ fn a_wrapped_key_opens_only_under_its_own_id_and_keyset() {
     k.rewrap(None, &kek).unwrap();
     k.validate().unwrap();
     assert!(Keyring::from_file_with(&k, Some(&kek)).is_ok());
+    // A KEK of another kind is refused even where it would open the blobs.
+    let err = Keyring::from_file_with(&k, Some(&TestKek("pkcs11")))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("wrapped by a file KEK, not pkcs11"), "{err}");
 
     let mut swapped = k.clone();
     let (a, b) = (
@@ -517,6 +522,11 @@ fn display_and_debug_forms() {
 fn times_and_ages_as_operators_read_them() {
     for (t, want) in [
         (0, "1970-01-01T00:00:00Z"),
+        // Just after 1 March, where the century terms of the year move it.
+        (5_097_600, "1970-03-01T00:00:00Z"),
+        (5_184_000, "1970-03-02T00:00:00Z"),
+        (825_638_400, "1996-03-01T00:00:00Z"),
+        (920_376_000, "1999-03-02T12:00:00Z"),
         (951_782_400, "2000-02-29T00:00:00Z"),
         (1_709_164_800, "2024-02-29T00:00:00Z"),
         (1_764_512_790, "2025-11-30T14:26:30Z"),
