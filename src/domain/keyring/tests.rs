@@ -642,6 +642,8 @@ fn debug_of_key_holders_shows_no_bytes() {
         "TenantKeys { .. }"
     );
     assert_eq!(format!("{:?}", root.audit_keys()), "AuditKeys(..)");
+    let wiped = Wiped(Hkdf::<Sha256>::new(Some(b"salt"), b"root key"));
+    assert_eq!(format!("{wiped:?}"), "Wiped(..)");
 }
 
 #[test]
