@@ -876,3 +876,98 @@ async fn postgres_warns_of_plaintext_and_unverified_connections() {
         assert!(!log.contains(not), "sslmode={mode}: {log}");
     }
 }
+
+/// A batch that loses a deadlock is rolled back whole by PostgreSQL and
+/// retried: its consumptions succeed, once. Another transaction holds key b;
+/// the batch [a, b] inserts a and waits for b; that transaction then inserts
+/// a, and the batch, which waited first, finds the deadlock and is rolled
+/// back (so the other's insert of a goes through); after the other rolls
+/// back, the retry records both.
+#[tokio::test(flavor = "current_thread")]
+async fn postgres_retries_a_batch_that_lost_a_deadlock() {
+    use stateseal::internals::ledger::postgres::TABLE;
+    let Some(pg) = crate::common::pg::alone("postgresql-deadlock-retry").await else {
+        return;
+    };
+    let connect = || async {
+        let (c, conn) = tokio_postgres::connect(&pg.url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        c
+    };
+    let (other, watch) = (connect().await, connect().await);
+    let ledger = PgLedger::connect(
+        &pg.url,
+        PgOptions {
+            timeout: std::time::Duration::from_secs(10),
+            ..PgOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    let tag = TenantTag::default();
+    let mut ids = [[0u8; 32]; 2];
+    rand::thread_rng().fill_bytes(&mut ids[0]);
+    ids[1] = ids[0];
+    ids[0][0] = 0x10; // a sorts before b: the batch inserts a first
+    ids[1][0] = 0x20;
+    let (a, b) = (
+        LedgerKey {
+            expires_at: FAR,
+            id: ids[0],
+            tenant: tag,
+        },
+        LedgerKey {
+            expires_at: FAR,
+            id: ids[1],
+            tenant: tag,
+        },
+    );
+    let insert = format!("INSERT INTO {TABLE} (id, expires_at) VALUES ($1, $2)");
+    let far = FAR as i64;
+    other.batch_execute("BEGIN").await.unwrap();
+    other.execute(&insert, &[&&ids[1][..], &far]).await.unwrap();
+
+    // Both sent before the batcher runs (one thread): one batch [a, b].
+    let mut fa = Box::pin(ledger.consume(&a));
+    let mut fb = Box::pin(ledger.consume(&b));
+    std::future::poll_fn(|cx| {
+        let _ = std::future::Future::poll(fa.as_mut(), cx);
+        let _ = std::future::Future::poll(fb.as_mut(), cx);
+        std::task::Poll::Ready(())
+    })
+    .await;
+    // Until the batch waits for b's lock (a liveness bound).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let waiting: i64 = watch
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity
+                  WHERE wait_event_type = 'Lock' AND query LIKE 'WITH h AS%'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if waiting > 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the batch never waited for b"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // The batch's deadlock timer runs from its wait: it fires first.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    other
+        .execute(&insert, &[&&ids[0][..], &far])
+        .await
+        .expect("the batch, not this transaction, lost the deadlock");
+    other.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(fa.await.unwrap(), Consumed::Now);
+    assert_eq!(fb.await.unwrap(), Consumed::Now);
+    assert_eq!(ledger.consume(&a).await.unwrap(), Consumed::Before);
+    ledger.close().await.unwrap();
+}
