@@ -769,6 +769,15 @@ async fn postgres_keeps_the_url_options_and_debug_shows_no_url() {
     let url = format!("{}{sep}options=-c%20search_path%3D{schema}", pg.url);
     let ledger = PgLedger::connect(&url, PgOptions::default()).await.unwrap();
     assert_eq!(format!("{ledger:?}"), "PgLedger { .. }");
+    // The clock guard's reference is the database's clock (the same host's
+    // here: within a few seconds of this one).
+    use stateseal::internals::clock::guard::Reference;
+    let db_now = ledger.reference_now().await.unwrap().unwrap();
+    let wall = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(db_now.abs_diff(wall) <= 5, "database {db_now}, here {wall}");
     let key = LedgerKey {
         expires_at: u64::from(u32::MAX),
         id: [0x5c; 32],
