@@ -252,77 +252,31 @@ async fn backward_step_then_restart_reopens_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_consumption_is_not_accepted_after_collection() {
     use stateseal::internals::ledger::sled::SledLedger;
-    use stateseal::internals::ledger::{
-        Consumed, Held, LeaseAsk, Ledger, LedgerError, LedgerKey, Reserved,
-    };
+    use stateseal::internals::ledger::{Ledger, LedgerError};
     use stateseal::internals::sealer::Limits;
     use stateseal::internals::server::ServeOptions;
 
     /// Holds every consume after the first until released.
-    struct Stalling {
-        inner: Arc<SledLedger>,
+    #[derive(Default)]
+    struct Stall {
         calls: std::sync::atomic::AtomicUsize,
         release: tokio::sync::Notify,
     }
-    /// No clock of its own: the guard's monotonic anchor.
-    impl stateseal::internals::clock::guard::Reference for Stalling {}
-
     #[async_trait::async_trait]
-    impl Ledger for Stalling {
-        async fn consume_as(
-            &self,
-            key: &LedgerKey,
-            attempt: Option<[u8; 16]>,
-        ) -> Result<Consumed, LedgerError> {
+    impl crate::common::hooked::Hooks for Stall {
+        async fn consume(&self) -> Result<(), LedgerError> {
             if self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) > 0 {
                 self.release.notified().await;
             }
-            self.inner.consume_as(key, attempt).await
-        }
-        async fn reserve(
-            &self,
-            key: &LedgerKey,
-            ask: LeaseAsk,
-            now: u64,
-        ) -> Result<Reserved, LedgerError> {
-            self.inner.reserve(key, ask, now).await
-        }
-        async fn renew(
-            &self,
-            key: &LedgerKey,
-            rid: [u8; 16],
-            seconds: u32,
-            cap: u64,
-            now: u64,
-        ) -> Result<Held, LedgerError> {
-            self.inner.renew(key, rid, seconds, cap, now).await
-        }
-        async fn commit(&self, key: &LedgerKey, rid: [u8; 16]) -> Result<Held, LedgerError> {
-            self.inner.commit(key, rid).await
-        }
-        async fn release(&self, key: &LedgerKey, rid: [u8; 16]) -> Result<(), LedgerError> {
-            self.inner.release(key, rid).await
-        }
-        async fn ready(&self) -> bool {
-            self.inner.ready().await
-        }
-        async fn remove_expired(&self, before: u64, limit: usize) -> Result<usize, LedgerError> {
-            self.inner.remove_expired(before, limit).await
-        }
-        async fn close(&self) -> Result<(), LedgerError> {
-            self.inner.close().await
-        }
-        fn backend(&self) -> &'static str {
-            "stalling-sled"
+            Ok(())
         }
     }
 
     let dir = tempfile::tempdir().unwrap();
     let sled = Arc::new(SledLedger::open(&dir.path().join("ledger")).unwrap());
-    let stalling = Arc::new(Stalling {
+    let stalling = Arc::new(crate::common::hooked::Hooked {
         inner: sled.clone(),
-        calls: Default::default(),
-        release: tokio::sync::Notify::new(),
+        hooks: Stall::default(),
     });
     let manual = Arc::new(stateseal::internals::clock::ManualClock::new(T0));
     let limits = Limits {
@@ -357,14 +311,19 @@ async fn a_stalled_consumption_is_not_accepted_after_collection() {
         let t = t.clone();
         tokio::spawn(async move { c.open(open_req(&t)).await })
     };
-    while stalling.calls.load(std::sync::atomic::Ordering::SeqCst) < 2 {
+    while stalling
+        .hooks
+        .calls
+        .load(std::sync::atomic::Ordering::SeqCst)
+        < 2
+    {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     // Meanwhile the token expires and its record is collected.
     manual.advance(20);
     let removed = sled.remove_expired(manual_now(&manual), 100).await.unwrap();
     assert_eq!(removed, 1);
-    stalling.release.notify_one();
+    stalling.hooks.release.notify_one();
     let err = second.await.unwrap().unwrap_err();
     assert_eq!(reason(&err), "EXPIRED");
     s.stop().await;

@@ -16,24 +16,24 @@ use crate::common::*;
 use rand::Rng;
 use stateseal::internals::clock::{Clock, ManualClock};
 use stateseal::internals::ledger::sled::SledLedger;
-use stateseal::internals::ledger::{
-    Consumed, Held, LeaseAsk, Ledger, LedgerError, LedgerKey, Reserved,
-};
+use stateseal::internals::ledger::LedgerError;
 use stateseal::internals::sealer::Limits;
 use stateseal::internals::server::ServeOptions;
 use stateseal::proto::SealRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 
-/// Wraps a real ledger; while `broken`, every call fails as a full or
+/// While `broken`, every call to the ledger behind fails as a full or
 /// read-only disk would.
-struct Faulty {
-    inner: Arc<SledLedger>,
-    broken: AtomicBool,
-}
+#[derive(Default)]
+struct Broken(AtomicBool);
 
-impl Faulty {
-    fn check(&self) -> Result<(), LedgerError> {
-        if self.broken.load(Ordering::SeqCst) {
+#[async_trait::async_trait]
+impl hooked::Hooks for Broken {
+    async fn consume(&self) -> Result<(), LedgerError> {
+        self.write()
+    }
+    fn write(&self) -> Result<(), LedgerError> {
+        if self.0.load(Ordering::SeqCst) {
             return Err(LedgerError::Storage {
                 step: "injected write",
                 detail: "no space left on device".into(),
@@ -41,71 +41,17 @@ impl Faulty {
         }
         Ok(())
     }
-}
-
-/// No clock of its own: the guard's monotonic anchor.
-impl stateseal::internals::clock::guard::Reference for Faulty {}
-
-#[async_trait::async_trait]
-impl Ledger for Faulty {
-    async fn consume_as(
-        &self,
-        key: &LedgerKey,
-        attempt: Option<[u8; 16]>,
-    ) -> Result<Consumed, LedgerError> {
-        if self.broken.load(Ordering::SeqCst) {
-            return Err(LedgerError::Storage {
-                step: "injected write",
-                detail: "no space left on device".into(),
-            });
-        }
-        self.inner.consume_as(key, attempt).await
-    }
-    async fn reserve(
-        &self,
-        key: &LedgerKey,
-        ask: LeaseAsk,
-        now: u64,
-    ) -> Result<Reserved, LedgerError> {
-        self.check()?;
-        self.inner.reserve(key, ask, now).await
-    }
-    async fn renew(
-        &self,
-        key: &LedgerKey,
-        rid: [u8; 16],
-        seconds: u32,
-        cap: u64,
-        now: u64,
-    ) -> Result<Held, LedgerError> {
-        self.check()?;
-        self.inner.renew(key, rid, seconds, cap, now).await
-    }
-    async fn commit(&self, key: &LedgerKey, rid: [u8; 16]) -> Result<Held, LedgerError> {
-        self.check()?;
-        self.inner.commit(key, rid).await
-    }
-    async fn release(&self, key: &LedgerKey, rid: [u8; 16]) -> Result<(), LedgerError> {
-        self.check()?;
-        self.inner.release(key, rid).await
-    }
-    async fn ready(&self) -> bool {
-        !self.broken.load(Ordering::SeqCst) && self.inner.ready().await
-    }
-    async fn remove_expired(&self, before: u64, limit: usize) -> Result<usize, LedgerError> {
-        if self.broken.load(Ordering::SeqCst) {
+    fn collect(&self) -> Result<(), LedgerError> {
+        if self.0.load(Ordering::SeqCst) {
             return Err(LedgerError::Storage {
                 step: "injected collect",
                 detail: "failure".into(),
             });
         }
-        self.inner.remove_expired(before, limit).await
+        Ok(())
     }
-    async fn close(&self) -> Result<(), LedgerError> {
-        self.inner.close().await
-    }
-    fn backend(&self) -> &'static str {
-        "faulty-sled"
+    fn ready(&self) -> bool {
+        !self.0.load(Ordering::SeqCst)
     }
 }
 
@@ -117,9 +63,9 @@ async fn health(addr: std::net::SocketAddr) -> i32 {
 async fn a_failing_ledger_fails_closed_then_recovers() {
     let dir = tempfile::tempdir().unwrap();
     let sled = Arc::new(SledLedger::open(&dir.path().join("ledger")).unwrap());
-    let faulty = Arc::new(Faulty {
+    let faulty = Arc::new(hooked::Hooked {
         inner: sled.clone(),
-        broken: AtomicBool::new(false),
+        hooks: Broken::default(),
     });
     let clock = Arc::new(ManualClock::new(T0));
     let opts = ServeOptions {
@@ -143,7 +89,7 @@ async fn a_failing_ledger_fails_closed_then_recovers() {
         .into_inner()
         .request_state;
 
-    faulty.broken.store(true, Ordering::SeqCst);
+    faulty.hooks.0.store(true, Ordering::SeqCst);
     for t in &tokens {
         for _ in 0..3 {
             let err = s.client.open(open_req(t)).await.unwrap_err();
@@ -159,7 +105,7 @@ async fn a_failing_ledger_fails_closed_then_recovers() {
     // Reusable tokens never touch the ledger.
     s.client.open(open_req(&reusable)).await.unwrap();
 
-    faulty.broken.store(false, Ordering::SeqCst);
+    faulty.hooks.0.store(false, Ordering::SeqCst);
     while health(s.addr).await != ServingStatus::Serving as i32 {
         assert!(
             Instant::now() < deadline + Duration::from_secs(5),

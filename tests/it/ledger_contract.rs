@@ -980,3 +980,77 @@ async fn postgres_retries_a_batch_that_lost_a_deadlock() {
     assert_eq!(ledger.consume(&a).await.unwrap(), Consumed::Before);
     ledger.close().await.unwrap();
 }
+
+/// Counts the collection rounds asked of the ledger behind it.
+#[derive(Default)]
+struct CountCollections(std::sync::atomic::AtomicUsize);
+
+impl crate::common::hooked::Hooks for CountCollections {
+    fn collect(&self) -> Result<(), stateseal::internals::ledger::LedgerError> {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+/// The collector (`run_gc`) removes every expired record in one round, in
+/// batches, and ends the round at the first short batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn collection_removes_every_expired_record_in_one_round_of_batches() {
+    use stateseal::internals::clock::guard::TimeGuard;
+    use stateseal::internals::clock::{Clock, WallClock};
+    use stateseal::internals::ledger::run_gc;
+    use std::sync::atomic::Ordering;
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Arc::new(crate::common::hooked::Hooked {
+        inner: Arc::new(SledLedger::open(dir.path()).unwrap()),
+        hooks: CountCollections::default(),
+    });
+    // A ledger keeps no figures and never fails for good unless it says so.
+    assert!(ledger.flush_stats().is_none());
+    assert!(!ledger.failed_for_good());
+    let records = ledger.inner.flush_stats().unwrap();
+    let clock = Arc::new(WallClock::new());
+    let now = clock.now_unix();
+    let expired: Vec<_> = (0..5).map(|_| key(now - 3600)).collect();
+    for k in &expired {
+        assert_eq!(ledger.consume(k).await.unwrap(), Consumed::Now);
+    }
+    let live = key(now + 3600);
+    assert_eq!(ledger.consume(&live).await.unwrap(), Consumed::Now);
+    assert_eq!(records.records.load(Ordering::SeqCst), 6);
+
+    // The first tick comes at once, the next in an hour: one round, in
+    // batches of 2 (2, 2, then 1: the short batch ends the round).
+    let gc = tokio::spawn(run_gc(
+        ledger.clone(),
+        clock,
+        TimeGuard::always_synced(),
+        60,
+        std::time::Duration::from_secs(3600),
+        2,
+    ));
+    // A liveness bound, not a speed: the round takes milliseconds.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while records.records.load(Ordering::SeqCst) > 1 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    // Were the round to go on, it would ask again meanwhile.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    gc.abort();
+    assert_eq!(
+        records.records.load(Ordering::SeqCst),
+        1,
+        "the expired five removed"
+    );
+    assert_eq!(
+        ledger.hooks.0.load(Ordering::SeqCst),
+        3,
+        "batches 2, 2, 1, then stop"
+    );
+    assert_eq!(ledger.consume(&live).await.unwrap(), Consumed::Before);
+    assert_eq!(
+        ledger.consume(&expired[0]).await.unwrap(),
+        Consumed::PastHorizon
+    );
+    ledger.close().await.unwrap();
+}

@@ -14,6 +14,7 @@ use stateseal::proto::request_state_client::RequestStateClient;
 use stateseal::proto::{binding::Params, Binding, OpenRequest, SealRequest};
 use tonic::transport::Channel;
 
+pub mod hooked;
 pub mod pg;
 pub mod pki;
 pub mod private_pg;
