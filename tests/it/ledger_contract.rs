@@ -33,6 +33,15 @@ const FAR: u64 = 4_000_000_000;
 /// the count alone. On PostgreSQL the horizon is also the database's clock,
 /// rounded to whole seconds where `wall_now` truncates: a horizon of
 /// `until + 1` by the wall clock is past `until` by both.
+/// A plain connection to the test database, its connection task spawned.
+async fn pg_client(url: &str) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    client
+}
+
 async fn collect_past(
     l: &Arc<dyn Ledger>,
     before: impl Fn() -> u64,
@@ -541,10 +550,7 @@ async fn postgres_collector_vacuums_when_autovacuum_is_off() {
         return;
     };
     let url = pg.url.clone();
-    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
+    let client = pg_client(&url).await;
     let autovacuum: String = client
         .query_one("SHOW autovacuum", &[])
         .await
@@ -639,10 +645,7 @@ async fn postgres_collector_vacuums_itself_only_without_autovacuum() {
         )
         .await
         .unwrap();
-        let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(conn);
+        let client = pg_client(&url).await;
         let before = manual_vacuums(&client).await;
         // Nobody else collects on a private instance: all 20 go now.
         assert_eq!(consume_twenty_then_collect(&l).await, 20);
@@ -683,10 +686,7 @@ async fn postgres_collection_never_deletes_a_commit_that_raced_it() {
     reserved_now(l.reserve(&k, ask(1, 1), wall_now()).await.unwrap());
     // Abandoned: the lease ends (no skew here; whole seconds).
     tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
-    let (client, conn) = tokio_postgres::connect(&pg.url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
+    let client = pg_client(&pg.url).await;
     client.batch_execute("BEGIN").await.unwrap();
     let updated = client
         .execute(
@@ -699,10 +699,7 @@ async fn postgres_collection_never_deletes_a_commit_that_raced_it() {
     assert_eq!(updated, 1);
     // pg_stat_activity is read once per transaction: watched from another
     // connection.
-    let (watch, conn) = tokio_postgres::connect(&pg.url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
+    let watch = pg_client(&pg.url).await;
     let start_gc = || {
         let l = l.clone();
         tokio::spawn(async move { l.remove_expired(wall_now(), 1000).await })
@@ -755,10 +752,7 @@ async fn postgres_keeps_the_url_options_and_debug_shows_no_url() {
         return;
     };
     let schema = format!("stateseal_options_{}", std::process::id());
-    let (client, conn) = tokio_postgres::connect(&pg.url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
+    let client = pg_client(&pg.url).await;
     client
         .batch_execute(&format!(
             "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"
@@ -811,10 +805,7 @@ async fn postgres_start_waits_out_a_concurrent_migration() {
     let Some(pg) = crate::common::pg::alone("postgresql-migration-lock").await else {
         return;
     };
-    let (holder, conn) = tokio_postgres::connect(&pg.url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
+    let holder = pg_client(&pg.url).await;
     // LOCK_MIGRATE in src/ledger/postgres.rs: "states" in ASCII, then 1.
     holder
         .execute("SELECT pg_advisory_lock($1)", &[&0x7374_6174_6573_0001_i64])
@@ -898,14 +889,7 @@ async fn postgres_retries_a_batch_that_lost_a_deadlock() {
     let Some(pg) = crate::common::pg::alone("postgresql-deadlock-retry").await else {
         return;
     };
-    let connect = || async {
-        let (c, conn) = tokio_postgres::connect(&pg.url, tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(conn);
-        c
-    };
-    let (other, watch) = (connect().await, connect().await);
+    let (other, watch) = (pg_client(&pg.url).await, pg_client(&pg.url).await);
     let ledger = PgLedger::connect(
         &pg.url,
         PgOptions {
