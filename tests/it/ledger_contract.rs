@@ -612,7 +612,8 @@ async fn consume_twenty_then_collect(l: &PgLedger) -> usize {
 async fn manual_vacuums(c: &tokio_postgres::Client) -> i64 {
     c.query_one(
         "SELECT coalesce((SELECT vacuum_count FROM pg_stat_user_tables
-                           WHERE relname = 'stateseal_consumed_v1'), 0)",
+                           WHERE relname = 'stateseal_consumed_v1'
+                             AND schemaname = current_schema()), 0)",
         &[],
     )
     .await
