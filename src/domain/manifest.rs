@@ -1144,6 +1144,41 @@ fn field(def: &Map<String, Value>) -> Result<Field, Reject> {
 mod tests {
     use super::*;
 
+    /// `n` questions, each a form with one string field, under keys of
+    /// `key_len` bytes.
+    fn questions(n: usize, key_len: usize) -> String {
+        let mut q = serde_json::Map::new();
+        for i in 0..n {
+            let key = format!("{i:0key_len$}");
+            q.insert(
+                key,
+                serde_json::json!({"method": "elicitation/create", "params": {
+                    "mode": "form", "message": "Which colour?",
+                    "requestedSchema": {"type": "object",
+                        "properties": {"colour": {"type": "string"}}}}}),
+            );
+        }
+        Value::Object(q).to_string()
+    }
+
+    #[test]
+    fn question_count_and_key_length_hold_at_their_bound() {
+        let deny = CredentialPolicy::Deny;
+        let (m, _) = Manifest::build(&questions(MAX_QUESTIONS, 8), deny).unwrap();
+        // Far above 1 KiB, within the 16 KiB bound: it encodes.
+        let encoded = m.encode().unwrap();
+        assert!(encoded.len() > 2048 && encoded.len() <= MAX_MANIFEST);
+        assert_eq!(
+            Manifest::build(&questions(MAX_QUESTIONS + 1, 8), deny).unwrap_err(),
+            Reject::BadInputRequests
+        );
+        assert!(Manifest::build(&questions(1, MAX_KEY), deny).is_ok());
+        assert_eq!(
+            Manifest::build(&questions(1, MAX_KEY + 1), deny).unwrap_err(),
+            Reject::BadInputRequests
+        );
+    }
+
     #[test]
     fn credential_words() {
         for yes in [
