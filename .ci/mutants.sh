@@ -9,14 +9,14 @@
 #
 # It mutates the tree in place (no second copy to build), so .ci/run calls it
 # last, and the tree is restored from git however it ends. The run stops
-# after STATESEAL_MUTANTS_SECONDS (default 900): the mutants tested by then
+# after STATESEAL_MUTANTS_SECONDS (default 1500): the mutants tested by then
 # are judged and the rest reported as not tested; a run stopped before it
 # tested any fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 base="${STATESEAL_MUTANTS_BASE:-HEAD~1}"
-cap="${STATESEAL_MUTANTS_SECONDS:-900}"
+cap="${STATESEAL_MUTANTS_SECONDS:-1500}"
 out="${TMPDIR:-/tmp}/stateseal-ci-mutants"
 
 # The core, and the tests that exercise each part of it (cargo test name
@@ -68,7 +68,7 @@ trap restore EXIT
 rc=0
 timeout --signal=INT --kill-after=60 "$cap" \
   cargo mutants --in-place --in-diff "$diff" "${files[@]}" \
-    --timeout 300 --build-timeout 600 -o "$out" \
+    --timeout 300 --build-timeout 900 -o "$out" \
     -C --lib -C --test=it -- -- "${filters[@]}" || rc=$?
 restore
 

@@ -286,19 +286,20 @@ async fn migrate(pool: &Pool, limit: Duration) -> Result<(), LedgerError> {
     // lock_timeout (below the client's bound) would otherwise cut a start
     // that waits for another replica's migration, or for the table lock an
     // ALTER TABLE needs while old replicas still write.
-    let slow = (limit * 5).as_millis().max(50);
+    let slow = limit * 5;
+    let ms = slow.as_millis().max(50);
     timed(
         "migration timeouts",
         limit,
         tx.batch_execute(&format!(
-            "SET LOCAL statement_timeout = {slow}; SET LOCAL lock_timeout = {slow}"
+            "SET LOCAL statement_timeout = {ms}; SET LOCAL lock_timeout = {ms}"
         )),
     )
     .await?;
     // Serializes concurrent starts: CREATE … IF NOT EXISTS alone can race.
     timed(
         "migration lock",
-        limit * 5,
+        slow,
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LOCK_MIGRATE]),
     )
     .await?;
@@ -320,7 +321,7 @@ async fn migrate(pool: &Pool, limit: Duration) -> Result<(), LedgerError> {
          CREATE INDEX IF NOT EXISTS {TABLE}_lease_until ON {TABLE} (lease_until)
           WHERE state = 1;"
     );
-    timed("migrate", limit * 5, tx.batch_execute(&ddl)).await?;
+    timed("migrate", slow, tx.batch_execute(&ddl)).await?;
     timed("commit", limit, tx.commit()).await?;
     Ok(())
 }

@@ -42,6 +42,20 @@ async fn pg_client(url: &str) -> tokio_postgres::Client {
     client
 }
 
+/// Whether some session's statement starting with `prefix` waits for a lock.
+async fn waits_for_a_lock(watch: &tokio_postgres::Client, prefix: &str) -> bool {
+    let waiting: i64 = watch
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity
+              WHERE wait_event_type = 'Lock' AND starts_with(query, $1)",
+            &[&prefix],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    waiting > 0
+}
+
 async fn collect_past(
     l: &Arc<dyn Ledger>,
     before: impl Fn() -> u64,
@@ -711,16 +725,7 @@ async fn postgres_collection_never_deletes_a_commit_that_raced_it() {
     // once, and is started again.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     loop {
-        let waiting: i64 = watch
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity
-                  WHERE wait_event_type = 'Lock' AND query LIKE 'DELETE FROM stateseal_consumed_v1%'",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        if waiting > 0 {
+        if waits_for_a_lock(&watch, "DELETE FROM stateseal_consumed_v1").await {
             break;
         }
         assert!(
@@ -935,16 +940,7 @@ async fn postgres_retries_a_batch_that_lost_a_deadlock() {
     // Until the batch waits for b's lock (a liveness bound).
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     loop {
-        let waiting: i64 = watch
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity
-                  WHERE wait_event_type = 'Lock' AND query LIKE 'WITH h AS%'",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        if waiting > 0 {
+        if waits_for_a_lock(&watch, "WITH h AS").await {
             break;
         }
         assert!(
