@@ -26,9 +26,15 @@
 //!
 //! `clock_steps`: intervals during which the clock that judges leases was
 //! stepped (on sled the replica's own; none on PostgreSQL, where the
-//! database's clock judges every lease). A lease window that meets one is
-//! not held to rules 2 and 3's lease parts — a step forward ends leases
-//! early — and is counted as excused instead.
+//! database's clock judges every lease). A lease that a step may have
+//! touched is not held to rules 2 and 3's lease parts — a step forward
+//! ends leases early, and so does the heal of a step back for a lease
+//! granted during it — and is counted as excused instead. A step touched a
+//! lease when it met the lease's window or any of its grants: the ledger
+//! decided a reserve or renew at some time between its `invoke` and its
+//! `complete`, on the clock of that moment. [`check_file`] lengthens each
+//! step by the clock shim's reading period (twice over), for which a
+//! replica may keep an offset after the harness changed it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::BufRead;
@@ -83,7 +89,12 @@ pub fn check_file(path: &Path, clock_ledger: bool) -> Result<Verdict, String> {
         super::history::read_faults(&super::history::faults_path(path))
             .into_iter()
             .filter(|f| f.kind.starts_with("clock"))
-            .map(|f| (f.start, f.end))
+            .map(|f| {
+                (
+                    f.start,
+                    f.end + 2.0 * super::skew::READ_EVERY_MS as f64 / 1000.0,
+                )
+            })
             .collect()
     } else {
         Vec::new()
@@ -133,6 +144,10 @@ struct Window {
     attempt: String,
     start: f64,
     end: f64,
+    /// From the first `invoke` to the last `complete` of its grants (the
+    /// reserve and the renewals): when the ledger read its clock for them.
+    granted_from: f64,
+    granted_to: f64,
 }
 
 fn check_token(token: &str, all: &[Op], steps: &[(f64, f64)], v: &mut Verdict) {
@@ -179,11 +194,15 @@ fn check_token(token: &str, all: &[Op], steps: &[(f64, f64)], v: &mut Verdict) {
             attempt: o.attempt.clone().unwrap_or_default(),
             start: f64::INFINITY,
             end: f64::NEG_INFINITY,
+            granted_from: f64::INFINITY,
+            granted_to: f64::NEG_INFINITY,
         });
         if o.op == "open_reserve" {
             w.start = w.start.min(o.complete);
         }
         w.end = w.end.max(o.invoke + lease);
+        w.granted_from = w.granted_from.min(o.invoke);
+        w.granted_to = w.granted_to.max(o.complete);
     }
     // A holder that sends Commit or Release stops relying on its lease.
     for o in ops.iter().filter(|o| o.op == "commit" || o.op == "release") {
@@ -191,7 +210,10 @@ fn check_token(token: &str, all: &[Op], steps: &[(f64, f64)], v: &mut Verdict) {
             w.end = w.end.min(o.invoke);
         }
     }
-    let stepped = |w: &Window| steps.iter().any(|(a, b)| *a <= w.end && *b >= w.start);
+    let stepped = |w: &Window| {
+        let (from, to) = (w.start.min(w.granted_from), w.end.max(w.granted_to));
+        steps.iter().any(|(a, b)| *a <= to && *b >= from)
+    };
     let mut excused = 0u64;
     let ws: Vec<(&str, &Window)> = windows.iter().map(|(r, w)| (*r, w)).collect();
     for (i, (r1, w1)) in ws.iter().enumerate() {

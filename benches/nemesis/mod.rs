@@ -24,7 +24,7 @@ mod private_pg;
 #[path = "../../tests/it/common/process.rs"]
 mod process;
 #[path = "../../tests/it/common/skew.rs"]
-mod skew;
+pub mod skew;
 #[path = "../../tests/it/common/skip.rs"]
 pub mod skip;
 

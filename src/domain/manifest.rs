@@ -1179,6 +1179,28 @@ mod tests {
         );
     }
 
+    /// An answer `serde_json::Value` cannot hold (a number beyond any
+    /// double): inside an object its content is invalid, anything else is
+    /// of the wrong kind (kills the mutant that made every such answer
+    /// invalid content).
+    #[test]
+    fn an_answer_beyond_any_double_is_judged_by_its_kind() {
+        let (m, _) = Manifest::build(&questions(1, 1), CredentialPolicy::Deny).unwrap();
+        for (answer, why) in [
+            ("1e400", DropReason::KindMismatch),
+            ("[1e400]", DropReason::KindMismatch),
+            (
+                r#"{"action":"accept","content":{"colour":1e400}}"#,
+                DropReason::InvalidContent,
+            ),
+        ] {
+            let answers = Answers::parse(&format!(r#"{{"0":{answer}}}"#)).unwrap();
+            let f = m.filter(answers);
+            assert_eq!(f.dropped, vec![("0".to_owned(), why)], "{answer}");
+            assert_eq!(f.json, "{}", "{answer}");
+        }
+    }
+
     #[test]
     fn credential_words() {
         for yes in [

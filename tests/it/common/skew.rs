@@ -7,6 +7,11 @@ use std::path::{Path, PathBuf};
 
 use super::process::{spawn, ServerProcess};
 
+/// How often the shim reads the offset file: a process keeps an offset
+/// this long after the file changed (longer only while another of its
+/// threads is in the middle of reading it).
+pub const READ_EVERY_MS: u64 = 50;
+
 const SHIM: &str = r#"
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -24,7 +29,7 @@ int clock_gettime(clockid_t id, struct timespec *ts) {
     real_clock_gettime(CLOCK_MONOTONIC, &m);
     long long ms = m.tv_sec * 1000LL + m.tv_nsec / 1000000;
     if (ms >= next_read_ms) {
-      next_read_ms = ms + 50;
+      next_read_ms = ms + READ_EVERY_MS;
       const char *p = getenv("STATESEAL_TEST_CLOCK_OFFSET_FILE");
       FILE *f = p ? fopen(p, "r") : NULL;
       if (f) {
@@ -45,7 +50,9 @@ pub fn shim(dir: &Path) -> Option<PathBuf> {
     let lib = dir.join("libclockshim.so");
     std::fs::write(&src, SHIM).unwrap();
     let out = std::process::Command::new("cc")
-        .args(["-shared", "-fPIC", "-O2", "-o"])
+        .args(["-shared", "-fPIC", "-O2"])
+        .arg(format!("-DREAD_EVERY_MS={READ_EVERY_MS}"))
+        .arg("-o")
         .arg(&lib)
         .arg(&src)
         .arg("-ldl")
