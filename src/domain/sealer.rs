@@ -358,7 +358,7 @@ impl Sealer {
                         seconds: self.lease_seconds(lease_seconds),
                         cap: self.lease_cap(expires_at),
                     };
-                    self.ledger.reserve(&key, ask, now).await.map(Err)
+                    self.ledger.reserve(&key, ask).await.map(Err)
                 }
             };
             self.figures.ledger_round(
@@ -508,9 +508,9 @@ impl Sealer {
     ) -> Result<LeaseEnd, Reject> {
         // Not refused while the clock guard disagrees either: a refused
         // renewal certainly lets the lease lapse under a running handler,
-        // while a renewal judged by a stepped clock at worst holds the token
-        // longer or shorter by the step, as any lease granted then (and on
-        // PostgreSQL the database's clock judges it anyway).
+        // and the ledger judges the renewal by its own clock, which no step
+        // of this replica's wall clock moves (the database's on PostgreSQL,
+        // a monotonic one on sled).
         let (c, key) = self.reservation(tenant, reservation, trail)?;
         let outcome = self
             .ledger
@@ -519,7 +519,6 @@ impl Sealer {
                 c.rid,
                 self.lease_seconds(lease_seconds),
                 self.lease_cap(c.expires_at),
-                self.clock.now_unix(),
             )
             .await;
         self.held(tenant, "renew", outcome)?

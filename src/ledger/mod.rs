@@ -335,24 +335,19 @@ pub trait Ledger: Reference + Send + Sync + 'static {
     /// Reserves `key` under the lease `ask` describes: absent, or reserved
     /// under a lease that ended, becomes reserved (taken over); consumed is
     /// `Before`; reserved under a live lease is `InUse` (`Again` for the
-    /// same attempt). Lease ends are judged by the ledger's reference clock:
-    /// the database's for PostgreSQL, `now` (the guarded local clock) for
-    /// sled. Durable before the answer, like `consume`.
-    async fn reserve(
-        &self,
-        key: &LedgerKey,
-        ask: LeaseAsk,
-        now: u64,
-    ) -> Result<Reserved, LedgerError>;
+    /// same attempt). Lease ends are judged by the ledger's own clock: the
+    /// database's for PostgreSQL, a monotonic clock for sled (no replica's
+    /// wall-clock step moves either). Durable before the answer, like
+    /// `consume`.
+    async fn reserve(&self, key: &LedgerKey, ask: LeaseAsk) -> Result<Reserved, LedgerError>;
     /// Extends the reservation `rid` of `key` to `seconds` from the
-    /// reference clock (capped at `cap`), while it still holds the token.
+    /// ledger's clock (capped at `cap`), while it still holds the token.
     async fn renew(
         &self,
         key: &LedgerKey,
         rid: [u8; 16],
         seconds: u32,
         cap: u64,
-        now: u64,
     ) -> Result<Held, LedgerError>;
     /// Turns the reservation `rid` of `key` into a consumption while it
     /// still holds the token (whether or not its lease ended); durable

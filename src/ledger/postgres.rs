@@ -637,12 +637,7 @@ impl Ledger for PgLedger {
         ok
     }
 
-    async fn reserve(
-        &self,
-        key: &LedgerKey,
-        ask: LeaseAsk,
-        _now: u64,
-    ) -> Result<Reserved, LedgerError> {
+    async fn reserve(&self, key: &LedgerKey, ask: LeaseAsk) -> Result<Reserved, LedgerError> {
         let id = &key.id[..];
         let exp = i64::try_from(key.expires_at).unwrap_or(i64::MAX);
         let secs = i64::from(ask.seconds);
@@ -722,7 +717,6 @@ impl Ledger for PgLedger {
         rid: [u8; 16],
         seconds: u32,
         cap: u64,
-        _now: u64,
     ) -> Result<Held, LedgerError> {
         let id = &key.id[..];
         let rid = &rid[..];

@@ -70,7 +70,7 @@ use super::{
     Reserved, TenantTag,
 };
 use crate::clock::guard::{Reference, ReferenceError};
-use crate::clock::{Clock, WallClock};
+use crate::clock::{Clock, MonotonicClock};
 
 /// Meta records: the horizon and the clock's high-water mark.
 const META_TREE: &str = "meta/v1";
@@ -88,8 +88,9 @@ const V_COMMITTED: u8 = 3;
 const V_TAGGED: u8 = 0x80;
 
 /// Work for the writer thread. Every decision is made by this one thread,
-/// so check-then-write needs no compare-and-swap. `now` is the guarded
-/// local clock, which judges every lease of this ledger.
+/// so check-then-write needs no compare-and-swap. `now` is the ledger's
+/// clock ([`MonotonicClock`] unless a test injects one), which judges every
+/// lease of this ledger.
 enum Job {
     /// Decide a consumption (an ended lease is taken over), by an attempt
     /// (keyed hash) if named.
@@ -295,12 +296,14 @@ impl SledLedger {
             stats,
             data_file,
             stored_high_water,
-            clock: Arc::new(WallClock),
+            clock: Arc::new(MonotonicClock::new()),
         })
     }
 
-    /// The clock that judges whether a reservation's lease ended when a
-    /// plain consumption meets it (tests inject a manual clock).
+    /// The clock that judges every lease: when one is granted or renewed,
+    /// and whether it ended when a reservation or a plain consumption meets
+    /// it. By default a [`MonotonicClock`] made at open (tests inject a
+    /// manual clock).
     pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
         self
@@ -1078,13 +1081,8 @@ impl Ledger for SledLedger {
         .await
     }
 
-    async fn reserve(
-        &self,
-        key: &LedgerKey,
-        ask: LeaseAsk,
-        now: u64,
-    ) -> Result<Reserved, LedgerError> {
-        let key = *key;
+    async fn reserve(&self, key: &LedgerKey, ask: LeaseAsk) -> Result<Reserved, LedgerError> {
+        let (key, now) = (*key, self.clock.now_unix());
         self.ask(|reply| Job::Reserve {
             key,
             ask,
@@ -1100,9 +1098,8 @@ impl Ledger for SledLedger {
         rid: [u8; 16],
         seconds: u32,
         cap: u64,
-        now: u64,
     ) -> Result<Held, LedgerError> {
-        let key = *key;
+        let (key, now) = (*key, self.clock.now_unix());
         self.ask(|reply| Job::Renew {
             key,
             rid,

@@ -258,7 +258,7 @@ async fn a_lease_ending_with_its_token_is_collected_once() {
             cap: now + 30,
         };
         assert!(matches!(
-            sled.reserve(&key(i), ask, now).await.unwrap(),
+            sled.reserve(&key(i), ask).await.unwrap(),
             Reserved::Now(_)
         ));
     }

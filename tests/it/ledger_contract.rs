@@ -307,7 +307,6 @@ async fn attempts_are_idempotent(l: Arc<dyn Ledger>) {
                 attempt: x,
                 ..ask(1, 60)
             },
-            now,
         )
         .await
         .unwrap(),
@@ -320,7 +319,7 @@ async fn attempts_are_idempotent(l: Arc<dyn Ledger>) {
         attempt: x,
         ..ask(2, 90)
     };
-    match l.reserve(&k, again, now).await.unwrap() {
+    match l.reserve(&k, again).await.unwrap() {
         Reserved::Again(h) => {
             assert_eq!(h.rid, held.rid);
             assert_eq!(h.end.until, held.end.until);
@@ -331,35 +330,31 @@ async fn attempts_are_idempotent(l: Arc<dyn Ledger>) {
         attempt: y,
         ..ask(3, 90)
     };
-    assert_eq!(l.reserve(&k, other, now).await.unwrap(), Reserved::InUse);
+    assert_eq!(l.reserve(&k, other).await.unwrap(), Reserved::InUse);
     // A consume by the holding attempt's id is IN_USE too: only a Commit
     // turns a reservation into a consumption.
     assert_eq!(l.consume_as(&k, x).await.unwrap(), Consumed::InUse);
     assert_eq!(l.commit(&k, held.rid).await.unwrap(), Held::Yes(None));
     // An attempt ends with its Commit: its id is REPLAYED like any other.
-    assert_eq!(l.reserve(&k, again, now).await.unwrap(), Reserved::Before);
+    assert_eq!(l.reserve(&k, again).await.unwrap(), Reserved::Before);
     assert_eq!(l.consume_as(&k, x).await.unwrap(), Consumed::Before);
 }
 
 async fn reserve_commit_release(l: Arc<dyn Ledger>) {
-    let now = wall_now();
     let k = key(FAR);
     let (a, b) = (ask(1, 60), ask(2, 60));
-    reserved_now(l.reserve(&k, a, now).await.unwrap());
+    reserved_now(l.reserve(&k, a).await.unwrap());
     // Held: another attempt, and a plain consumption, are IN_USE.
-    assert_eq!(l.reserve(&k, b, now).await.unwrap(), Reserved::InUse);
+    assert_eq!(l.reserve(&k, b).await.unwrap(), Reserved::InUse);
     assert_eq!(l.consume(&k).await.unwrap(), Consumed::InUse);
     // Releasing what one does not hold changes nothing.
     l.release(&k, b.rid).await.unwrap();
-    assert_eq!(l.reserve(&k, b, now).await.unwrap(), Reserved::InUse);
+    assert_eq!(l.reserve(&k, b).await.unwrap(), Reserved::InUse);
     // Released by its holder: available again.
     l.release(&k, a.rid).await.unwrap();
-    reserved_now(l.reserve(&k, b, now).await.unwrap());
+    reserved_now(l.reserve(&k, b).await.unwrap());
     assert_eq!(l.commit(&k, a.rid).await.unwrap(), Held::Lost);
-    assert_eq!(
-        l.renew(&k, a.rid, 60, u64::MAX, now).await.unwrap(),
-        Held::Lost
-    );
+    assert_eq!(l.renew(&k, a.rid, 60, u64::MAX).await.unwrap(), Held::Lost);
     assert_eq!(l.commit(&k, b.rid).await.unwrap(), Held::Yes(None));
     assert_eq!(
         l.commit(&k, b.rid).await.unwrap(),
@@ -367,12 +362,9 @@ async fn reserve_commit_release(l: Arc<dyn Ledger>) {
         "idempotent"
     );
     // Committed: consumed for everyone; nothing left to renew.
-    assert_eq!(l.reserve(&k, a, now).await.unwrap(), Reserved::Before);
+    assert_eq!(l.reserve(&k, a).await.unwrap(), Reserved::Before);
     assert_eq!(l.consume(&k).await.unwrap(), Consumed::Before);
-    assert_eq!(
-        l.renew(&k, b.rid, 60, u64::MAX, now).await.unwrap(),
-        Held::Lost
-    );
+    assert_eq!(l.renew(&k, b.rid, 60, u64::MAX).await.unwrap(), Held::Lost);
     l.release(&k, b.rid).await.unwrap();
     assert_eq!(
         l.consume(&k).await.unwrap(),
@@ -388,7 +380,7 @@ async fn reserve_commit_release(l: Arc<dyn Ledger>) {
 async fn lease_expiry(l: Arc<dyn Ledger>) {
     // Ended, not taken over: still commits.
     let k = key(FAR);
-    let a = reserved_now(l.reserve(&k, ask(1, 1), wall_now()).await.unwrap());
+    let a = reserved_now(l.reserve(&k, ask(1, 1)).await.unwrap());
     assert_eq!(a.end.seconds, 1);
     tokio::time::sleep(PAST_A_ONE_SECOND_LEASE).await;
     assert_eq!(l.commit(&k, a.rid).await.unwrap(), Held::Yes(None));
@@ -396,34 +388,28 @@ async fn lease_expiry(l: Arc<dyn Ledger>) {
 
     // Ended, then taken over by another attempt: the holder has lost it.
     let k = key(FAR);
-    let a = reserved_now(l.reserve(&k, ask(1, 1), wall_now()).await.unwrap());
+    let a = reserved_now(l.reserve(&k, ask(1, 1)).await.unwrap());
     tokio::time::sleep(PAST_A_ONE_SECOND_LEASE).await;
-    let b = reserved_now(l.reserve(&k, ask(2, 60), wall_now()).await.unwrap());
+    let b = reserved_now(l.reserve(&k, ask(2, 60)).await.unwrap());
     assert_eq!(l.commit(&k, a.rid).await.unwrap(), Held::Lost);
-    assert_eq!(
-        l.renew(&k, a.rid, 60, u64::MAX, wall_now()).await.unwrap(),
-        Held::Lost
-    );
+    assert_eq!(l.renew(&k, a.rid, 60, u64::MAX).await.unwrap(), Held::Lost);
     assert_eq!(l.commit(&k, b.rid).await.unwrap(), Held::Yes(None));
 
     // Renewed before it ended: a later attempt finds it IN_USE.
     let k = key(FAR);
-    let a = reserved_now(l.reserve(&k, ask(1, 1), wall_now()).await.unwrap());
-    match l.renew(&k, a.rid, 30, u64::MAX, wall_now()).await.unwrap() {
+    let a = reserved_now(l.reserve(&k, ask(1, 1)).await.unwrap());
+    match l.renew(&k, a.rid, 30, u64::MAX).await.unwrap() {
         Held::Yes(Some(end)) => assert!(end.seconds >= 29, "{end:?}"),
         other => panic!("{other:?}"),
     }
     tokio::time::sleep(PAST_A_ONE_SECOND_LEASE).await;
-    assert_eq!(
-        l.reserve(&k, ask(2, 60), wall_now()).await.unwrap(),
-        Reserved::InUse
-    );
+    assert_eq!(l.reserve(&k, ask(2, 60)).await.unwrap(), Reserved::InUse);
     assert_eq!(l.consume(&k).await.unwrap(), Consumed::InUse);
     assert_eq!(l.commit(&k, a.rid).await.unwrap(), Held::Yes(None));
 
     // A plain consumption takes over a lease that ended.
     let k = key(FAR);
-    let a = reserved_now(l.reserve(&k, ask(3, 1), wall_now()).await.unwrap());
+    let a = reserved_now(l.reserve(&k, ask(3, 1)).await.unwrap());
     tokio::time::sleep(PAST_A_ONE_SECOND_LEASE).await;
     assert_eq!(l.consume(&k).await.unwrap(), Consumed::Now);
     assert_eq!(l.commit(&k, a.rid).await.unwrap(), Held::Lost);
@@ -435,9 +421,9 @@ async fn lease_expiry(l: Arc<dyn Ledger>) {
         cap: now + 5,
         ..ask(4, 300)
     };
-    let a = reserved_now(l.reserve(&k, capped, now).await.unwrap());
+    let a = reserved_now(l.reserve(&k, capped).await.unwrap());
     assert!(a.end.until <= now + 5 && a.end.seconds <= 5, "{a:?}");
-    match l.renew(&k, a.rid, 300, now + 5, wall_now()).await.unwrap() {
+    match l.renew(&k, a.rid, 300, now + 5).await.unwrap() {
         Held::Yes(Some(end)) => assert!(end.until <= now + 5, "{end:?}"),
         other => panic!("{other:?}"),
     }
@@ -447,8 +433,8 @@ async fn lease_expiry(l: Arc<dyn Ledger>) {
 /// nobody took over) well before its token expires; a live one stays.
 async fn gc_frees_ended_leases(l: Arc<dyn Ledger>) {
     let (ended, live) = (key(FAR), key(FAR));
-    let e = reserved_now(l.reserve(&ended, ask(1, 1), wall_now()).await.unwrap());
-    let v = reserved_now(l.reserve(&live, ask(2, 120), wall_now()).await.unwrap());
+    let e = reserved_now(l.reserve(&ended, ask(1, 1)).await.unwrap());
+    let v = reserved_now(l.reserve(&live, ask(2, 120)).await.unwrap());
     tokio::time::sleep(PAST_A_ONE_SECOND_LEASE).await;
     // The contract's backends run with no clock skew: `before` is now.
     // Earlier cases leave ended leases of their own in PostgreSQL's table,
@@ -458,18 +444,17 @@ async fn gc_frees_ended_leases(l: Arc<dyn Ledger>) {
     assert!(removed >= 1, "removed {removed}");
     // Freed: the holder's late commit finds nothing; the token reserves afresh.
     assert_eq!(l.commit(&ended, e.rid).await.unwrap(), Held::Lost);
-    reserved_now(l.reserve(&ended, ask(3, 60), wall_now()).await.unwrap());
+    reserved_now(l.reserve(&ended, ask(3, 60)).await.unwrap());
     assert_eq!(l.commit(&live, v.rid).await.unwrap(), Held::Yes(None));
 }
 
 async fn concurrent_reserves_one_winner(l: Arc<dyn Ledger>) {
-    let now = wall_now();
     for _ in 0..5 {
         let k = key(FAR);
         let tasks: Vec<_> = (0..32u8)
             .map(|i| {
                 let l = l.clone();
-                tokio::spawn(async move { (i, l.reserve(&k, ask(i, 60), now).await.unwrap()) })
+                tokio::spawn(async move { (i, l.reserve(&k, ask(i, 60)).await.unwrap()) })
             })
             .collect();
         let mut winners = Vec::new();
@@ -698,7 +683,7 @@ async fn postgres_collection_never_deletes_a_commit_that_raced_it() {
         return;
     };
     let k = key(FAR);
-    reserved_now(l.reserve(&k, ask(1, 1), wall_now()).await.unwrap());
+    reserved_now(l.reserve(&k, ask(1, 1)).await.unwrap());
     // Abandoned: the lease ends (no skew here; whole seconds).
     tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
     let client = pg_client(&pg.url).await;

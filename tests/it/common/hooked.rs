@@ -47,14 +47,9 @@ impl<H: Hooks> Ledger for Hooked<H> {
         self.hooks.consume().await?;
         self.inner.consume_as(key, attempt).await
     }
-    async fn reserve(
-        &self,
-        key: &LedgerKey,
-        ask: LeaseAsk,
-        now: u64,
-    ) -> Result<Reserved, LedgerError> {
+    async fn reserve(&self, key: &LedgerKey, ask: LeaseAsk) -> Result<Reserved, LedgerError> {
         self.hooks.write()?;
-        self.inner.reserve(key, ask, now).await
+        self.inner.reserve(key, ask).await
     }
     async fn renew(
         &self,
@@ -62,10 +57,9 @@ impl<H: Hooks> Ledger for Hooked<H> {
         rid: [u8; 16],
         seconds: u32,
         cap: u64,
-        now: u64,
     ) -> Result<Held, LedgerError> {
         self.hooks.write()?;
-        self.inner.renew(key, rid, seconds, cap, now).await
+        self.inner.renew(key, rid, seconds, cap).await
     }
     async fn commit(&self, key: &LedgerKey, rid: [u8; 16]) -> Result<Held, LedgerError> {
         self.hooks.write()?;

@@ -106,12 +106,17 @@ impl Builder {
             Some(d) => d,
             None => tempfile::tempdir().expect("tempdir"),
         };
+        let clock = self.clock.unwrap_or_else(|| Arc::new(ManualClock::new(T0)));
+        // The ledger's leases follow the test's clock too.
         let sled = match self.sled {
             Some(l) => l,
-            None => Arc::new(SledLedger::open(&dir.path().join("ledger")).expect("ledger")),
+            None => Arc::new(
+                SledLedger::open(&dir.path().join("ledger"))
+                    .expect("ledger")
+                    .with_clock(clock.clone()),
+            ),
         };
         let ledger: Arc<dyn Ledger> = self.ledger.unwrap_or_else(|| sled.clone());
-        let clock = self.clock.unwrap_or_else(|| Arc::new(ManualClock::new(T0)));
         let sealer_clock: Arc<dyn stateseal::internals::clock::Clock> =
             self.sealer_clock.unwrap_or_else(|| clock.clone());
         let keyset = self.keyset.unwrap_or_else(|| KeysetFile::generate(T0));
