@@ -24,17 +24,19 @@
 //! 5. every `info` (indeterminate) outcome on a token is resolved by that
 //!    final replay: the token is known used or known unused.
 //!
-//! `clock_steps`: intervals during which the clock that judges leases was
-//! stepped (on sled the replica's own; none on PostgreSQL, where the
-//! database's clock judges every lease). A lease that a step may have
-//! touched is not held to rules 2 and 3's lease parts — a step forward
-//! ends leases early, and so does the heal of a step back for a lease
-//! granted during it — and is counted as excused instead. A step touched a
-//! lease when it met the lease's window or any of its grants: the ledger
-//! decided a reserve or renew at some time between its `invoke` and its
-//! `complete`, on the clock of that moment. [`check_file`] lengthens each
-//! step by the clock shim's reading period (twice over), for which a
-//! replica may keep an offset after the harness changed it.
+//! `clock_steps`: the clock faults of a sled run (none on PostgreSQL, where
+//! the database's clock judges every lease). The sled ledger judges leases
+//! by a monotonic clock that a step does not move while the replica runs,
+//! but a replica restarted during a step anchors that clock to the stepped
+//! wall clock, which moves the leases it inherits or grants by up to the
+//! step, beyond the grace (docs/operations.md, Clocks). A lease that a
+//! clock fault touched is therefore not held to rules 2 and 3's lease
+//! parts and is counted as excused instead. A fault touched a lease when it
+//! met the lease's window or any of its grants (the ledger decided a
+//! reserve or renew at some time between its `invoke` and its `complete`);
+//! [`check_file`] lengthens each fault by the clock shim's reading period
+//! (twice over), for which a replica may keep an offset after the harness
+//! changed it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::BufRead;

@@ -160,9 +160,11 @@ async fn apply(c: &Cluster, kind: &str, target: usize, window: Duration, param: 
             } else {
                 CLOCK_SKEW_S + 1 + (param >> 1) % (CLOCK_BEYOND_MAX_S - CLOCK_SKEW_S)
             };
-            // On sled the replica's clock is the ledger's: a step forward
-            // ends leases early by the step. Steps forward stay within the
-            // skew there, and the checker shortens lease windows by it.
+            // On sled a replica (re)started during a step anchors its lease
+            // clock to the stepped wall clock: after a step forward beyond
+            // the skew, the leases it inherits end early by more than the
+            // grace (docs/operations.md, Clocks). Steps forward stay within
+            // the skew there.
             let sign = if c.store == Store::Sled && kind == "clock-beyond" {
                 -1
             } else {

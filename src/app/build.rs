@@ -236,7 +236,8 @@ impl ServeArgs {
                 Ok(Arc::new(
                     SledLedger::open(&self.data_dir.join("ledger"))?
                         .with_max_records(max)
-                        .with_max_tenant_records(per_tenant),
+                        .with_max_tenant_records(per_tenant)
+                        .with_inherited_lease_grace(self.clock_skew.saturating_mul(2)),
                 ))
             }
             LedgerKind::Postgres => {

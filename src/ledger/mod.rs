@@ -313,6 +313,9 @@ pub struct FlushStats {
     /// Reservations whose lease ended and that nobody took over, removed
     /// early by garbage collection.
     pub collected_leases: AtomicU64,
+    /// sled: seconds added to the end of every lease an earlier process
+    /// granted (0 until set).
+    pub inherited_lease_grace: AtomicU64,
 }
 
 /// A ledger is also the clock guard's [`Reference`]: the database's clock

@@ -281,6 +281,7 @@ impl SledLedger {
                 dead: dead.clone(),
                 stats: stats.clone(),
                 tenants,
+                inherited: leases.iter().map(|(_, k)| *k).collect(),
                 leases,
             };
             std::thread::Builder::new()
@@ -327,6 +328,20 @@ impl SledLedger {
     /// tenant is affected.
     pub fn with_max_tenant_records(self, max: u64) -> Self {
         self.stats.max_tenant_records.store(max, Ordering::Relaxed);
+        self
+    }
+
+    /// Lengthens by `seconds` every lease that an earlier process granted
+    /// (held in the store at open and not written since). That process
+    /// judged its leases by its own [`MonotonicClock`], anchored to the wall
+    /// clock when it opened, which the clock guard lets stray up to
+    /// `--clock-skew` from the true time, as it may this one's: a lease it
+    /// granted may end up to twice the skew early by this process's clock
+    /// (`tests/it/at_most_once.rs`). The server sets twice the skew.
+    pub fn with_inherited_lease_grace(self, seconds: u64) -> Self {
+        self.stats
+            .inherited_lease_grace
+            .store(seconds, Ordering::Relaxed);
         self
     }
 
@@ -389,6 +404,9 @@ struct Writer {
     /// Every reservation the tree holds, by the end of its lease: what
     /// garbage collection frees early.
     leases: BTreeSet<(u64, [u8; LedgerKey::LEN])>,
+    /// The reservations an earlier process wrote, not written since: their
+    /// leases end `stats.inherited_lease_grace` later.
+    inherited: std::collections::HashSet<[u8; LedgerKey::LEN]>,
 }
 
 /// In the ledger directory, beside sled's files.
@@ -476,6 +494,19 @@ impl Writer {
     fn round(&mut self, jobs: &[Job], high_water: Option<u64>) -> Result<Vec<Answer>, LedgerError> {
         let mut overlay: HashMap<[u8; LedgerKey::LEN], Slot> = HashMap::new();
         let tree = &self.tree;
+        // The end of a lease as this process judges it: later by the grace
+        // for one an earlier process granted and nobody wrote since.
+        let (inherited, grace) = (
+            &self.inherited,
+            self.stats.inherited_lease_grace.load(Ordering::Relaxed),
+        );
+        let ends = |overlay: &HashMap<_, Slot>, k: &[u8; LedgerKey::LEN], until: u64| {
+            if !overlay.contains_key(k) && inherited.contains(k) {
+                until.saturating_add(grace)
+            } else {
+                until
+            }
+        };
         let get = |overlay: &HashMap<_, Slot>, k: &[u8; LedgerKey::LEN]| match overlay.get(k) {
             Some(slot) => Ok(slot.now.clone()),
             None => tree
@@ -512,7 +543,9 @@ impl Writer {
                     let c = match record {
                         Record::Absent if !room.take(key.tenant) => Consumed::Full,
                         Record::Absent => Consumed::Now,
-                        Record::Reserved { until, .. } if until < *now => Consumed::Now,
+                        Record::Reserved { until, .. } if ends(&overlay, &k, until) < *now => {
+                            Consumed::Now
+                        }
                         Record::Reserved { .. } => Consumed::InUse,
                         Record::Consumed { attempt: a } if attempt.is_some() && a == *attempt => {
                             Consumed::Again
@@ -539,14 +572,16 @@ impl Writer {
                     let c = match record {
                         Record::Absent if !room.take(key.tenant) => Reserved::Full,
                         Record::Absent => Reserved::Now(lease),
-                        Record::Reserved { until, .. } if until < *now => Reserved::Now(lease),
+                        Record::Reserved { until, .. } if ends(&overlay, &k, until) < *now => {
+                            Reserved::Now(lease)
+                        }
                         Record::Reserved {
                             until,
                             rid,
                             attempt: a,
                         } if ask.attempt.is_some() && a == ask.attempt => Reserved::Again(Lease {
                             rid,
-                            end: LeaseEnd::from(*now, u32::MAX, until),
+                            end: LeaseEnd::from(*now, u32::MAX, ends(&overlay, &k, until)),
                             attempt: a,
                         }),
                         Record::Reserved { .. } => Reserved::InUse,
@@ -694,6 +729,8 @@ impl Writer {
     /// Keeps the counts and the lease index in step with a record of `k`
     /// that was `was` and is now `now` (written durably).
     fn account(&mut self, k: [u8; LedgerKey::LEN], was: Option<Vec<u8>>, now: Option<&[u8]>) {
+        // Written by this process from now on.
+        self.inherited.remove(&k);
         let (before, before_tag) = Record::decode(was.as_deref());
         let (after, after_tag) = Record::decode(now);
         if let Record::Reserved { until, .. } = before {
@@ -750,9 +787,14 @@ impl Writer {
         // (the clock skew ago): removing one leaves the token as if never
         // opened, which is what a takeover would have found. Their holder's
         // late Commit then answers LEASE_EXPIRED.
+        let (inherited, grace) = (
+            &self.inherited,
+            self.stats.inherited_lease_grace.load(Ordering::Relaxed),
+        );
         let ended: Vec<_> = self
             .leases
             .range(..(before, [0u8; LedgerKey::LEN]))
+            .filter(|(until, k)| !inherited.contains(k) || until.saturating_add(grace) < before)
             .take(limit)
             .copied()
             .collect();

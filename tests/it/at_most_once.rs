@@ -151,7 +151,11 @@ async fn sled_leases_hold_through_wall_clock_steps_within_the_skew() {
     let Some(clock) = Skewed::new(tmp.path()) else {
         return; // SKIPPED printed by the shim builder (no C compiler)
     };
-    let replica: ServerProcess = clock.spawn(&tmp.path().join("data"), &["--keyset", &ks], &[]);
+    let replica: ServerProcess = clock.spawn(
+        &tmp.path().join("data"),
+        &["--keyset", &ks, "--gc-interval-ms", "100"],
+        &[],
+    );
     wait_ready(replica.addr).await;
     let mut c = connect(replica.addr).await;
     // Past the shim's reading period, so that the replica reads the new
@@ -190,6 +194,61 @@ async fn sled_leases_hold_through_wall_clock_steps_within_the_skew() {
         assert_eq!(reason(&err), "REPLAYED", "{name}");
     }
     drop(replica);
+}
+
+/// sled, a restart: a lease judged by the ledger's monotonic clock, which
+/// is anchored to the wall clock when the ledger opens. A 30 s lease
+/// granted while the clock was 45 s behind (within the skew), then a
+/// `kill -9` and a restart on the corrected clock: another attempt still
+/// finds the token IN_USE, since a lease an earlier process granted gets
+/// twice the skew more. Without that grace it had ended 15 s before it
+/// was granted, by the new process's clock, and was taken over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sled_leases_hold_across_a_restart_on_a_corrected_clock() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ks = keys_init(tmp.path());
+    let Some(clock) = Skewed::new(tmp.path()) else {
+        return; // SKIPPED printed by the shim builder (no C compiler)
+    };
+    let data = tmp.path().join("data");
+    clock.set(-45);
+    let first: ServerProcess =
+        clock.spawn(&data, &["--keyset", &ks, "--gc-interval-ms", "100"], &[]);
+    wait_ready(first.addr).await;
+    let mut c = connect(first.addr).await;
+    let t = c
+        .seal(stateseal::proto::SealRequest {
+            ttl_seconds: 600,
+            ..seal_req(b"once", true)
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .request_state;
+    let held = c
+        .open(reserve(&t, 30, "holder"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!((29..=30).contains(&held.lease_seconds));
+    first.kill9();
+    clock.set(0);
+    let second: ServerProcess =
+        clock.spawn(&data, &["--keyset", &ks, "--gc-interval-ms", "100"], &[]);
+    wait_ready(second.addr).await;
+    let mut c = connect(second.addr).await;
+    let err = c.open(reserve(&t, 30, "intruder")).await.unwrap_err();
+    assert_eq!(reason(&err), "IN_USE", "reserve");
+    let err = c.open(open_req(&t)).await.unwrap_err();
+    assert_eq!(reason(&err), "IN_USE", "consume");
+    c.commit(CommitRequest {
+        reservation: held.reservation,
+    })
+    .await
+    .unwrap();
+    let err = c.open(open_req(&t)).await.unwrap_err();
+    assert_eq!(reason(&err), "REPLAYED");
+    drop(second);
 }
 
 /// What one caller's execution of a token came to.

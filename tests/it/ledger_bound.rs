@@ -164,6 +164,7 @@ async fn one_tenant_at_its_bound_does_not_block_another() {
     let open_sled = || {
         Arc::new(
             crate::common::open_sled_again(&dir.path().join("ledger"))
+                .with_clock(clock.clone())
                 .with_max_records(100)
                 .with_max_tenant_records(4),
         )
@@ -243,6 +244,9 @@ async fn a_lease_ending_with_its_token_is_collected_once() {
     let dir = tempfile::tempdir().unwrap();
     let sled = SledLedger::open(&dir.path().join("ledger"))
         .unwrap()
+        .with_clock(Arc::new(stateseal::internals::clock::ManualClock::new(
+            2_000_000_000,
+        )))
         .with_max_records(10);
     let now = 2_000_000_000u64;
     let key = |i: u8| LedgerKey {

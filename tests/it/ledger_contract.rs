@@ -191,6 +191,68 @@ async fn sled_horizon_survives_a_restart() {
     );
 }
 
+/// A lease an earlier process granted ends the grace later, by this
+/// process's clock, for reservations, consumptions, the same attempt's
+/// lease and collection (which frees it only once the grace is over too);
+/// a lease this process granted, or took over, gets none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sled_leases_an_earlier_process_granted_end_the_grace_later() {
+    use stateseal::internals::clock::ManualClock;
+    const T: u64 = 1_900_000_000;
+    let dir = tempfile::tempdir().unwrap();
+    let (old, attempt) = (key(FAR), Some([7u8; 16]));
+    {
+        let l = SledLedger::open(dir.path())
+            .unwrap()
+            .with_clock(Arc::new(ManualClock::new(T)));
+        let held = LeaseAsk {
+            attempt,
+            ..ask(1, 10)
+        };
+        assert_eq!(
+            reserved_now(l.reserve(&old, held).await.unwrap()).end.until,
+            T + 10
+        );
+        l.close().await.unwrap();
+    }
+    let clock = Arc::new(ManualClock::new(T + 20));
+    let l = crate::common::open_sled_again(dir.path())
+        .with_clock(clock.clone())
+        .with_inherited_lease_grace(30);
+    // Ended at T + 10 by its own numbers; held until T + 40.
+    assert_eq!(l.reserve(&old, ask(2, 60)).await.unwrap(), Reserved::InUse);
+    assert_eq!(l.consume(&old).await.unwrap(), Consumed::InUse);
+    let again = LeaseAsk {
+        attempt,
+        ..ask(3, 60)
+    };
+    match l.reserve(&old, again).await.unwrap() {
+        Reserved::Again(lease) => assert_eq!((lease.end.until, lease.end.seconds), (T + 40, 20)),
+        other => panic!("{other:?}"),
+    }
+    // Granted here: no grace.
+    let new = key(FAR);
+    reserved_now(l.reserve(&new, ask(4, 5)).await.unwrap());
+    clock.set(T + 26);
+    reserved_now(l.reserve(&new, ask(5, 5)).await.unwrap());
+    // Collection: the new lease (ended at T + 31) goes at T + 32, the
+    // inherited one stays until the grace is over too.
+    assert_eq!(l.remove_expired(T + 32, 100).await.unwrap(), 1);
+    assert_eq!(l.remove_expired(T + 40, 100).await.unwrap(), 0);
+    assert_eq!(l.consume(&new).await.unwrap(), Consumed::Now);
+    // Held through its last second.
+    clock.set(T + 40);
+    assert_eq!(l.reserve(&old, ask(6, 60)).await.unwrap(), Reserved::InUse);
+    assert_eq!(l.consume(&old).await.unwrap(), Consumed::InUse);
+    assert_eq!(l.remove_expired(T + 41, 100).await.unwrap(), 1);
+    // Collected: as if never opened. Taken over here, it gets no grace.
+    clock.set(T + 41);
+    let taken = reserved_now(l.reserve(&old, ask(7, 5)).await.unwrap());
+    assert_eq!(taken.end.until, T + 46);
+    clock.set(T + 47);
+    reserved_now(l.reserve(&old, ask(8, 5)).await.unwrap());
+}
+
 async fn sled() -> (Arc<dyn Ledger>, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     (Arc::new(SledLedger::open(dir.path()).unwrap()), dir)

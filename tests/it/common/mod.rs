@@ -110,11 +110,8 @@ impl Builder {
         // The ledger's leases follow the test's clock too.
         let sled = match self.sled {
             Some(l) => l,
-            None => Arc::new(
-                SledLedger::open(&dir.path().join("ledger"))
-                    .expect("ledger")
-                    .with_clock(clock.clone()),
-            ),
+            // A test may start again on the directory it just stopped.
+            None => Arc::new(open_sled_again(&dir.path().join("ledger")).with_clock(clock.clone())),
         };
         let ledger: Arc<dyn Ledger> = self.ledger.unwrap_or_else(|| sled.clone());
         let sealer_clock: Arc<dyn stateseal::internals::clock::Clock> =
