@@ -95,8 +95,8 @@ fn main() {
     println!("faults by kind: {:?}", s.faults_by_kind);
     println!("replicas that exited on their own: {}", s.replica_exits);
     println!(
-        "clock drift (real time against the monotonic clock): {:.3} s",
-        s.clock_drift
+        "clock drift (real time against the monotonic clock): {:.3} s, in {} step(s) of at least {} s",
+        s.clock_drift, s.host_clock_steps, nemesis::HOST_STEP_S
     );
     println!(
         "seed: {seed}; history: {}; faults: {}",

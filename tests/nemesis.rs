@@ -52,7 +52,7 @@ fn short(store: nemesis::Store, secs: u64, min_ops: u64, min_faults: usize) {
             .unwrap();
         writeln!(
             f,
-            "{} (seed {seed}): {} faults by kind {:?}; by outcome {:?}; tokens {}, acknowledged uses {}, unconfirmed {}, seal timeouts {}, lease overlaps excused by clock steps {}, replicas that exited on their own {}, clock drift {:.3} s\n{}",
+            "{} (seed {seed}): {} faults by kind {:?}; by outcome {:?}; tokens {}, acknowledged uses {}, unconfirmed {}, seal timeouts {}, lease overlaps excused by clock steps {}, replicas that exited on their own {}, clock drift {:.3} s, steps of the machine's clock {}\n{}",
             store.name(),
             s.faults(),
             s.faults_by_kind,
@@ -64,6 +64,7 @@ fn short(store: nemesis::Store, secs: u64, min_ops: u64, min_faults: usize) {
             v.excused,
             s.replica_exits,
             s.clock_drift,
+            s.host_clock_steps,
             s.line()
         )
         .unwrap();
@@ -335,6 +336,26 @@ fn checker_excuses_leases_granted_while_a_step_lasted() {
         let unchecked = nemesis::checker::check_file(&path, false).unwrap();
         assert!(!unchecked.violations.is_empty(), "no steps on PostgreSQL");
     }
+    // A step of the machine's own clock (the database's) excuses on
+    // PostgreSQL too.
+    let host = nemesis::history::Fault {
+        kind: "clock-host".into(),
+        target: "host".into(),
+        ..fault
+    };
+    std::fs::write(
+        nemesis::history::faults_path(&path),
+        serde_json::to_string(&host).unwrap() + "\n",
+    )
+    .unwrap();
+    let lines: Vec<String> = history((2.9, 3.2))
+        .iter()
+        .map(|o| serde_json::to_string(o).unwrap())
+        .collect();
+    std::fs::write(&path, lines.join("\n")).unwrap();
+    let v = nemesis::checker::check_file(&path, false).unwrap();
+    assert!(v.violations.is_empty(), "{:?}", v.violations);
+    assert_eq!(v.excused, 1);
 }
 
 #[test]

@@ -24,8 +24,10 @@
 //! 5. every `info` (indeterminate) outcome on a token is resolved by that
 //!    final replay: the token is known used or known unused.
 //!
-//! `clock_steps`: the clock faults of a sled run (none on PostgreSQL, where
-//! the database's clock judges every lease). The sled ledger judges leases
+//! `clock_steps`: the steps of the machine's own real-time clock, which
+//! the database judges leases by (`clock-host` windows, which the harness
+//! records when it sees one), and on sled the clock faults too (on
+//! PostgreSQL a replica's clock judges no lease). The sled ledger judges leases
 //! by a monotonic clock that a step does not move while the replica runs,
 //! but a replica restarted during a step anchors that clock to the stepped
 //! wall clock, which moves the leases it inherits or grants by up to the
@@ -87,20 +89,18 @@ pub fn check_file(path: &Path, clock_ledger: bool) -> Result<Verdict, String> {
             .map_err(|e| format!("{}:{}: not a history line: {e}", path.display(), n + 1))?;
         ops.push(op);
     }
-    let steps: Vec<(f64, f64)> = if clock_ledger {
-        super::history::read_faults(&super::history::faults_path(path))
-            .into_iter()
-            .filter(|f| f.kind.starts_with("clock"))
-            .map(|f| {
-                (
-                    f.start,
-                    f.end + 2.0 * super::skew::READ_EVERY_MS as f64 / 1000.0,
-                )
-            })
-            .collect()
-    } else {
-        Vec::new()
-    };
+    // The machine's own clock steps (`clock-host`) on both stores; a
+    // replica's on sled only.
+    let steps: Vec<(f64, f64)> = super::history::read_faults(&super::history::faults_path(path))
+        .into_iter()
+        .filter(|f| f.kind == "clock-host" || (clock_ledger && f.kind.starts_with("clock")))
+        .map(|f| {
+            (
+                f.start,
+                f.end + 2.0 * super::skew::READ_EVERY_MS as f64 / 1000.0,
+            )
+        })
+        .collect();
     Ok(check(ops, &steps))
 }
 

@@ -119,6 +119,10 @@ pub struct Summary {
     /// one during the run, in seconds (the database's clock judges leases
     /// by real time; a step would void the lease windows).
     pub clock_drift: f64,
+    /// Steps of the machine's real-time clock seen during the run (a
+    /// virtual machine's time sync, say), each recorded as a `clock-host`
+    /// fault window: the database's clock, and every replica's, stepped.
+    pub host_clock_steps: usize,
 }
 
 impl Summary {
@@ -211,6 +215,12 @@ async fn run_async(cfg: &Config) -> Summary {
     let callers = work
         .clone()
         .spawn_callers(cfg.callers, cfg.seed, stop.clone());
+    let watching = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let host_clock = tokio::spawn(watch_host_clock(
+        hist.clock(),
+        faults.clone(),
+        watching.clone(),
+    ));
     let started = Instant::now();
     loop {
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -233,6 +243,8 @@ async fn run_async(cfg: &Config) -> Summary {
     tokio::time::sleep(Duration::from_secs(u64::from(cluster::LEASE_S) + 1)).await;
     work.final_replay().await;
     let exits = cluster.exits();
+    watching.store(false, std::sync::atomic::Ordering::Relaxed);
+    let host_clock_steps = host_clock.await.unwrap();
     let clock_drift = history::Clock::new().now() - hist.now();
     cluster.shutdown().await;
     hist.finish();
@@ -244,5 +256,41 @@ async fn run_async(cfg: &Config) -> Summary {
         replica_exits: exits,
         faults_file,
         clock_drift,
+        host_clock_steps,
     }
+}
+
+/// A step of the real-time clock larger than this, between two looks
+/// 100 ms apart, is recorded.
+pub const HOST_STEP_S: f64 = 0.1;
+
+/// Watches the machine's real-time clock against the history's monotonic
+/// clock while `watching`, and records each step as a `clock-host` fault
+/// window from the look before it to the look that saw it. The database
+/// judges leases by that clock (and every replica its tokens' expiry), so
+/// the checker treats these windows as clock steps on both stores. Returns
+/// how many it recorded.
+async fn watch_host_clock(
+    clock: history::Clock,
+    faults: Arc<history::FaultLog>,
+    watching: Arc<std::sync::atomic::AtomicBool>,
+) -> usize {
+    let offset = || history::Clock::new().now() - clock.now();
+    let (mut last, mut seen, mut steps) = (offset(), clock.now(), 0);
+    while watching.load(std::sync::atomic::Ordering::Relaxed) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let (now, o) = (clock.now(), offset());
+        if (o - last).abs() > HOST_STEP_S {
+            faults.record(&history::Fault {
+                kind: "clock-host".into(),
+                target: "host".into(),
+                start: seen,
+                end: now,
+                detail: format!("real time moved {:+.3} s", o - last),
+            });
+            steps += 1;
+        }
+        (last, seen) = (o, now);
+    }
+    steps
 }

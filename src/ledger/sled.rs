@@ -332,11 +332,13 @@ impl SledLedger {
     }
 
     /// Lengthens by `seconds` every lease that an earlier process granted
-    /// (held in the store at open and not written since). That process
-    /// judged its leases by its own [`MonotonicClock`], anchored to the wall
-    /// clock when it opened, which the clock guard lets stray up to
-    /// `--clock-skew` from the true time, as it may this one's: a lease it
-    /// granted may end up to twice the skew early by this process's clock
+    /// (held in the store at open and not written since), when this
+    /// process judges whether it ended; the holder is still told the
+    /// recorded end. That process judged its leases by its own
+    /// [`MonotonicClock`], anchored to the wall clock when it opened, which
+    /// the operator keeps within `--clock-skew` of the true time
+    /// (docs/operations.md, Clocks), as this one's: a lease it granted may
+    /// end up to twice the skew early by this process's clock
     /// (`tests/it/at_most_once.rs`). The server sets twice the skew.
     pub fn with_inherited_lease_grace(self, seconds: u64) -> Self {
         self.stats
@@ -581,7 +583,11 @@ impl Writer {
                             attempt: a,
                         } if ask.attempt.is_some() && a == ask.attempt => Reserved::Again(Lease {
                             rid,
-                            end: LeaseEnd::from(*now, u32::MAX, ends(&overlay, &k, until)),
+                            // The recorded end, grace or not: a grace is
+                            // not written, so a later process may judge it
+                            // by another anchor; telling the holder less is
+                            // safe.
+                            end: LeaseEnd::from(*now, u32::MAX, until),
                             attempt: a,
                         }),
                         Record::Reserved { .. } => Reserved::InUse,
