@@ -137,6 +137,38 @@ async fn postgres_leases_follow_the_database_clock_across_skewed_replicas() {
     drop((ahead, behind));
 }
 
+/// A token sealed for ten minutes and reserved by "holder" for 30 s.
+async fn seal_and_hold(c: &mut RequestStateClient<Channel>) -> (String, String) {
+    let t = c
+        .seal(stateseal::proto::SealRequest {
+            ttl_seconds: 600,
+            ..seal_req(b"once", true)
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .request_state;
+    let held = c
+        .open(reserve(&t, 30, "holder"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!((29..=30).contains(&held.lease_seconds));
+    (t, held.reservation)
+}
+
+/// Another attempt finds `t` IN_USE, to reserve and to consume; the
+/// holder's Commit counts; then `t` is REPLAYED.
+async fn still_held(c: &mut RequestStateClient<Channel>, t: &str, held: String, name: &str) {
+    let err = c.open(reserve(t, 30, "intruder")).await.unwrap_err();
+    assert_eq!(reason(&err), "IN_USE", "{name}: reserve");
+    let err = c.open(open_req(t)).await.unwrap_err();
+    assert_eq!(reason(&err), "IN_USE", "{name}: consume");
+    c.commit(CommitRequest { reservation: held }).await.unwrap();
+    let err = c.open(open_req(t)).await.unwrap_err();
+    assert_eq!(reason(&err), "REPLAYED", "{name}");
+}
+
 /// sled, one replica: a wall-clock step within `--clock-skew` (60 s by
 /// default, so the replica stays ready) neither ends a lease early nor
 /// stretches one granted during it into the past. A 30 s lease, then the
@@ -164,34 +196,10 @@ async fn sled_leases_hold_through_wall_clock_steps_within_the_skew() {
     for (name, during, after) in [("clock ahead", 0, 45), ("clock put right", -45, 0)] {
         clock.set(during);
         tokio::time::sleep(settle).await;
-        let t = c
-            .seal(stateseal::proto::SealRequest {
-                ttl_seconds: 600,
-                ..seal_req(b"once", true)
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .request_state;
-        let held = c
-            .open(reserve(&t, 30, "holder"))
-            .await
-            .unwrap()
-            .into_inner();
-        assert!((29..=30).contains(&held.lease_seconds), "{name}");
+        let (t, held) = seal_and_hold(&mut c).await;
         clock.set(after);
         tokio::time::sleep(settle).await;
-        let err = c.open(reserve(&t, 30, "intruder")).await.unwrap_err();
-        assert_eq!(reason(&err), "IN_USE", "{name}: reserve");
-        let err = c.open(open_req(&t)).await.unwrap_err();
-        assert_eq!(reason(&err), "IN_USE", "{name}: consume");
-        c.commit(CommitRequest {
-            reservation: held.reservation,
-        })
-        .await
-        .unwrap();
-        let err = c.open(open_req(&t)).await.unwrap_err();
-        assert_eq!(reason(&err), "REPLAYED", "{name}");
+        still_held(&mut c, &t, held, name).await;
     }
     drop(replica);
 }
@@ -211,43 +219,22 @@ async fn sled_leases_hold_across_a_restart_on_a_corrected_clock() {
         return; // SKIPPED printed by the shim builder (no C compiler)
     };
     let data = tmp.path().join("data");
+    let args = ["--keyset", ks.as_str(), "--gc-interval-ms", "100"];
     clock.set(-45);
-    let first: ServerProcess =
-        clock.spawn(&data, &["--keyset", &ks, "--gc-interval-ms", "100"], &[]);
+    let first: ServerProcess = clock.spawn(&data, &args, &[]);
     wait_ready(first.addr).await;
-    let mut c = connect(first.addr).await;
-    let t = c
-        .seal(stateseal::proto::SealRequest {
-            ttl_seconds: 600,
-            ..seal_req(b"once", true)
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .request_state;
-    let held = c
-        .open(reserve(&t, 30, "holder"))
-        .await
-        .unwrap()
-        .into_inner();
-    assert!((29..=30).contains(&held.lease_seconds));
+    let (t, held) = seal_and_hold(&mut connect(first.addr).await).await;
     first.kill9();
     clock.set(0);
-    let second: ServerProcess =
-        clock.spawn(&data, &["--keyset", &ks, "--gc-interval-ms", "100"], &[]);
+    let second: ServerProcess = clock.spawn(&data, &args, &[]);
     wait_ready(second.addr).await;
-    let mut c = connect(second.addr).await;
-    let err = c.open(reserve(&t, 30, "intruder")).await.unwrap_err();
-    assert_eq!(reason(&err), "IN_USE", "reserve");
-    let err = c.open(open_req(&t)).await.unwrap_err();
-    assert_eq!(reason(&err), "IN_USE", "consume");
-    c.commit(CommitRequest {
-        reservation: held.reservation,
-    })
-    .await
-    .unwrap();
-    let err = c.open(open_req(&t)).await.unwrap_err();
-    assert_eq!(reason(&err), "REPLAYED");
+    still_held(
+        &mut connect(second.addr).await,
+        &t,
+        held,
+        "after the restart",
+    )
+    .await;
     drop(second);
 }
 
