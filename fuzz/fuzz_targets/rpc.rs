@@ -58,17 +58,10 @@ impl Ledger for MemLedger {
             Some(_) => Consumed::Before,
         })
     }
-    async fn reserve(&self, _: &LedgerKey, _: LeaseAsk, _: u64) -> Result<Reserved, LedgerError> {
+    async fn reserve(&self, _: &LedgerKey, _: LeaseAsk) -> Result<Reserved, LedgerError> {
         Err(NOT_FUZZED)
     }
-    async fn renew(
-        &self,
-        _: &LedgerKey,
-        _: [u8; 16],
-        _: u32,
-        _: u64,
-        _: u64,
-    ) -> Result<Held, LedgerError> {
+    async fn renew(&self, _: &LedgerKey, _: [u8; 16], _: u32, _: u64) -> Result<Held, LedgerError> {
         Err(NOT_FUZZED)
     }
     async fn commit(&self, _: &LedgerKey, _: [u8; 16]) -> Result<Held, LedgerError> {
