@@ -582,13 +582,22 @@ fn abandon(client: deadpool_postgres::Object, tls: &MakeRustlsConnect) {
 impl PgLedger {
     fn vacuum_due(&self) -> bool {
         let mut last = self.last_vacuum.lock().unwrap_or_else(|e| e.into_inner());
-        let due = last.is_none_or(|t| t.elapsed() >= Duration::from_secs(60));
-        if due {
-            *last = Some(std::time::Instant::now());
-        }
-        due
+        vacuum_due(&mut last, std::time::Instant::now())
     }
 }
+
+/// The ledger's own VACUUM runs at most once a minute: due at `now` when
+/// none ran yet or the last began a minute or more before; a due one is
+/// recorded as begun at `now`.
+fn vacuum_due(last: &mut Option<std::time::Instant>, now: std::time::Instant) -> bool {
+    let due = last.is_none_or(|t| now.saturating_duration_since(t) >= VACUUM_EVERY);
+    if due {
+        *last = Some(now);
+    }
+    due
+}
+
+const VACUUM_EVERY: Duration = Duration::from_secs(60);
 
 #[async_trait::async_trait]
 impl Reference for PgLedger {
@@ -880,5 +889,23 @@ impl Ledger for PgLedger {
 
     fn backend(&self) -> &'static str {
         "postgres"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ledger_vacuums_at_most_once_a_minute() {
+        let t0 = std::time::Instant::now();
+        let mut last = None;
+        assert!(vacuum_due(&mut last, t0), "the first is due");
+        assert_eq!(last, Some(t0));
+        let almost = t0 + VACUUM_EVERY - Duration::from_millis(1);
+        assert!(!vacuum_due(&mut last, almost), "not within the minute");
+        assert_eq!(last, Some(t0), "a refused one is not recorded");
+        assert!(vacuum_due(&mut last, t0 + VACUUM_EVERY), "due a minute later");
+        assert_eq!(last, Some(t0 + VACUUM_EVERY));
     }
 }

@@ -723,6 +723,16 @@ async fn postgres_collector_vacuums_itself_only_without_autovacuum() {
                 );
                 tokio::time::sleep(std::time::Duration::from_millis(200)).await;
             }
+            // At most once a minute: a second collection right after it
+            // does not vacuum again.
+            let once = manual_vacuums(&client).await;
+            assert_eq!(consume_twenty_then_collect(&l).await, 20);
+            tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+            assert_eq!(
+                manual_vacuums(&client).await,
+                once,
+                "autovacuum off: vacuumed again within the minute"
+            );
         } else {
             tokio::time::sleep(std::time::Duration::from_secs(3)).await;
             assert_eq!(
@@ -1082,4 +1092,171 @@ async fn collection_removes_every_expired_record_in_one_round_of_batches() {
         Consumed::PastHorizon
     );
     ledger.close().await.unwrap();
+}
+
+/// The retry policy of a batch, counted: a trigger on the ledger table fails
+/// the inserts of this test's ids with a given SQLSTATE and counts each
+/// attempt in a sequence (which a rollback does not undo). A deadlock or a
+/// serialization failure is retried twice (three attempts, then the error);
+/// any other error is not retried, and its SQLSTATE and message reach the
+/// error's detail. The trigger fires only for ids that start with this run's
+/// marker, so nothing else in the table is touched even if it is left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_retries_only_deadlocks_and_serialization_failures_twice() {
+    use stateseal::internals::ledger::postgres::TABLE;
+    let Some(pg) = crate::common::pg::alone("postgresql-retry-policy").await else {
+        return;
+    };
+    let admin = pg_client(&pg.url).await;
+    let ledger = PgLedger::connect(&pg.url, PgOptions::default())
+        .await
+        .unwrap();
+    let mut marker = [0u8; 8];
+    rand::thread_rng().fill_bytes(&mut marker);
+    let hex: String = marker.iter().map(|b| format!("{b:02x}")).collect();
+    let (seq, func, trig) = (
+        format!("stateseal_test_attempts_{hex}"),
+        format!("stateseal_test_fail_{hex}"),
+        format!("stateseal_test_fail_{hex}"),
+    );
+    for (code, attempts) in [("P0001", 1), ("23514", 1), ("40P01", 3), ("40001", 3)] {
+        admin
+            .batch_execute(&format!(
+                "DROP TRIGGER IF EXISTS {trig} ON {TABLE};
+                 DROP SEQUENCE IF EXISTS {seq};
+                 CREATE SEQUENCE {seq};
+                 CREATE OR REPLACE FUNCTION {func}() RETURNS trigger LANGUAGE plpgsql AS $f$
+                 BEGIN
+                   PERFORM nextval('{seq}');
+                   RAISE EXCEPTION 'refused by the test trigger' USING ERRCODE = '{code}';
+                 END $f$;
+                 CREATE TRIGGER {trig} BEFORE INSERT ON {TABLE} FOR EACH ROW
+                   WHEN (substring(NEW.id FROM 1 FOR 8) = '\\x{hex}'::bytea)
+                   EXECUTE FUNCTION {func}();"
+            ))
+            .await
+            .unwrap();
+        let mut k = key(FAR);
+        k.id[..8].copy_from_slice(&marker);
+        // A liveness bound: a policy that retries for ever never answers.
+        let got = tokio::time::timeout(std::time::Duration::from_secs(30), ledger.consume(&k))
+            .await
+            .unwrap_or_else(|_| panic!("{code}: the consume never answered (retried for ever?)"));
+        let e = got.expect_err("the trigger refuses every insert of this id");
+        let text = e.to_string();
+        assert!(
+            text.contains(&format!("refused by the test trigger ({code})")),
+            "{code}: the error names the database's message and SQLSTATE: {text}"
+        );
+        let n: i64 = admin
+            .query_one(&format!("SELECT last_value FROM {seq}"), &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(n, attempts, "{code}: attempts");
+    }
+    admin
+        .batch_execute(&format!(
+            "DROP TRIGGER {trig} ON {TABLE}; DROP FUNCTION {func}(); DROP SEQUENCE {seq};"
+        ))
+        .await
+        .unwrap();
+    ledger.close().await.unwrap();
+}
+
+/// A proxy on 127.0.0.1 in front of the test database that rewrites the
+/// `options` of each connection's startup message, as a pooler may: `None`
+/// drops them, `Some(o)` puts `o` in their place. Plain connections only
+/// (`sslmode=disable`). Its address; it stops with the test's runtime.
+async fn options_rewriting_proxy(upstream: String, options: Option<&'static str>) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            let upstream = upstream.clone();
+            tokio::spawn(async move {
+                let mut len = [0u8; 4];
+                client.read_exact(&mut len).await?;
+                let mut body = vec![0u8; (u32::from_be_bytes(len) as usize).saturating_sub(4)];
+                client.read_exact(&mut body).await?;
+                // Protocol version, then key\0value\0 pairs, then \0.
+                let mut out = body[..4].to_vec();
+                let mut fields = body[4..].split(|&b| b == 0);
+                while let (Some(k), Some(v)) = (fields.next(), fields.next()) {
+                    if k.is_empty() {
+                        break;
+                    }
+                    let v = if k == b"options" {
+                        match options {
+                            None => continue,
+                            Some(o) => o.as_bytes(),
+                        }
+                    } else {
+                        v
+                    };
+                    for part in [k, v] {
+                        out.extend_from_slice(part);
+                        out.push(0);
+                    }
+                }
+                out.push(0);
+                let mut server = tokio::net::TcpStream::connect(upstream).await?;
+                server
+                    .write_all(&((out.len() + 4) as u32).to_be_bytes())
+                    .await?;
+                server.write_all(&out).await?;
+                tokio::io::copy_bidirectional(&mut client, &mut server).await?;
+                Ok::<_, std::io::Error>(())
+            });
+        }
+    });
+    addr
+}
+
+/// The session check refuses sessions that would not make a consumption
+/// durable before its answer, or that ignore the statement timeout: behind
+/// a pooler that drops the startup options, or imposes its own, the ledger
+/// does not start; one that keeps `synchronous_commit` on (or
+/// `remote_apply`) and a timeout starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_refuses_sessions_that_drop_its_durability_or_timeout() {
+    let Some(pg) = crate::common::pg::shared("postgresql-session-check").await else {
+        return;
+    };
+    let cfg = stateseal::internals::ledger::postgres::parse_url(&pg.url).unwrap();
+    let host = match &cfg.get_hosts()[0] {
+        tokio_postgres::config::Host::Tcp(h) => h.clone(),
+        other => panic!("the test database is reached over TCP, not {other:?}"),
+    };
+    let upstream = format!("{host}:{}", cfg.get_ports().first().copied().unwrap_or(5432));
+    let user = cfg.get_user().unwrap_or("postgres");
+    let db = cfg.get_dbname().unwrap_or("postgres");
+    let cases: [(Option<&'static str>, Option<&str>); 5] = [
+        (None, Some("ignore the statement_timeout")),
+        (
+            Some("-c statement_timeout=5000 -c synchronous_commit=off"),
+            Some("synchronous_commit"),
+        ),
+        (
+            Some("-c statement_timeout=5000 -c synchronous_commit=local"),
+            Some("synchronous_commit"),
+        ),
+        (Some("-c statement_timeout=5000 -c synchronous_commit=remote_apply"), None),
+        (Some("-c statement_timeout=5000"), None),
+    ];
+    for (options, refusal) in cases {
+        let addr = options_rewriting_proxy(upstream.clone(), options).await;
+        let url = format!("postgres://{user}@{addr}/{db}?sslmode=disable");
+        let got = PgLedger::connect(&url, PgOptions::default()).await;
+        match (refusal, got) {
+            (Some(words), Err(e)) => assert!(
+                e.to_string().contains(words),
+                "{options:?}: refused for another reason: {e}"
+            ),
+            (Some(_), Ok(_)) => panic!("{options:?}: the ledger started on such sessions"),
+            (None, Err(e)) => panic!("{options:?}: refused: {e}"),
+            (None, Ok(l)) => l.close().await.unwrap(),
+        }
+    }
 }
