@@ -378,6 +378,10 @@ fn spawn_background(
             sealer.limits().clock_skew,
             opts.gc_every,
             1000,
+            {
+                let metrics = opts.metrics.clone();
+                move |n| metrics.records_collected(n)
+            },
         )),
         tokio::spawn(crate::clock::guard::run(
             sealer.guard().clone(),

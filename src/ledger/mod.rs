@@ -385,7 +385,8 @@ pub trait Ledger: Reference + Send + Sync + 'static {
 
 /// Garbage collection: every `every`, removes records that expired more than
 /// `skew` seconds ago, in batches of `batch` — only while the clock guard
-/// says the local clock agrees with the reference.
+/// says the local clock agrees with the reference. `collected` is told how
+/// many records each round that removed any removed.
 pub async fn run_gc(
     ledger: Arc<dyn Ledger>,
     clock: Arc<dyn Clock>,
@@ -393,6 +394,7 @@ pub async fn run_gc(
     skew: u64,
     every: Duration,
     batch: usize,
+    collected: impl Fn(u64) + Send + 'static,
 ) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -430,6 +432,7 @@ pub async fn run_gc(
                 backend = ledger.backend(),
                 "ledger records expired"
             );
+            collected(removed as u64);
         }
     }
 }

@@ -89,6 +89,7 @@ pub struct Metrics {
     ledger_failures: Counter,
     auth_failures: Counter,
     leases_lost: Counter,
+    records_collected: Counter,
     ready: std::sync::atomic::AtomicBool,
 }
 
@@ -142,6 +143,7 @@ impl Metrics {
             ledger_failures: Counter::default(),
             auth_failures: Counter::default(),
             leases_lost: Counter::default(),
+            records_collected: Counter::default(),
             ready: std::sync::atomic::AtomicBool::new(false),
         }
     }
@@ -170,6 +172,11 @@ impl Metrics {
     /// token (taken over after its lease ended, released or collected).
     pub fn lease_lost(&self) {
         self.leases_lost.inc();
+    }
+
+    /// Records what a round of garbage collection removed.
+    pub fn records_collected(&self, n: u64) {
+        self.records_collected.inc_by(n);
     }
 
     pub fn ledger_consume(&self, took: Duration, ok: bool, consumed: bool) {
@@ -261,6 +268,11 @@ pub fn registry(src: Sources) -> Registry {
         "stateseal_lease_lost",
         "Commits and renewals of a reservation that no longer held its token (another attempt took it over after the lease ended, or it was released or collected): that handler may have run twice",
         m.leases_lost.clone(),
+    );
+    r.register(
+        "stateseal_ledger_records_collected",
+        "Ledger records removed by garbage collection: tokens expired the clock skew ago, and ended leases nobody took over",
+        m.records_collected.clone(),
     );
     r.register_collector(Box::new(Owned(src)));
     r

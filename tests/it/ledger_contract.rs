@@ -1060,6 +1060,8 @@ async fn collection_removes_every_expired_record_in_one_round_of_batches() {
 
     // The first tick comes at once, the next in an hour: one round, in
     // batches of 2 (2, 2, then 1: the short batch ends the round).
+    let collected = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let told = collected.clone();
     let gc = tokio::spawn(run_gc(
         ledger.clone(),
         clock,
@@ -1067,6 +1069,9 @@ async fn collection_removes_every_expired_record_in_one_round_of_batches() {
         60,
         std::time::Duration::from_secs(3600),
         2,
+        move |n| {
+            told.fetch_add(n, Ordering::SeqCst);
+        },
     ));
     // A liveness bound, not a speed: the round takes milliseconds.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
@@ -1085,6 +1090,11 @@ async fn collection_removes_every_expired_record_in_one_round_of_batches() {
         ledger.hooks.0.load(Ordering::SeqCst),
         3,
         "batches 2, 2, 1, then stop"
+    );
+    assert_eq!(
+        collected.load(Ordering::SeqCst),
+        5,
+        "the round's removals, told once"
     );
     assert_eq!(ledger.consume(&live).await.unwrap(), Consumed::Before);
     assert_eq!(

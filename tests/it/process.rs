@@ -319,6 +319,7 @@ async fn logs_of_a_full_run_hold_no_key_state_or_token_bytes() {
         "stateseal_ledger_records 1",
         "stateseal_ledger_records_max 250000",
         "stateseal_ledger_full_refusals_total 0",
+        "stateseal_ledger_records_collected_total 0",
         "stateseal_ready 1",
         "stateseal_clock_synced 1",
         "stateseal_primary_key_promoted_timestamp_seconds ",
