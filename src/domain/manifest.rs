@@ -1179,6 +1179,50 @@ mod tests {
         );
     }
 
+    /// The compact manifest holds at its 16 KiB bound: exactly
+    /// `MAX_MANIFEST` bytes encode, one more is TOO_LARGE.
+    #[test]
+    fn a_manifest_encodes_up_to_its_bound() {
+        let of = |key_len: usize| {
+            Manifest(BTreeMap::from([("k".repeat(key_len), Question::Url)]))
+        };
+        let overhead = of(0).encode().unwrap().len();
+        let at = of(MAX_MANIFEST - overhead).encode().unwrap();
+        assert_eq!(at.len(), MAX_MANIFEST);
+        assert_eq!(
+            of(MAX_MANIFEST - overhead + 1).encode().unwrap_err(),
+            Reject::TooLarge
+        );
+    }
+
+    /// A sampling answer needs both a string `role` and a `content`
+    /// (object or array); either alone is of the wrong kind.
+    #[test]
+    fn a_sampling_answer_needs_its_role_and_content() {
+        let m = Manifest(BTreeMap::from([("s".to_owned(), Question::Sampling)]));
+        for (answer, kept) in [
+            (r#"{"role":"assistant","content":{"type":"text","text":"hi"}}"#, true),
+            (r#"{"role":"assistant","content":[{"type":"text","text":"hi"}]}"#, true),
+            (r#"{"role":"assistant"}"#, false),
+            (r#"{"content":{"type":"text","text":"hi"}}"#, false),
+            (r#"{"role":1,"content":{"type":"text","text":"hi"}}"#, false),
+            (r#"{"role":"assistant","content":"hi"}"#, false),
+        ] {
+            let answers = Answers::parse(&format!(r#"{{"s":{answer}}}"#)).unwrap();
+            let f = m.filter(answers);
+            if kept {
+                assert!(f.dropped.is_empty(), "{answer}: {:?}", f.dropped);
+            } else {
+                assert_eq!(
+                    f.dropped,
+                    vec![("s".to_owned(), DropReason::KindMismatch)],
+                    "{answer}"
+                );
+                assert_eq!(f.json, "{}", "{answer}");
+            }
+        }
+    }
+
     /// An answer `serde_json::Value` cannot hold (a number beyond any
     /// double): inside an object its content is invalid, anything else is
     /// of the wrong kind (kills the mutant that made every such answer
