@@ -367,7 +367,7 @@ class StatesealBoundary:
         # The lease lives as long as the handler: renewed in the background
         # every third of the granted lease, stopped before Commit/Release.
         keeper = (
-            asyncio.create_task(self._keep_renewing(ctx.method, reservation, opened.lease_seconds))
+            _Renewal(self, ctx.method, reservation, opened.lease_seconds)
             if reservation and opened.lease_seconds > 0
             else None
         )
@@ -376,7 +376,7 @@ class StatesealBoundary:
             result = await self._seal_if_asked(ctx, params, result, subject=subject, digest=digest)
         except BaseException:
             if keeper is not None:
-                keeper.cancel()
+                keeper.stop()
             if reservation:
                 await self._release(ctx.method, reservation)
             raise
@@ -402,14 +402,15 @@ class StatesealBoundary:
         return result
 
     @staticmethod
-    async def _stop(keeper: asyncio.Task[None] | None) -> None:
-        """Stops renewing and waits for the keeper to end (asyncio.wait never
-        raises the task's own cancellation), so no Renew is sent after."""
-        if keeper is not None:
-            keeper.cancel()
-            await asyncio.wait({keeper})
+    async def _stop(keeper: _Renewal | None) -> None:
+        """Stops renewing and waits for a Renew in flight to end (cancelled;
+        asyncio.wait never raises the task's own cancellation), so no Renew
+        is sent after. Without one in flight it returns at once."""
+        inflight = keeper.stop() if keeper is not None else None
+        if inflight is not None:
+            await asyncio.wait({inflight})
 
-    async def _finish(self, method: str, reservation: str, keeper: asyncio.Task[None] | None) -> None:
+    async def _finish(self, method: str, reservation: str, keeper: _Renewal | None) -> None:
         """Commits a reservation whose handler returned, after its answer
         went out: the renewals stop first (a Renew after the Commit would
         find the token taken, a false lost lease), then the Commit, retried
@@ -472,35 +473,31 @@ class StatesealBoundary:
                     logger.error("stateseal commit failed on %s: %s", method, e.reason)
                 return
 
-    async def _keep_renewing(self, method: str, reservation: str, granted: int) -> None:
-        """Renews `reservation` every third of its granted lease (at least
-        every 0.5 s) until cancelled. Only the granted length is used, never
-        `lease_expires_at_unix`: this replica's clock is not the ledger's."""
-        interval = max(_MIN_RENEW_INTERVAL, granted / 3)
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                lease = await self._client.renew(reservation, self._lease)
-            except StatesealError as e:
-                if renewal_lost(e):
-                    logger.error(
-                        "stateseal renew on %s: reservation lost while the handler ran; "
-                        "another attempt may run it",
-                        method,
-                    )
-                    return
-                # Unreachable or transient: keep trying; the lease holds
-                # until it runs out, and Commit still succeeds while no
-                # other attempt took the token over.
-                logger.warning("stateseal renew failed on %s: %s; retrying", method, e.reason)
-                continue
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # never let the keeper die silently
-                logger.warning("stateseal renew raised on %s; retrying", method, exc_info=True)
-                continue
-            if lease.lease_seconds > 0:
-                interval = max(_MIN_RENEW_INTERVAL, lease.lease_seconds / 3)
+    async def _renew_once(self, method: str, reservation: str) -> int | None:
+        """One renewal of `reservation`: the lease granted (0 when the
+        server does not say), or None once it is lost (another attempt took
+        the token over), which ends the renewals."""
+        try:
+            lease = await self._client.renew(reservation, self._lease)
+        except StatesealError as e:
+            if renewal_lost(e):
+                logger.error(
+                    "stateseal renew on %s: reservation lost while the handler ran; "
+                    "another attempt may run it",
+                    method,
+                )
+                return None
+            # Unreachable or transient: keep trying; the lease holds
+            # until it runs out, and Commit still succeeds while no
+            # other attempt took the token over.
+            logger.warning("stateseal renew failed on %s: %s; retrying", method, e.reason)
+            return 0
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # never let the renewals die silently
+            logger.warning("stateseal renew raised on %s; retrying", method, exc_info=True)
+            return 0
+        return lease.lease_seconds
 
     async def _open(
         self, wire: str, token: bytes, subject: str, method: str, digest: bytes, reserve: bool, answers_json: str
@@ -697,6 +694,56 @@ class StatesealBoundary:
             message="Invalid or expired requestState",
             data={"reason": "invalid_request_state"},
         )
+
+
+
+class _Renewal:
+    """Renews a reservation every third of its granted lease (at least every
+    0.5 s) while its handler runs: a timer, and a task only while a Renew is
+    in flight, so a handler that ends before the first renewal costs no
+    task and its Commit waits for nothing. Only the granted length is used,
+    never `lease_expires_at_unix`: this replica's clock is not the ledger's."""
+
+    def __init__(self, boundary: StatesealBoundary, method: str, reservation: str, granted: int) -> None:
+        self._boundary = boundary
+        self._method = method
+        self._reservation = reservation
+        self._granted = granted
+        self._loop = asyncio.get_running_loop()
+        self._stopped = False
+        self._inflight: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._schedule()
+
+    def _schedule(self) -> None:
+        self._timer = self._loop.call_later(max(_MIN_RENEW_INTERVAL, self._granted / 3), self._due)
+
+    def _due(self) -> None:
+        self._timer = None
+        if not self._stopped:
+            self._inflight = self._loop.create_task(self._renew())
+
+    async def _renew(self) -> None:
+        granted = await self._boundary._renew_once(self._method, self._reservation)
+        self._inflight = None
+        if granted is None or self._stopped:
+            return
+        if granted > 0:
+            self._granted = granted
+        self._schedule()
+
+    def stop(self) -> asyncio.Task[None] | None:
+        """Stops renewing: the timer is cancelled, and a Renew in flight too,
+        which is returned to be waited for (None when there is none)."""
+        self._stopped = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        inflight = self._inflight
+        if inflight is not None and not inflight.done():
+            inflight.cancel()
+            return inflight
+        return None
 
 
 def install(server: Any, boundary: StatesealBoundary) -> None:
