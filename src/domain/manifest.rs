@@ -208,8 +208,8 @@ impl Manifest {
                                 b,
                             ]
                         };
-                        f.lo_text = raw_member(json, &path("minimum")).or(f.lo_text.take());
-                        f.hi_text = raw_member(json, &path("maximum")).or(f.hi_text.take());
+                        f.lo_text = raw_member(json, &path("minimum"));
+                        f.hi_text = raw_member(json, &path("maximum"));
                     }
                 }
             }
@@ -465,20 +465,22 @@ fn format_ok(fmt: StrFormat, s: &str) -> bool {
             }
             None => false,
         },
-        StrFormat::Uri => uri_scheme(s).is_some() && !s.chars().any(|c| c.is_whitespace()),
+        StrFormat::Uri => absolute_uri(s) && !s.chars().any(|c| c.is_whitespace()),
         StrFormat::Date => date_ok(s),
         StrFormat::DateTime => date_time_ok(s),
     }
 }
 
-/// The scheme of an absolute URI (RFC 3986: ALPHA *( ALPHA / DIGIT / "+" /
-/// "-" / "." ) ":"), lowercased.
-fn uri_scheme(s: &str) -> Option<String> {
-    let (scheme, rest) = s.split_once(':')?;
+/// Whether `s` starts with the scheme of an absolute URI (RFC 3986: ALPHA
+/// *( ALPHA / DIGIT / "+" / "-" / "." ) ":") and has something after it.
+fn absolute_uri(s: &str) -> bool {
+    let Some((scheme, rest)) = s.split_once(':') else {
+        return false;
+    };
     let mut chars = scheme.chars();
     let first_ok = chars.next().is_some_and(|c| c.is_ascii_alphabetic());
     let rest_ok = chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
-    (first_ok && rest_ok && !rest.is_empty()).then(|| scheme.to_ascii_lowercase())
+    first_ok && rest_ok && !rest.is_empty()
 }
 
 fn digits(s: &str) -> Option<u32> {
@@ -1110,12 +1112,7 @@ fn field(def: &Map<String, Value>) -> Result<Field, Reject> {
             };
             f.lo = bound(def, "minimum", false)?;
             f.hi = bound(def, "maximum", false)?;
-            let text = |name: &str| match def.get(name) {
-                Some(Value::Number(n)) => Some(n.to_string()),
-                _ => None,
-            };
-            f.lo_text = text("minimum");
-            f.hi_text = text("maximum");
+            // Their texts as written come from the raw JSON (Manifest::build).
         }
         Some("boolean") => f.kind = FieldKind::Boolean,
         Some("array") => {
@@ -1177,6 +1174,106 @@ mod tests {
             Manifest::build(&questions(1, MAX_KEY + 1), deny).unwrap_err(),
             Reject::BadInputRequests
         );
+    }
+
+    /// Each rule of the string formats, at its edges: every check, alone,
+    /// refuses what it is there to refuse.
+    #[test]
+    fn string_formats_hold_at_their_edges() {
+        for (date, ok) in [
+            ("2024-04-30", true),
+            ("2024-04-31", false),
+            ("2024-06-30", true),
+            ("2024-11-31", false),
+            ("2024-12-31", true),
+            ("2024-01-00", false),
+            ("2000-02-29", true),
+            ("1900-02-29", false),
+            ("2023-02-28", true),
+            ("2024-01-011", false),
+            ("2024-01-0", false),
+            ("2024x01-01", false),
+            ("2024-01x01", false),
+            ("2024-+1-01", false),
+            ("2024-01-+1", false),
+            ("+024-01-01", false),
+        ] {
+            assert_eq!(date_ok(date), ok, "{date}");
+        }
+        for (dt, ok) in [
+            ("2026-07-28T23:59:60Z", true),
+            ("2026-07-28T24:00:00Z", false),
+            ("2026-07-28T23:60:00Z", false),
+            ("2026-07-28T23:59:61Z", false),
+            ("2023-02-29T10:00:00Z", false),
+            ("2026-07-28T10:00", false),
+            ("2026-07-28T10:00:0", false),
+            ("2026-07-28T10-00:00Z", false),
+            ("2026-07-28T10:00-00Z", false),
+            ("2026-07-28T10:00:00z", true),
+            ("2026-07-28T10:00:00.5Z", true),
+            ("2026-07-28T10:00:00.Z", false),
+            ("2026-07-28T10:00:00+23:59", true),
+            ("2026-07-28T10:00:00-02:00", true),
+            ("2026-07-28T10:00:00+24:00", false),
+            ("2026-07-28T10:00:00+02:60", false),
+            ("2026-07-28T10:00:00*02:00", false),
+            ("2026-07-28T10:00:00+02-00", false),
+            ("2026-07-28T10:00:00+0200", false),
+            ("2026-07-28T10:00:00+02:000", false),
+            ("2026-07-28T10:00:00", false),
+            ("2026-07-28", false),
+        ] {
+            assert_eq!(date_time_ok(dt), ok, "{dt}");
+        }
+        for (email, ok) in [
+            ("a@example.com", true),
+            ("@example.com", false),
+            ("a@examplecom", false),
+            ("a@.example.com", false),
+            ("a@example.com.", false),
+            ("a@b@example.com", false),
+            ("a\u{7}@example.com", false),
+            ("a@example.com ", false),
+            ("example.com", false),
+        ] {
+            assert_eq!(format_ok(StrFormat::Email, email), ok, "{email:?}");
+        }
+        for (uri, ok) in [
+            ("mailto:x", true),
+            ("a+b-c.d:x", true),
+            ("noscheme", false),
+            ("1abc:x", false),
+            ("ab_c:x", false),
+            ("abc:", false),
+            (":x", false),
+            ("mailto:a b", false),
+        ] {
+            assert_eq!(format_ok(StrFormat::Uri, uri), ok, "{uri}");
+        }
+        // A control character that is not whitespace: a WHATWG parser
+        // strips it in front of the scheme, and this check refuses it.
+        assert!(!url_ok("\u{1}https://example.com/"));
+        assert!(!url_ok("https://example.com/\u{7f}"));
+    }
+
+    /// A sampling question needs `messages` and a whole `maxTokens` of at
+    /// least 1.
+    #[test]
+    fn a_sampling_question_needs_messages_and_whole_max_tokens() {
+        for (params, ok) in [
+            (r#"{"messages":[],"maxTokens":1}"#, true),
+            (r#"{"messages":[],"maxTokens":0}"#, false),
+            (r#"{"messages":[],"maxTokens":1.5}"#, false),
+            (r#"{"messages":[],"maxTokens":"1"}"#, false),
+            (r#"{"maxTokens":1}"#, false),
+            (r#"{"messages":{},"maxTokens":1}"#, false),
+        ] {
+            let requests =
+                format!(r#"{{"s":{{"method":"sampling/createMessage","params":{params}}}}}"#);
+            let got = Manifest::build(&requests, CredentialPolicy::Deny);
+            assert_eq!(got.is_ok(), ok, "{params}: {got:?}");
+        }
     }
 
     /// The compact manifest holds at its 16 KiB bound: exactly
@@ -1280,6 +1377,83 @@ mod tests {
             "mode": "form", "message": message,
             "requestedSchema": {"type": "object", "properties": {name: def}}}}});
         Manifest::build(&q.to_string(), CredentialPolicy::Deny).is_err()
+    }
+
+    /// Default-ignorable letters (the Hangul fillers are letters, so they
+    /// do not split words) are dropped before the credential check:
+    /// `pass\u{3164}word` reads as `password`.
+    #[test]
+    fn ignorable_letters_inside_a_credential_word_are_dropped() {
+        let s = serde_json::json!({"type": "string"});
+        for name in ["pass\u{115f}word", "pass\u{3164}word", "pass\u{ffa0}word"] {
+            assert!(refused("Sign in", name, s.clone()), "{name:?}");
+        }
+    }
+
+    /// `required` names distinct fields of the form; an `enum` has at
+    /// least one option.
+    #[test]
+    fn required_names_distinct_fields_and_an_enum_has_options() {
+        let build = |properties: Value, required: Value| {
+            let q = serde_json::json!({"q": {"method": "elicitation/create", "params": {
+                "mode": "form", "message": "Which?",
+                "requestedSchema": {"type": "object", "properties": properties,
+                    "required": required}}}});
+            Manifest::build(&q.to_string(), CredentialPolicy::Deny)
+        };
+        let two = serde_json::json!({"a": {"type": "string"}, "b": {"type": "string"}});
+        assert!(build(two.clone(), serde_json::json!(["a", "b"])).is_ok());
+        assert!(build(two.clone(), serde_json::json!(["a"])).is_ok());
+        for bad in [
+            serde_json::json!(["a", "a"]),
+            serde_json::json!(["c"]),
+            serde_json::json!([1]),
+            serde_json::json!("a"),
+        ] {
+            assert_eq!(
+                build(two.clone(), bad.clone()).unwrap_err(),
+                Reject::BadInputRequests,
+                "{bad}"
+            );
+        }
+        let one_of = |e: Value| serde_json::json!({"a": {"type": "string", "enum": e}});
+        assert!(build(one_of(serde_json::json!(["x"])), serde_json::json!([])).is_ok());
+        assert_eq!(
+            build(one_of(serde_json::json!([])), serde_json::json!([])).unwrap_err(),
+            Reject::BadInputRequests
+        );
+        // Bounds may meet, never cross.
+        for (def, ok) in [
+            (serde_json::json!({"type": "number", "minimum": 5, "maximum": 5}), true),
+            (serde_json::json!({"type": "number", "minimum": 6, "maximum": 5}), false),
+            (serde_json::json!({"type": "string", "minLength": 3, "maxLength": 3}), true),
+            (serde_json::json!({"type": "string", "minLength": 4, "maxLength": 3}), false),
+        ] {
+            let got = build(serde_json::json!({ "a": def }), serde_json::json!([]));
+            assert_eq!(got.is_ok(), ok, "{def}: {got:?}");
+        }
+        let titled = |o: Value| serde_json::json!({"a": {"type": "string", "oneOf": o}});
+        let x = serde_json::json!([{"const": "x", "title": "X"}]);
+        assert!(build(titled(x), serde_json::json!([])).is_ok());
+        assert_eq!(
+            build(titled(serde_json::json!([])), serde_json::json!([])).unwrap_err(),
+            Reject::BadInputRequests
+        );
+    }
+
+    /// A form field's name is 1 to `MAX_KEY` bytes.
+    #[test]
+    fn a_form_field_name_holds_at_its_bounds() {
+        let s = serde_json::json!({"type": "string"});
+        let build = |name: &str| {
+            let q = serde_json::json!({"q": {"method": "elicitation/create", "params": {
+                "mode": "form", "message": "Which colour?",
+                "requestedSchema": {"type": "object", "properties": {name: s.clone()}}}}});
+            Manifest::build(&q.to_string(), CredentialPolicy::Deny)
+        };
+        assert!(build(&"c".repeat(MAX_KEY)).is_ok());
+        assert_eq!(build(&"c".repeat(MAX_KEY + 1)).unwrap_err(), Reject::BadInputRequests);
+        assert_eq!(build("").unwrap_err(), Reject::BadInputRequests);
     }
 
     #[test]

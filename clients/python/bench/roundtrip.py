@@ -22,7 +22,11 @@ It then prints where the stateseal variant's time goes, per round trip
   stateseal_request_duration_seconds histogram, scraped before and after)
   and its durable rounds (stateseal_ledger_consume_duration_seconds);
 - the gRPC client and loopback: the RPCs as awaited minus the server's
-  handling of them.
+  handling of them;
+and, last, the same three calls (Seal, Open RESERVE, Commit) one after
+another on an otherwise idle event loop: what the two calls on the response
+path cost by themselves, against what they cost beside the MCP client and
+server on one loop.
 The SDK's and uvicorn's per-request logs are turned off: they would cost
 both variants alike.
 """
@@ -218,7 +222,7 @@ async def main(n: int) -> None:
             for (_, v), p in zip(variants, ports)
         ]
         # After uvicorn's Config, which sets up logging.
-        for name in ("httpx", "mcp", "uvicorn"):
+        for name in ("httpx", "httpx2", "mcp", "uvicorn"):
             logging.getLogger(name).setLevel(logging.WARNING)
         times: list[list[float]] = [[] for _ in variants]
         async with anyio.create_task_group() as tg:
@@ -251,11 +255,50 @@ async def main(n: int) -> None:
                 after = scrape(metrics)
             for s in servers:
                 s.should_exit = True
+        # The same calls from the same client on an otherwise idle event
+        # loop: what the two calls on the response path cost by themselves.
+        idle = await idle_calls(addr, n)
         proc.terminate()
         proc.wait(timeout=20)
 
     report_times(variants, times)
     report_steps(steps, before, after, len(times[1]))
+    report_idle(idle)
+
+
+async def idle_calls(addr: str, n: int) -> dict[str, list[float]]:
+    """Seal (single use), Open RESERVE and Commit of one token after
+    another, `n` times, from a fresh client on this otherwise idle loop: ms
+    per call as awaited."""
+    client = RequestStateClient(addr)
+    out: dict[str, list[float]] = {"Seal": [], "Open RESERVE": [], "Commit": []}
+    digest = bytes(32)
+    for i in range(n + 20):
+        t0 = time.perf_counter()
+        sealed = await client.seal(
+            subject="bench", method="tools/call", state=b"x" * 64, params_digest=digest, single_use=True
+        )
+        t1 = time.perf_counter()
+        opened = await client.open(
+            sealed.request_state, subject="bench", method="tools/call", params_digest=digest, reserve=True
+        )
+        t2 = time.perf_counter()
+        await client.commit(opened.reservation)
+        t3 = time.perf_counter()
+        if i >= 20:  # after a warm-up
+            for name, dt in (("Seal", t1 - t0), ("Open RESERVE", t2 - t1), ("Commit", t3 - t2)):
+                out[name].append(dt * 1000)
+    await client.close()
+    return out
+
+
+def report_idle(idle: dict[str, list[float]]) -> None:
+    print(f"the same calls on an idle event loop, one after another ({len(idle['Seal'])} each):")
+    print("call | p50 ms | p99 ms")
+    for name, t in idle.items():
+        print(f"{name} | {statistics.median(t):.3f} | {q(t, 0.99):.3f}")
+    floor = statistics.median(idle["Seal"]) + statistics.median(idle["Open RESERVE"])
+    print(f"the response path's two calls at their idle p50 (Seal + Open RESERVE) | {floor:.3f}")
 
 
 async def settle(metrics: str) -> None:

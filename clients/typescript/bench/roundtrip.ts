@@ -21,7 +21,11 @@
 //   stateseal_request_duration_seconds histogram, scraped before and
 //   after) and its durable rounds (stateseal_ledger_consume_duration_seconds);
 // - the gRPC client and loopback: the RPCs as awaited minus the server's
-//   handling of them.
+//   handling of them;
+// and, last, the same three calls (Seal, Open RESERVE, Commit) one after
+// another on an otherwise idle event loop: what the two calls on the
+// response path cost by themselves, against what they cost beside the MCP
+// client and server on one loop.
 import { randomBytes } from 'node:crypto';
 import { createServer as createNetServer } from 'node:net';
 import { type Server as HttpServer } from 'node:http';
@@ -253,6 +257,29 @@ for (const [rpc, name] of [['commit', 'Commit'], ['renew', 'Renew']]) {
   console.log(`  the server's handling of it | ${per(ms)}`);
 }
 console.log(`the server's durable rounds (Open RESERVE and Commit, within their handling) | ${per(durable)}`);
+// The same calls from a fresh client on an otherwise idle event loop: what
+// the two calls on the response path cost by themselves.
+const idle = new RequestStateClient(stateseal.addr);
+const idleMs: Record<string, number[]> = { Seal: [], 'Open RESERVE': [], Commit: [] };
+const binding = { subject: 'bench', method: 'tools/call' as const, paramsDigest: Buffer.alloc(32) };
+for (let i = 0; i < n + 20; i++) {
+  const t0 = performance.now();
+  const sealed = await idle.seal({ binding, state: Buffer.alloc(64, 0x78), singleUse: true });
+  const t1 = performance.now();
+  const opened = await idle.open({ requestState: sealed.requestState, binding, reserve: true });
+  const t2 = performance.now();
+  await idle.commit(opened.reservation);
+  const t3 = performance.now();
+  if (i < 20) continue; // a warm-up
+  idleMs.Seal.push(t1 - t0);
+  idleMs['Open RESERVE'].push(t2 - t1);
+  idleMs.Commit.push(t3 - t2);
+}
+idle.close();
+console.log(`the same calls on an idle event loop, one after another (${n} each):`);
+console.log('call | p50 ms | p99 ms');
+for (const [name, t] of Object.entries(idleMs)) console.log(`${name} | ${quantile(t, 0.5).toFixed(3)} | ${quantile(t, 0.99).toFixed(3)}`);
+console.log(`the response path's two calls at their idle p50 (Seal + Open RESERVE) | ${(quantile(idleMs.Seal, 0.5) + quantile(idleMs['Open RESERVE'], 0.5)).toFixed(3)}`);
 for (const c of clients) await c.close();
 for (const [, h] of variants) h.close();
 grpc.close();
