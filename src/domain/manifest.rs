@@ -1379,12 +1379,18 @@ mod tests {
         Manifest::build(&q.to_string(), CredentialPolicy::Deny).is_err()
     }
 
-    /// Default-ignorable letters (the Hangul fillers are letters, so they
-    /// do not split words) are dropped before the credential check:
-    /// `pass\u{3164}word` reads as `password`.
+    /// Invisible characters between every letter of a credential word are
+    /// dropped before the check: split at each of them, the word would be
+    /// eight one-letter pieces, more than the joins of up to three pieces
+    /// the check also tries.
     #[test]
-    fn ignorable_letters_inside_a_credential_word_are_dropped() {
+    fn invisible_characters_between_every_letter_are_dropped() {
         let s = serde_json::json!({"type": "string"});
+        for sep in ["\u{200b}", "\u{ad}", "\u{2060}", "\u{feff}", "\u{e0020}"] {
+            let name: String = "password".chars().map(|c| format!("{c}{sep}")).collect();
+            assert!(refused("Sign in", &name, s.clone()), "{name:?}");
+        }
+        // Letters that render as nothing (Hangul fillers) are refused too.
         for name in ["pass\u{115f}word", "pass\u{3164}word", "pass\u{ffa0}word"] {
             assert!(refused("Sign in", name, s.clone()), "{name:?}");
         }
