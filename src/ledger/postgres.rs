@@ -905,7 +905,10 @@ mod tests {
         let almost = t0 + VACUUM_EVERY - Duration::from_millis(1);
         assert!(!vacuum_due(&mut last, almost), "not within the minute");
         assert_eq!(last, Some(t0), "a refused one is not recorded");
-        assert!(vacuum_due(&mut last, t0 + VACUUM_EVERY), "due a minute later");
+        assert!(
+            vacuum_due(&mut last, t0 + VACUUM_EVERY),
+            "due a minute later"
+        );
         assert_eq!(last, Some(t0 + VACUUM_EVERY));
     }
 }

@@ -1239,7 +1239,10 @@ async fn postgres_refuses_sessions_that_drop_its_durability_or_timeout() {
         tokio_postgres::config::Host::Tcp(h) => h.clone(),
         other => panic!("the test database is reached over TCP, not {other:?}"),
     };
-    let upstream = format!("{host}:{}", cfg.get_ports().first().copied().unwrap_or(5432));
+    let upstream = format!(
+        "{host}:{}",
+        cfg.get_ports().first().copied().unwrap_or(5432)
+    );
     let user = cfg.get_user().unwrap_or("postgres");
     let db = cfg.get_dbname().unwrap_or("postgres");
     let cases: [(Option<&'static str>, Option<&str>); 5] = [
@@ -1252,7 +1255,10 @@ async fn postgres_refuses_sessions_that_drop_its_durability_or_timeout() {
             Some("-c statement_timeout=5000 -c synchronous_commit=local"),
             Some("synchronous_commit"),
         ),
-        (Some("-c statement_timeout=5000 -c synchronous_commit=remote_apply"), None),
+        (
+            Some("-c statement_timeout=5000 -c synchronous_commit=remote_apply"),
+            None,
+        ),
         (Some("-c statement_timeout=5000"), None),
     ];
     for (options, refusal) in cases {
