@@ -1041,6 +1041,13 @@ mod tests {
         let dup = format!("{{{},\"k7\":0}}", many.join(","));
         assert!(object_members(&dup, NumberMode::Exact, &[]).is_err());
         assert!(object_members(&format!("{{{}}}", many.join(",")), NumberMode::Exact, &[]).is_ok());
+        // An empty object (with space after it) has none of the members;
+        // anything after it is refused.
+        for empty in ["{}", " { } "] {
+            let m = object_members(empty, NumberMode::Exact, &["name"]).unwrap();
+            assert_eq!(m, vec![None], "{empty:?}");
+        }
+        assert!(object_members("{}x", NumberMode::Exact, &["name"]).is_err());
     }
 
     /// The shortcuts (strings without escapes borrowed and copied as runs,
