@@ -964,6 +964,10 @@ mod tests {
         assert!(canonicalize(&deep, NumberMode::Rfc8785).is_err());
         let ok = format!("{}{}", "[".repeat(MAX_DEPTH), "]".repeat(MAX_DEPTH));
         assert!(canonicalize(&ok, NumberMode::Rfc8785).is_ok());
+        // Objects hold at the same depth.
+        let objects = |n: usize| format!("{}1{}", r#"{"a":"#.repeat(n), "}".repeat(n));
+        assert!(canonicalize(&objects(MAX_DEPTH), NumberMode::Rfc8785).is_ok());
+        assert!(canonicalize(&objects(MAX_DEPTH + 1), NumberMode::Rfc8785).is_err());
     }
 
     #[test]
