@@ -964,6 +964,10 @@ mod tests {
         assert!(canonicalize(&deep, NumberMode::Rfc8785).is_err());
         let ok = format!("{}{}", "[".repeat(MAX_DEPTH), "]".repeat(MAX_DEPTH));
         assert!(canonicalize(&ok, NumberMode::Rfc8785).is_ok());
+        // A high surrogate whose next escape is not `\u`, though a `u` and
+        // a low surrogate's digits follow: refused.
+        assert!(canonicalize(r#"["\uD800xuDC00"]"#, NumberMode::Rfc8785).is_err());
+        assert!(canonicalize(r#"["\uD800\uDC00"]"#, NumberMode::Rfc8785).is_ok());
         // Objects hold at the same depth.
         let objects = |n: usize| format!("{}1{}", r#"{"a":"#.repeat(n), "}".repeat(n));
         assert!(canonicalize(&objects(MAX_DEPTH), NumberMode::Rfc8785).is_ok());
