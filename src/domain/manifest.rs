@@ -1390,18 +1390,21 @@ mod tests {
 
     /// `required` names distinct fields of the form; an `enum` has at
     /// least one option.
+    /// A manifest of one form question with these `properties` and
+    /// `required`.
+    fn form(properties: Value, required: Value) -> Result<Manifest, Reject> {
+        let q = serde_json::json!({"q": {"method": "elicitation/create", "params": {
+            "mode": "form", "message": "Which?",
+            "requestedSchema": {"type": "object", "properties": properties,
+                "required": required}}}});
+        Manifest::build(&q.to_string(), CredentialPolicy::Deny).map(|(m, _)| m)
+    }
+
     #[test]
     fn required_names_distinct_fields_and_an_enum_has_options() {
-        let build = |properties: Value, required: Value| {
-            let q = serde_json::json!({"q": {"method": "elicitation/create", "params": {
-                "mode": "form", "message": "Which?",
-                "requestedSchema": {"type": "object", "properties": properties,
-                    "required": required}}}});
-            Manifest::build(&q.to_string(), CredentialPolicy::Deny)
-        };
         let two = serde_json::json!({"a": {"type": "string"}, "b": {"type": "string"}});
-        assert!(build(two.clone(), serde_json::json!(["a", "b"])).is_ok());
-        assert!(build(two.clone(), serde_json::json!(["a"])).is_ok());
+        assert!(form(two.clone(), serde_json::json!(["a", "b"])).is_ok());
+        assert!(form(two.clone(), serde_json::json!(["a"])).is_ok());
         for bad in [
             serde_json::json!(["a", "a"]),
             serde_json::json!(["c"]),
@@ -1409,15 +1412,15 @@ mod tests {
             serde_json::json!("a"),
         ] {
             assert_eq!(
-                build(two.clone(), bad.clone()).unwrap_err(),
+                form(two.clone(), bad.clone()).unwrap_err(),
                 Reject::BadInputRequests,
                 "{bad}"
             );
         }
         let one_of = |e: Value| serde_json::json!({"a": {"type": "string", "enum": e}});
-        assert!(build(one_of(serde_json::json!(["x"])), serde_json::json!([])).is_ok());
+        assert!(form(one_of(serde_json::json!(["x"])), serde_json::json!([])).is_ok());
         assert_eq!(
-            build(one_of(serde_json::json!([])), serde_json::json!([])).unwrap_err(),
+            form(one_of(serde_json::json!([])), serde_json::json!([])).unwrap_err(),
             Reject::BadInputRequests
         );
         // Bounds may meet, never cross.
@@ -1439,14 +1442,14 @@ mod tests {
                 false,
             ),
         ] {
-            let got = build(serde_json::json!({ "a": def }), serde_json::json!([]));
+            let got = form(serde_json::json!({ "a": def }), serde_json::json!([]));
             assert_eq!(got.is_ok(), ok, "{def}: {got:?}");
         }
         let titled = |o: Value| serde_json::json!({"a": {"type": "string", "oneOf": o}});
         let x = serde_json::json!([{"const": "x", "title": "X"}]);
-        assert!(build(titled(x), serde_json::json!([])).is_ok());
+        assert!(form(titled(x), serde_json::json!([])).is_ok());
         assert_eq!(
-            build(titled(serde_json::json!([])), serde_json::json!([])).unwrap_err(),
+            form(titled(serde_json::json!([])), serde_json::json!([])).unwrap_err(),
             Reject::BadInputRequests
         );
     }
@@ -1454,12 +1457,11 @@ mod tests {
     /// A form field's name is 1 to `MAX_KEY` bytes.
     #[test]
     fn a_form_field_name_holds_at_its_bounds() {
-        let s = serde_json::json!({"type": "string"});
         let build = |name: &str| {
-            let q = serde_json::json!({"q": {"method": "elicitation/create", "params": {
-                "mode": "form", "message": "Which colour?",
-                "requestedSchema": {"type": "object", "properties": {name: s.clone()}}}}});
-            Manifest::build(&q.to_string(), CredentialPolicy::Deny)
+            form(
+                serde_json::json!({ name: {"type": "string"} }),
+                serde_json::json!([]),
+            )
         };
         assert!(build(&"c".repeat(MAX_KEY)).is_ok());
         assert_eq!(

@@ -696,7 +696,6 @@ class StatesealBoundary:
         )
 
 
-
 class _Renewal:
     """Renews a reservation every third of its granted lease (at least every
     0.5 s) while its handler runs: a timer, and a task only while a Renew is
