@@ -6,16 +6,18 @@
 //! `u32` offsets per member, on one stack shared by every nesting level);
 //! when the object closes, its members are re-emitted in RFC 8785 order
 //! (UTF-16 code units of the decoded keys) only if they were out of order.
-//! Peak memory is bounded by the output (≤ the input), the member index
-//! (12 bytes per member of the objects still open) and one copy of the
-//! object being reordered — a few times the input, never the ~100× of a
-//! `serde_json::Value` tree.
+//! Peak memory is bounded by the output (no longer than the input but for
+//! numbers, which may write more than they spell: `1e20` is 21 digits), the
+//! member index (12 bytes per member of the objects still open) and one
+//! copy of the object being reordered — a few times the input, never the
+//! ~100× of a `serde_json::Value` tree.
 //!
 //! Refused as [`CanonError::Malformed`]: anything that is not exactly one
 //! JSON text (RFC 8259), duplicate keys in an object (two parsers that keep
 //! different duplicates would disagree on what was bound), lone surrogates,
-//! numbers a double cannot hold (RFC mode only), and nesting deeper than
-//! [`MAX_DEPTH`].
+//! numbers a double cannot hold (RFC mode only), nesting deeper than
+//! [`MAX_DEPTH`], and an object member that would end past 4 GiB of
+//! output.
 
 use std::borrow::Cow;
 use std::cmp::Ordering;
@@ -128,9 +130,6 @@ pub fn object_members(
 
 fn canonicalize_top(json: &str, mode: NumberMode, skip: &[&str]) -> Result<Vec<u8>, CanonError> {
     let b = json.as_bytes();
-    if b.len() > u32::MAX as usize / 2 {
-        return Err(CanonError::Malformed);
-    }
     let mut p = Parser::new(b, mode, skip);
     let i = skip_ws(b, 0);
     let i = p.value(i, 0)?;
@@ -147,6 +146,14 @@ struct Member {
     start: u32,
     key_end: u32,
     end: u32,
+}
+
+/// An output offset as a [`Member`] holds it. A canonical form longer
+/// than 4 GiB is refused: a number can write more than the input spelled
+/// (`1e20` is 21 digits), so no bound on the input keeps every offset in a
+/// `u32`.
+fn offset(n: usize) -> Result<u32, CanonError> {
+    u32::try_from(n).map_err(|_| CanonError::Malformed)
 }
 
 struct Parser<'a> {
@@ -274,9 +281,9 @@ impl<'a> Parser<'a> {
                 self.out.truncate(key_end);
             }
             self.members.push(Member {
-                start: start as u32,
-                key_end: key_end as u32,
-                end: self.out.len() as u32,
+                start: offset(start)?,
+                key_end: offset(key_end)?,
+                end: offset(self.out.len())?,
             });
             i = skip_ws(self.b, i);
             match self.b.get(i) {
@@ -972,6 +979,13 @@ mod tests {
         let objects = |n: usize| format!("{}1{}", r#"{"a":"#.repeat(n), "}".repeat(n));
         assert!(canonicalize(&objects(MAX_DEPTH), NumberMode::Rfc8785).is_ok());
         assert!(canonicalize(&objects(MAX_DEPTH + 1), NumberMode::Rfc8785).is_err());
+    }
+
+    #[test]
+    fn member_offsets_past_u32_are_refused_not_truncated() {
+        assert_eq!(offset(0), Ok(0));
+        assert_eq!(offset(u32::MAX as usize), Ok(u32::MAX));
+        assert_eq!(offset(u32::MAX as usize + 1), Err(CanonError::Malformed));
     }
 
     #[test]
