@@ -692,16 +692,14 @@ impl BigExp {
             }
             *d = v as u8;
         }
-        if carry > 0 {
-            // Only when growing: prepend the remaining carry digits.
-            let mut head: Vec<u8> = carry.to_string().bytes().map(|c| c - b'0').collect();
-            head.extend_from_slice(&mag);
-            mag = head;
-        }
-        let first = mag.iter().position(|d| *d != 0).unwrap_or(mag.len());
+        // What is left of the carry goes in front: digits only when
+        // growing, otherwise a 0, which the trim of leading zeros removes.
+        let mut all: Vec<u8> = carry.to_string().bytes().map(|c| c - b'0').collect();
+        all.extend_from_slice(&mag);
+        let first = all.iter().position(|d| *d != 0).unwrap_or(all.len());
         BigExp {
             negative: self.negative,
-            digits: mag[first..].to_vec(),
+            digits: all[first..].to_vec(),
         }
     }
 }
@@ -888,7 +886,8 @@ impl Ord for ExactNumber {
                 .find(|o| *o != Ordering::Equal)
                 .unwrap_or(Ordering::Equal)
         });
-        if sa < 0 {
+        // Both negative: the larger magnitude is the smaller number.
+        if self.0.negative {
             mag.reverse()
         } else {
             mag
@@ -916,6 +915,10 @@ mod tests {
         assert_eq!(n("1e2"), n("100.00"));
         assert_eq!(n("-0.0"), n("0"));
         assert!(n("-1") < n("0") && n("-2") < n("-1") && n("-1e-999") > n("-1e-998"));
+        // Opposite signs decide alone, whatever the magnitudes; zeros are equal.
+        assert!(n("-1") < n("1") && n("1") > n("-1") && n("-5") < n("3e-9"));
+        assert!(n("0") < n("1e-999") && n("0") > n("-1e-999") && n("0") > n("-7"));
+        assert_eq!(n("0").cmp(&n("-0.0")), std::cmp::Ordering::Equal);
         assert!(n("1e99999999999999999999999") > n("9e99999999999999999999998"));
         assert!(n("0.1") < n("0.10000000000000000001"));
         assert!(n("12") > n("9.99") && n("0.012") < n("0.1"));
@@ -979,6 +982,37 @@ mod tests {
         let objects = |n: usize| format!("{}1{}", r#"{"a":"#.repeat(n), "}".repeat(n));
         assert!(canonicalize(&objects(MAX_DEPTH), NumberMode::Rfc8785).is_ok());
         assert!(canonicalize(&objects(MAX_DEPTH + 1), NumberMode::Rfc8785).is_err());
+    }
+
+    #[test]
+    fn big_exponents_add_as_integers_do() {
+        // Past 30 digits `add` works digit by digit (carries, borrows, a
+        // new leading digit, leading zeros trimmed); up to 38 digits an
+        // i128 checks it.
+        let big = |v: i128| BigExp::parse(v < 0, v.unsigned_abs().to_string().as_bytes());
+        let e30 = 10i128.pow(30);
+        for magnitude in [
+            e30,
+            e30 + 5,
+            10 * e30 - 1,
+            10i128.pow(37),
+            12_345_678_901_234_567_890_123_456_789_012_345,
+            10i128.pow(38) - 1,
+        ] {
+            for v in [magnitude, -magnitude] {
+                assert!(big(v).digits.len() > 30);
+                for delta in [0, 1, -1, 9, -9, 10, -10, 11, -11, 99, -99, 1000, -1000]
+                    .into_iter()
+                    .chain([i64::MAX, -i64::MAX, i64::MIN])
+                {
+                    assert_eq!(
+                        big(v).add(delta),
+                        big(v + i128::from(delta)),
+                        "{v} + {delta}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]
