@@ -673,7 +673,7 @@ impl BigExp {
         }
         // |self| ≥ 10^30 > |delta|: the sign stays; add or subtract |delta|
         // from the magnitude digit by digit.
-        let grow = self.negative == (delta < 0);
+        let grow = self.negative == delta.is_negative();
         let mut mag = self.digits.clone();
         let mut carry = delta.unsigned_abs() as u128;
         for d in mag.iter_mut().rev() {
