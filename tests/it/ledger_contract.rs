@@ -92,7 +92,19 @@ async fn sled_record_expiring_on_the_horizon_stays() {
         l.consume(&key(999_999)).await.unwrap(),
         Consumed::PastHorizon
     );
+    assert_eq!(
+        l.reserve(&key(999_999), ask(1, 10)).await.unwrap(),
+        Reserved::PastHorizon
+    );
     assert_eq!(l.consume(&on).await.unwrap(), Consumed::Before);
+}
+
+/// sled's Debug form names the backend and nothing it holds.
+#[test]
+fn sled_debug_shows_only_its_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let l = SledLedger::open(dir.path()).unwrap();
+    assert_eq!(format!("{l:?}"), "SledLedger { .. }");
 }
 
 async fn consume_once(l: Arc<dyn Ledger>) {
