@@ -99,6 +99,56 @@ async fn sled_record_expiring_on_the_horizon_stays() {
     assert_eq!(l.consume(&on).await.unwrap(), Consumed::Before);
 }
 
+/// sled counts a record once however often it is rewritten (renewed,
+/// committed), not at all once released, for the total and for its tenant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sled_counts_each_record_once() {
+    use std::sync::atomic::Ordering;
+    let dir = tempfile::tempdir().unwrap();
+    let l = SledLedger::open(dir.path()).unwrap();
+    let k = key(FAR);
+    let rid = reserved_now(l.reserve(&k, ask(1, 10)).await.unwrap()).rid;
+    assert!(matches!(
+        l.renew(&k, rid, 10, u64::MAX).await.unwrap(),
+        Held::Yes(_)
+    ));
+    assert_eq!(l.commit(&k, rid).await.unwrap(), Held::Yes(None));
+    let released = key(FAR);
+    let rid = reserved_now(l.reserve(&released, ask(2, 10)).await.unwrap()).rid;
+    l.release(&released, rid).await.unwrap();
+    assert_eq!(l.consume(&key(FAR)).await.unwrap(), Consumed::Now);
+    assert_eq!(l.records(), 2);
+    assert_eq!(l.stats().top_tenant_records.load(Ordering::Relaxed), 2);
+}
+
+/// A tenant's bound holds within one round of the writer too: of many
+/// consumptions at once (most decided together, group commit), exactly the
+/// bound's worth is recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sled_a_round_never_takes_a_tenant_past_its_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let l = Arc::new(
+        SledLedger::open(dir.path())
+            .unwrap()
+            .with_max_tenant_records(4),
+    );
+    let tasks: Vec<_> = (0..64)
+        .map(|_| {
+            let l = l.clone();
+            tokio::spawn(async move { l.consume(&key(FAR)).await.unwrap() })
+        })
+        .collect();
+    let mut now = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            Consumed::Now => now += 1,
+            other => assert_eq!(other, Consumed::Full),
+        }
+    }
+    assert_eq!(now, 4);
+    assert_eq!(l.records(), 4);
+}
+
 /// sled's Debug form names the backend and nothing it holds.
 #[test]
 fn sled_debug_shows_only_its_name() {
