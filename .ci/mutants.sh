@@ -32,7 +32,7 @@ declare -A tests=(
   [src/domain/manifest.rs]="domain:: manifest::"
   [src/ledger/mod.rs]="ledger:: ledger_contract:: ledger_bound::"
   [src/ledger/journal.rs]="ledger:: ledger_contract::sled ledger_bound::"
-  [src/ledger/sled.rs]="ledger:: ledger_contract::sled ledger_bound:: disk::an_unfinished_sled_snapshot"
+  [src/ledger/sled.rs]="ledger:: ledger_contract::sled ledger_bound:: disk::an_unfinished_sled_snapshot disk::a_sled_writer_dead"
   [src/ledger/postgres.rs]="ledger::postgres:: ledger_contract::postgres ledger_contract::a_bad pg_tls:: replicas::database_down"
   [src/clock/guard.rs]="clock::"
 )

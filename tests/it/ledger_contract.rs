@@ -149,6 +149,22 @@ async fn sled_a_round_never_takes_a_tenant_past_its_bound() {
     assert_eq!(l.records(), 4);
 }
 
+/// The clock's high-water mark (the clock guard's floor at the next start)
+/// survives a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sled_keeps_the_clock_high_water_mark() {
+    use stateseal::internals::clock::guard::Reference;
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let l = SledLedger::open(dir.path()).unwrap();
+        assert_eq!(l.stored_high_water(), None);
+        l.record_high_water(1_900_000_123).await.unwrap();
+        l.close().await.unwrap();
+    }
+    let l = crate::common::open_sled_again(dir.path());
+    assert_eq!(l.stored_high_water(), Some(1_900_000_123));
+}
+
 /// sled's Debug form names the backend and nothing it holds.
 #[test]
 fn sled_debug_shows_only_its_name() {
