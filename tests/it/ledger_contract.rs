@@ -165,11 +165,13 @@ async fn sled_keeps_the_clock_high_water_mark() {
     assert_eq!(l.stored_high_water(), Some(1_900_000_123));
 }
 
-/// sled's Debug form names the backend and nothing it holds.
+/// sled names itself (the backend in logs and metrics), and its Debug
+/// form shows nothing it holds.
 #[test]
 fn sled_debug_shows_only_its_name() {
     let dir = tempfile::tempdir().unwrap();
     let l = SledLedger::open(dir.path()).unwrap();
+    assert_eq!(l.backend(), "sled");
     assert_eq!(format!("{l:?}"), "SledLedger { .. }");
 }
 
