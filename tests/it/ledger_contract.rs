@@ -121,32 +121,34 @@ async fn sled_counts_each_record_once() {
     assert_eq!(l.stats().top_tenant_records.load(Ordering::Relaxed), 2);
 }
 
-/// A tenant's bound holds within one round of the writer too: of many
-/// consumptions at once (most decided together, group commit), exactly the
-/// bound's worth is recorded.
+/// The ledger's bound and a tenant's hold within one round of the writer
+/// too: of many consumptions at once (most decided together, group
+/// commit), exactly the bound's worth is recorded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sled_a_round_never_takes_a_tenant_past_its_bound() {
-    let dir = tempfile::tempdir().unwrap();
-    let l = Arc::new(
-        SledLedger::open(dir.path())
-            .unwrap()
-            .with_max_tenant_records(4),
-    );
-    let tasks: Vec<_> = (0..64)
-        .map(|_| {
-            let l = l.clone();
-            tokio::spawn(async move { l.consume(&key(FAR)).await.unwrap() })
-        })
-        .collect();
-    let mut now = 0;
-    for t in tasks {
-        match t.await.unwrap() {
-            Consumed::Now => now += 1,
-            other => assert_eq!(other, Consumed::Full),
+async fn sled_a_round_never_passes_a_bound() {
+    for tenant_bound in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let l = SledLedger::open(dir.path()).unwrap();
+        let l = Arc::new(if tenant_bound {
+            l.with_max_tenant_records(4)
+        } else {
+            l.with_max_records(4)
+        });
+        let tasks: Vec<_> = (0..64)
+            .map(|_| {
+                let l = l.clone();
+                tokio::spawn(async move { l.consume(&key(FAR)).await.unwrap() })
+            })
+            .collect();
+        let mut now = 0;
+        for t in tasks {
+            match t.await.unwrap() {
+                Consumed::Now => now += 1,
+                other => assert_eq!(other, Consumed::Full),
+            }
         }
+        assert_eq!((now, l.records()), (4, 4), "tenant bound: {tenant_bound}");
     }
-    assert_eq!(now, 4);
-    assert_eq!(l.records(), 4);
 }
 
 /// The clock's high-water mark (the clock guard's floor at the next start)
