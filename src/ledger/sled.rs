@@ -1382,6 +1382,22 @@ mod tests {
         drop(l);
     }
 
+    /// Opens the ledger in `dir` again after this test dropped it: sled's
+    /// own threads may hold the lock a while longer on a busy machine (as
+    /// `tests/it/common::open_sled_again` waits for). A liveness bound.
+    fn reopen(dir: &Path) -> SledLedger {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            match SledLedger::open(dir) {
+                Err(e) if e.to_string().contains("could not acquire lock") => {
+                    assert!(std::time::Instant::now() < deadline, "{e}");
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                r => return r.unwrap(),
+            }
+        }
+    }
+
     /// The rounds a start replays go into sled, durably, and the journal
     /// starts afresh: the next start replays nothing.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1397,7 +1413,7 @@ mod tests {
         // first on a slow machine: then again, with other keys.
         let mut n = 0;
         let replayed = loop {
-            let l = SledLedger::open(dir.path()).unwrap();
+            let l = reopen(dir.path());
             for _ in 0..3 {
                 n += 1;
                 assert_eq!(l.consume(&key(n)).await.unwrap(), Consumed::Now);
@@ -1410,7 +1426,7 @@ mod tests {
             }
         };
         assert!(replayed > 0, "no round stayed in the journal");
-        let l = SledLedger::open(dir.path()).unwrap();
+        let l = reopen(dir.path());
         l.close().await.unwrap();
         drop(l);
         assert_eq!(
@@ -1418,7 +1434,7 @@ mod tests {
             0,
             "replayed rounds left in the journal"
         );
-        let l = SledLedger::open(dir.path()).unwrap();
+        let l = reopen(dir.path());
         for k in 1..=n {
             assert_eq!(l.consume(&key(k)).await.unwrap(), Consumed::Before);
         }

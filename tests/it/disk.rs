@@ -418,6 +418,12 @@ async fn a_sled_writer_dead_on_a_read_only_filesystem_is_not_ready() {
             other => panic!("after the fail-stop: {other:?}"),
         }
     }
+    // Nor does close() touch the store (no flush, no fdatasync after the
+    // failed one): refused the same way, so the server exits non-zero.
+    match ledger.close().await {
+        Err(LedgerError::FailedForGood) => {}
+        other => panic!("close after the fail-stop: {other:?}"),
+    }
     assert!(!ledger.ready().await);
 }
 
