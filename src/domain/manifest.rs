@@ -1388,8 +1388,6 @@ mod tests {
         }
     }
 
-    /// `required` names distinct fields of the form; an `enum` has at
-    /// least one option.
     /// A manifest of one form question with these `properties` and
     /// `required`.
     fn form(properties: Value, required: Value) -> Result<Manifest, Reject> {
@@ -1400,6 +1398,8 @@ mod tests {
         Manifest::build(&q.to_string(), CredentialPolicy::Deny).map(|(m, _)| m)
     }
 
+    /// `required` names distinct fields of the form; an `enum` has at
+    /// least one option.
     #[test]
     fn required_names_distinct_fields_and_an_enum_has_options() {
         let two = serde_json::json!({"a": {"type": "string"}, "b": {"type": "string"}});

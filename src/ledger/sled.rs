@@ -1224,6 +1224,15 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
+    /// Ledger key `n` of the default tenant, expiring far ahead.
+    fn key(n: u8) -> LedgerKey {
+        LedgerKey {
+            expires_at: 4_000_000_000,
+            id: [n; 32],
+            tenant: TenantTag::default(),
+        }
+    }
+
     #[test]
     fn only_unfinished_snapshots_are_removed() {
         let dir = tempfile::tempdir().unwrap();
@@ -1358,11 +1367,6 @@ mod tests {
         }
         let dir = tempfile::tempdir().unwrap();
         let (live, copied) = (dir.path().join("live"), dir.path().join("copy"));
-        let key = |n: u8| LedgerKey {
-            expires_at: 4_000_000_000,
-            id: [n; 32],
-            tenant: TenantTag::default(),
-        };
         let l = SledLedger::open(&live).unwrap();
         assert_eq!(l.consume(&key(1)).await.unwrap(), Consumed::Now);
         // The next round after CHECKPOINT_EVERY since the last checkpoint
@@ -1404,11 +1408,6 @@ mod tests {
     async fn the_journal_starts_afresh_after_a_replay() {
         let dir = tempfile::tempdir().unwrap();
         let rounds_in_journal = || Journal::open(dir.path(), |_| Ok(())).unwrap().1;
-        let key = |n: u8| LedgerKey {
-            expires_at: 4_000_000_000,
-            id: [n; 32],
-            tenant: TenantTag::default(),
-        };
         // A checkpoint (every 5 s while rounds come) may empty the journal
         // first on a slow machine: then again, with other keys.
         let mut n = 0;
