@@ -437,9 +437,34 @@ pub async fn run_gc(
     }
 }
 
+/// One round of a ledger's writer: `first`, then whatever `queued` holds
+/// already, `max` in all at most; the rest stay queued for the next round.
+/// Both backends batch this way (sled per journal record, PostgreSQL per
+/// statement), so that a round's size is bounded however many callers wait.
+pub(crate) fn gather<T>(first: T, queued: impl Iterator<Item = T>, max: usize) -> Vec<T> {
+    let mut round = vec![first];
+    round.extend(queued.take(max.saturating_sub(1)));
+    round
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_round_takes_what_is_queued_up_to_its_bound_and_leaves_the_rest() {
+        let mut queued = 1..10;
+        assert_eq!(gather(0, queued.by_ref(), 4), [0, 1, 2, 3]);
+        assert_eq!(queued.next(), Some(4), "the rest stay queued, in order");
+        let mut queued = 1..3;
+        assert_eq!(gather(0, queued.by_ref(), 4), [0, 1, 2]);
+        assert_eq!(queued.next(), None);
+        assert_eq!(
+            gather(0, 1..3, 1),
+            [0],
+            "a bound of one takes the first only"
+        );
+    }
 
     #[test]
     fn debug_shows_expiries_and_leases_never_ids() {

@@ -92,7 +92,6 @@ pub struct PgLedger {
     healthy: Arc<AtomicBool>,
     timeout: Duration,
     skew: i64,
-    batcher: tokio::task::JoinHandle<()>,
     /// Autovacuum does not cover the table: the collector vacuums it itself.
     self_vacuum: bool,
     last_vacuum: std::sync::Mutex<Option<std::time::Instant>>,
@@ -179,7 +178,7 @@ impl PgLedger {
                         return Err(LedgerError::Tls(pgtls::TlsFailure::NotOffered(tls.mode)));
                     }
                 }
-                return Err(db_err("connect", e));
+                return Err(db_err("connect", e.detail()));
             }
             Err(_) => {
                 return Err(LedgerError::Timeout {
@@ -216,7 +215,8 @@ impl PgLedger {
         let healthy = Arc::new(AtomicBool::new(true));
         let (tx, rx) = mpsc::unbounded_channel();
         let skew = i64::try_from(opts.skew).unwrap_or(i64::MAX);
-        let batcher = tokio::spawn(run_batcher(
+        // The batcher ends when the ledger, its only sender, is dropped.
+        tokio::spawn(run_batcher(
             pool.clone(),
             connector,
             rx,
@@ -231,16 +231,9 @@ impl PgLedger {
             healthy,
             timeout: opts.timeout,
             skew,
-            batcher,
             self_vacuum,
             last_vacuum: std::sync::Mutex::new(None),
         })
-    }
-}
-
-impl Drop for PgLedger {
-    fn drop(&mut self) {
-        self.batcher.abort();
     }
 }
 
@@ -258,6 +251,27 @@ fn describe(e: &tokio_postgres::Error) -> String {
     }
 }
 
+/// What an error tells the operator: the database's own words where it sent
+/// some (tokio-postgres and deadpool display those as a bare "db error").
+trait Detail {
+    fn detail(&self) -> String;
+}
+
+impl Detail for tokio_postgres::Error {
+    fn detail(&self) -> String {
+        describe(self)
+    }
+}
+
+impl Detail for deadpool_postgres::PoolError {
+    fn detail(&self) -> String {
+        match self {
+            deadpool_postgres::PoolError::Backend(e) => describe(e),
+            other => other.to_string(),
+        }
+    }
+}
+
 fn db_err(step: &'static str, e: impl std::fmt::Display) -> LedgerError {
     // tokio-postgres and deadpool errors name the failure, not the URL.
     LedgerError::Database {
@@ -266,14 +280,14 @@ fn db_err(step: &'static str, e: impl std::fmt::Display) -> LedgerError {
     }
 }
 
-async fn timed<T, E: std::fmt::Display>(
+async fn timed<T, E: Detail>(
     what: &'static str,
     limit: Duration,
     f: impl std::future::Future<Output = Result<T, E>>,
 ) -> Result<T, LedgerError> {
     match tokio::time::timeout(limit, f).await {
         Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(db_err(what, e)),
+        Ok(Err(e)) => Err(db_err(what, e.detail())),
         Err(_) => Err(LedgerError::Timeout { step: what, limit }),
     }
 }
@@ -387,13 +401,7 @@ async fn run_batcher(
         let Ok(permit) = slots.clone().acquire_owned().await else {
             return;
         };
-        let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(w) => batch.push(w),
-                Err(_) => break,
-            }
-        }
+        let batch = super::gather(first, std::iter::from_fn(|| rx.try_recv().ok()), MAX_BATCH);
         let pool = pool.clone();
         let tls = tls.clone();
         let healthy = healthy.clone();
@@ -506,7 +514,7 @@ async fn insert_batch(
             // A deadlock or serialization failure rolled the statement back
             // whole: nothing was committed, so one retry is safe.
             Ok(Err(e)) if attempt < 3 && is_retryable(&e) => continue,
-            Ok(Err(e)) => return Err(db_err("insert", describe(&e))),
+            Ok(Err(e)) => return Err(db_err("insert", e.detail())),
             Err(_) => {
                 abandon(client, tls);
                 return Err(LedgerError::Timeout {

@@ -426,10 +426,9 @@ impl Writer {
     fn run(&mut self, rx: &mpsc::Receiver<Job>) {
         // Ends when the ledger (the only sender) is dropped.
         while let Ok(first) = rx.recv() {
-            let mut jobs = vec![first];
             // At most MAX_ROUND per round (the rest wait for the next), so
             // that a round's journal record always fits in the journal.
-            jobs.extend(rx.try_iter().take(MAX_ROUND - 1));
+            let jobs = super::gather(first, rx.try_iter(), MAX_ROUND);
             if self.dead.load(Ordering::SeqCst) {
                 refuse(jobs);
                 continue;

@@ -985,18 +985,6 @@ async fn postgres_start_waits_out_a_concurrent_migration() {
 /// (sslmode=prefer), captured from this thread's log.
 #[tokio::test(flavor = "current_thread")]
 async fn postgres_warns_of_plaintext_and_unverified_connections() {
-    use std::sync::Mutex;
-    #[derive(Clone, Default)]
-    struct Capture(Arc<Mutex<Vec<u8>>>);
-    impl std::io::Write for Capture {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
     let Some(pg) = crate::common::pg::shared("postgresql-tls-warnings").await else {
         return;
     };
@@ -1005,19 +993,10 @@ async fn postgres_warns_of_plaintext_and_unverified_connections() {
         ("disable", "is not encrypted", "is not verified"),
         ("prefer", "is not verified", "is not encrypted"),
     ] {
-        let capture = Capture::default();
-        let writer = capture.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
-            .with_ansi(false)
-            .finish();
         let url = format!("{}{sep}sslmode={mode}", pg.url);
-        let ledger = {
-            let _guard = tracing::subscriber::set_default(subscriber);
-            PgLedger::connect(&url, PgOptions::default()).await.unwrap()
-        };
-        ledger.close().await.unwrap();
-        let log = String::from_utf8(capture.0.lock().unwrap().clone()).unwrap();
+        let (ledger, log) =
+            crate::common::logs::captured(PgLedger::connect(&url, PgOptions::default())).await;
+        ledger.unwrap().close().await.unwrap();
         assert!(log.contains(want), "sslmode={mode}: {log}");
         assert!(!log.contains(not), "sslmode={mode}: {log}");
     }

@@ -27,7 +27,12 @@ fn write(dir: &Path, name: &str, pem: &str) -> PathBuf {
 }
 
 async fn connect(url: &str, tls: PgTlsFlags) -> Result<PgLedger, String> {
-    PgLedger::connect(
+    connect_logged(url, tls).await.0
+}
+
+/// Connects, and returns what the start logged too (its sslmode warnings).
+async fn connect_logged(url: &str, tls: PgTlsFlags) -> (Result<PgLedger, String>, String) {
+    let (l, log) = crate::common::logs::captured(PgLedger::connect(
         url,
         PgOptions {
             timeout: std::time::Duration::from_secs(5),
@@ -35,10 +40,13 @@ async fn connect(url: &str, tls: PgTlsFlags) -> Result<PgLedger, String> {
             tls,
             ..PgOptions::default()
         },
-    )
-    .await
-    .map_err(|e| e.to_string())
+    ))
+    .await;
+    (l.map_err(|e| e.to_string()), log)
 }
+
+const UNVERIFIED: &str = "certificate is not verified";
+const PLAINTEXT: &str = "is not encrypted";
 
 async fn consumes(l: &PgLedger) {
     let key = LedgerKey {
@@ -80,18 +88,39 @@ async fn tls_to_postgresql_libpq_modes() {
     let url =
         |host: &str, extra: &str| format!("postgres://postgres@{host}:{port}/postgres?{extra}");
 
-    // verify-full, from the URL: works.
-    let l = connect(
+    // verify-full, from the URL: works, and warns of nothing.
+    let (l, log) = connect_logged(
         &url(
             "localhost",
             &format!("sslmode=verify-full&sslrootcert={}", ca_file.display()),
         ),
         PgTlsFlags::default(),
     )
-    .await
-    .unwrap();
+    .await;
+    let l = l.unwrap();
     consumes(&l).await;
     l.close().await.unwrap();
+    assert!(
+        !log.contains(UNVERIFIED) && !log.contains(PLAINTEXT),
+        "{log}"
+    );
+
+    // require checks the chain when it is given a root certificate (as
+    // libpq does), so only require without one warns that the server's
+    // certificate is not verified.
+    for (extra, warned) in [
+        (String::new(), true),
+        (format!("&sslrootcert={}", ca_file.display()), false),
+    ] {
+        let (l, log) = connect_logged(
+            &url("localhost", &format!("sslmode=require{extra}")),
+            PgTlsFlags::default(),
+        )
+        .await;
+        l.unwrap().close().await.unwrap();
+        assert_eq!(log.contains(UNVERIFIED), warned, "require{extra}: {log}");
+        assert!(!log.contains(PLAINTEXT), "{log}");
+    }
 
     // verify-full, from the flags, over a URL that says nothing: works.
     let l = connect(
@@ -207,9 +236,22 @@ async fn tls_to_postgresql_libpq_modes() {
         );
     }
     // prefer (libpq's default) falls back to plaintext; disable never tries.
+    // Neither asks for TLS, so a connection that fails for another reason
+    // gets the database's own words, never "does not offer TLS".
     for mode in ["prefer", "disable"] {
         let l = connect(&purl(mode), PgTlsFlags::default()).await.unwrap();
         consumes(&l).await;
         l.close().await.unwrap();
+        let e = connect(
+            &purl(mode).replace("/postgres?", "/no_such_database?"),
+            PgTlsFlags::default(),
+        )
+        .await
+        .unwrap_err();
+        assert!(
+            e.starts_with("ledger unavailable: connect:") && e.contains("does not exist"),
+            "sslmode={mode}: {e}"
+        );
+        assert!(!e.contains("TLS"), "sslmode={mode}: {e}");
     }
 }

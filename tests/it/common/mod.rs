@@ -15,6 +15,7 @@ use stateseal::proto::{binding::Params, Binding, OpenRequest, SealRequest};
 use tonic::transport::Channel;
 
 pub mod hooked;
+pub mod logs;
 pub mod pg;
 pub mod pki;
 pub mod private_pg;
