@@ -438,7 +438,8 @@ pub async fn run_gc(
 }
 
 /// One round of a ledger's writer: `first`, then whatever `queued` holds
-/// already, `max` in all at most; the rest stay queued for the next round.
+/// already, `max` in all at most (`first` always: a bound of 0 is taken as
+/// 1); the rest stay queued for the next round.
 /// Both backends batch this way (sled per journal record, PostgreSQL per
 /// statement), so that a round's size is bounded however many callers wait.
 pub(crate) fn gather<T>(first: T, queued: impl Iterator<Item = T>, max: usize) -> Vec<T> {

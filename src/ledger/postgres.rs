@@ -178,7 +178,7 @@ impl PgLedger {
                         return Err(LedgerError::Tls(pgtls::TlsFailure::NotOffered(tls.mode)));
                     }
                 }
-                return Err(db_err("connect", e.detail()));
+                return Err(db_err("connect", e.operator_text()));
             }
             Err(_) => {
                 return Err(LedgerError::Timeout {
@@ -215,7 +215,10 @@ impl PgLedger {
         let healthy = Arc::new(AtomicBool::new(true));
         let (tx, rx) = mpsc::unbounded_channel();
         let skew = i64::try_from(opts.skew).unwrap_or(i64::MAX);
-        // The batcher ends when the ledger, its only sender, is dropped.
+        // The batcher ends when the ledger, its only sender, is dropped (after
+        // sending what was queued: waiters whose callers were cancelled, as
+        // while it runs). close() closes the pool first, so nothing is
+        // written after it.
         tokio::spawn(run_batcher(
             pool.clone(),
             connector,
@@ -242,29 +245,43 @@ fn is_retryable(e: &tokio_postgres::Error) -> bool {
     matches!(e.code(), Some(c) if *c == SqlState::T_R_DEADLOCK_DETECTED || *c == SqlState::T_R_SERIALIZATION_FAILURE)
 }
 
-/// An error with its SQLSTATE and server message (which never holds bound
-/// parameter values for these statements).
+/// The most characters of the database's message an error keeps.
+const MESSAGE_CHARS: usize = 256;
+
+/// An error with its SQLSTATE and the server's primary message: never its
+/// DETAIL, where PostgreSQL puts row values (PostgreSQL's own primary
+/// messages for these statements hold no bound parameter values). The
+/// message is the server's text, so it is bounded and kept to one line.
 fn describe(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
-        Some(db) => format!("{} ({})", db.message(), db.code().code()),
+        Some(db) => {
+            let message: String = db
+                .message()
+                .chars()
+                .take(MESSAGE_CHARS)
+                .map(|c| if c.is_control() { ' ' } else { c })
+                .collect();
+            format!("{message} ({})", db.code().code())
+        }
         None => e.to_string(),
     }
 }
 
-/// What an error tells the operator: the database's own words where it sent
-/// some (tokio-postgres and deadpool display those as a bare "db error").
-trait Detail {
-    fn detail(&self) -> String;
+/// What an error tells the operator: the database's own words where it
+/// answered (tokio-postgres and deadpool display those as a bare "db
+/// error").
+trait OperatorText {
+    fn operator_text(&self) -> String;
 }
 
-impl Detail for tokio_postgres::Error {
-    fn detail(&self) -> String {
+impl OperatorText for tokio_postgres::Error {
+    fn operator_text(&self) -> String {
         describe(self)
     }
 }
 
-impl Detail for deadpool_postgres::PoolError {
-    fn detail(&self) -> String {
+impl OperatorText for deadpool_postgres::PoolError {
+    fn operator_text(&self) -> String {
         match self {
             deadpool_postgres::PoolError::Backend(e) => describe(e),
             other => other.to_string(),
@@ -280,14 +297,14 @@ fn db_err(step: &'static str, e: impl std::fmt::Display) -> LedgerError {
     }
 }
 
-async fn timed<T, E: Detail>(
+async fn timed<T, E: OperatorText>(
     what: &'static str,
     limit: Duration,
     f: impl std::future::Future<Output = Result<T, E>>,
 ) -> Result<T, LedgerError> {
     match tokio::time::timeout(limit, f).await {
         Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(db_err(what, e.detail())),
+        Ok(Err(e)) => Err(db_err(what, e.operator_text())),
         Err(_) => Err(LedgerError::Timeout { step: what, limit }),
     }
 }
@@ -514,7 +531,7 @@ async fn insert_batch(
             // A deadlock or serialization failure rolled the statement back
             // whole: nothing was committed, so one retry is safe.
             Ok(Err(e)) if attempt < 3 && is_retryable(&e) => continue,
-            Ok(Err(e)) => return Err(db_err("insert", e.detail())),
+            Ok(Err(e)) => return Err(db_err("insert", e.operator_text())),
             Err(_) => {
                 abandon(client, tls);
                 return Err(LedgerError::Timeout {

@@ -1199,7 +1199,8 @@ async fn postgres_retries_only_deadlocks_and_serialization_failures_twice() {
                  CREATE OR REPLACE FUNCTION {func}() RETURNS trigger LANGUAGE plpgsql AS $f$
                  BEGIN
                    PERFORM nextval('{seq}');
-                   RAISE EXCEPTION 'refused by the test trigger' USING ERRCODE = '{code}';
+                   RAISE EXCEPTION '%', 'refused by the test trigger' || E'\\n' || repeat('x', 300)
+                     USING ERRCODE = '{code}';
                  END $f$;
                  CREATE TRIGGER {trig} BEFORE INSERT ON {TABLE} FOR EACH ROW
                    WHEN (substring(NEW.id FROM 1 FOR 8) = '\\x{hex}'::bytea)
@@ -1215,10 +1216,15 @@ async fn postgres_retries_only_deadlocks_and_serialization_failures_twice() {
             .unwrap_or_else(|_| panic!("{code}: the consume never answered (retried for ever?)"));
         let e = got.expect_err("the trigger refuses every insert of this id");
         let text = e.to_string();
+        // The server's message on one line and cut at 256 characters.
         assert!(
-            text.contains(&format!("refused by the test trigger ({code})")),
+            text.contains(&format!(
+                "refused by the test trigger {} ({code})",
+                "x".repeat(256 - 28)
+            )),
             "{code}: the error names the database's message and SQLSTATE: {text}"
         );
+        assert!(!text.contains('\n'), "{code}: {text}");
         let n: i64 = admin
             .query_one(&format!("SELECT last_value FROM {seq}"), &[])
             .await

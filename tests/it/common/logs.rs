@@ -1,6 +1,8 @@
 //! What a future logs, for the tests of an operator's warnings.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use tracing::instrument::WithSubscriber;
 
 #[derive(Clone, Default)]
 struct Capture(Arc<Mutex<Vec<u8>>>);
@@ -15,20 +17,24 @@ impl std::io::Write for Capture {
     }
 }
 
-/// Runs `f` with a subscriber that writes to a buffer on this thread (so
-/// the future must run here: the test's own body, not a spawned task), and
-/// returns its output with the log it wrote.
+/// Runs `f` with a subscriber that writes to a buffer (the subscriber goes
+/// with the future, whichever thread polls it), and returns its output with
+/// the log it wrote.
 pub async fn captured<T>(f: impl std::future::Future<Output = T>) -> (T, String) {
+    // With one dispatcher alive in the process, tracing caches each
+    // callsite's interest from the first thread that reaches it: a thread
+    // of another test, with no subscriber, would make a warning `never`
+    // for the capture too. A second dispatcher kept alive makes every
+    // callsite ask the subscriber of the thread at hand each time.
+    static KEEP: OnceLock<tracing::Dispatch> = OnceLock::new();
+    KEEP.get_or_init(|| tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default()));
     let capture = Capture::default();
     let writer = capture.clone();
     let subscriber = tracing_subscriber::fmt()
         .with_writer(move || writer.clone())
         .with_ansi(false)
         .finish();
-    let out = {
-        let _guard = tracing::subscriber::set_default(subscriber);
-        f.await
-    };
+    let out = f.with_subscriber(subscriber).await;
     let log = String::from_utf8(capture.0.lock().unwrap().clone()).unwrap();
     (out, log)
 }
