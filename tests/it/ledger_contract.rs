@@ -80,8 +80,8 @@ async fn collect_past(
 
 /// sled's horizon is exclusive and moves only when collection raises it: a
 /// record expiring exactly on it is kept and answers `Before`, a key below it
-/// `PastHorizon`. (PostgreSQL's horizon is the database's clock minus the
-/// skew at each statement, so the same second cannot be pinned there.)
+/// `PastHorizon`. (PostgreSQL's is below, in
+/// `postgres_record_expiring_on_the_horizon_stays`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sled_record_expiring_on_the_horizon_stays() {
     let (l, _dir) = sled().await;
@@ -97,6 +97,65 @@ async fn sled_record_expiring_on_the_horizon_stays() {
         Reserved::PastHorizon
     );
     assert_eq!(l.consume(&on).await.unwrap(), Consumed::Before);
+}
+
+/// The database's clock, as the ledger's statements read it (whole seconds).
+async fn db_second(client: &tokio_postgres::Client) -> i64 {
+    client
+        .query_one(
+            "SELECT extract(epoch FROM statement_timestamp())::bigint",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// PostgreSQL's horizon is the database's clock minus the skew at each
+/// statement: a record expiring exactly on it is kept and answers `Before`,
+/// a key one second below it `PastHorizon`. The second is pinned by reading
+/// the database's clock before and after the three statements; an attempt
+/// whose second moved is not judged, and a new one is made with new keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_record_expiring_on_the_horizon_stays() {
+    let Some(pg) = crate::common::pg::shared("postgresql-horizon-edge").await else {
+        return;
+    };
+    let client = pg_client(&pg.url).await;
+    const SKEW: i64 = 60;
+    let l = PgLedger::connect(
+        &pg.url,
+        PgOptions {
+            skew: SKEW as u64,
+            ..PgOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    let mut judged = 0;
+    for _ in 0..50 {
+        let second = db_second(&client).await;
+        let on = key(u64::try_from(second - SKEW).unwrap());
+        let below = key(u64::try_from(second - SKEW - 1).unwrap());
+        let first = l.consume(&on).await.unwrap();
+        let again = l.consume(&on).await.unwrap();
+        let under = l.consume(&below).await.unwrap();
+        if db_second(&client).await != second {
+            continue;
+        }
+        assert_eq!(first, Consumed::Now, "a key on the horizon is accepted");
+        assert_eq!(again, Consumed::Before, "and kept: it is not below it");
+        assert_eq!(under, Consumed::PastHorizon);
+        judged += 1;
+        if judged == 3 {
+            break;
+        }
+    }
+    assert!(
+        judged > 0,
+        "no attempt stayed within one second of the database's clock"
+    );
+    l.close().await.unwrap();
 }
 
 /// sled counts a record once however often it is rewritten (renewed,
