@@ -5,8 +5,11 @@ with the real SDK server and client over streamable HTTP on 127.0.0.1.
 
     STATESEAL_BIN=target/release/stateseal python clients/python/bench/roundtrip.py [rounds, default 300]
 
-The variants run interleaved in blocks of 20, so machine noise hits both
-alike. Run from the repository root with the test requirements and the
+Three variants: the SDK's boundary; stateseal in its default two phases
+(Open RESERVE, then a Commit beside the answer); and stateseal consuming
+before the handler (`at_most_once`, one Open CONSUME and no Commit), which
+has a stateseal process of its own. They run interleaved in blocks of 20,
+so machine noise hits all alike. Run from the repository root with the test requirements and the
 package installed (see clients/python/README.md).
 
 It then prints where the stateseal variant's time goes, per round trip
@@ -33,6 +36,7 @@ both variants alike.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -208,7 +212,17 @@ async def main(n: int) -> None:
         rsc = RequestStateClient(addr)
         boundary = TimedBoundary(rsc, audience="bench")
         instrument(boundary, rsc, steps)
-        variants = [("SDK boundary (AES-GCM)", server(None)), ("stateseal (reserve+commit, manifest)", server(boundary))]
+        # The consume variant (targets in `at_most_once`: one Open CONSUME,
+        # no Commit) has a stateseal of its own, so that the steps and the
+        # server's histograms count the reserve variant alone.
+        os.makedirs(f"{tmp}/consume")
+        proc2, addr2 = start_stateseal(f"{tmp}/consume", f"127.0.0.1:{free_port()}")
+        consume = StatesealBoundary(RequestStateClient(addr2), audience="bench", at_most_once=["transfer"])
+        variants = [
+            ("SDK boundary (AES-GCM)", server(None)),
+            ("stateseal (reserve+commit, manifest)", server(boundary)),
+            ("stateseal (consume, at_most_once, manifest)", server(consume)),
+        ]
         ports = [free_port() for _ in variants]
         servers = [
             uvicorn.Server(
@@ -230,18 +244,19 @@ async def main(n: int) -> None:
                 tg.start_soon(s.serve)
             while not all(s.started for s in servers):
                 await anyio.sleep(0.05)
-            async with Client(f"http://127.0.0.1:{ports[0]}/mcp", elicitation_callback=accept) as c0, Client(
-                f"http://127.0.0.1:{ports[1]}/mcp", elicitation_callback=accept
-            ) as c1:
-                clients = [c0, c1]
+            async with contextlib.AsyncExitStack() as stack:
+                clients = [
+                    await stack.enter_async_context(Client(f"http://127.0.0.1:{p}/mcp", elicitation_callback=accept))
+                    for p in ports
+                ]
                 for c in clients:
                     for i in range(20):
                         await c.call_tool("transfer", {"amount": i})
                 await settle(metrics)
                 before = scrape(metrics)
-                steps.on = True
                 for done in range(0, n, 20):
                     for v, c in enumerate(clients):
+                        steps.on = v == 1
                         for i in range(20):
                             t0 = time.perf_counter()
                             r = await c.call_tool("transfer", {"amount": done + i})
@@ -258,8 +273,9 @@ async def main(n: int) -> None:
         # The same calls from the same client on an otherwise idle event
         # loop: what the two calls on the response path cost by themselves.
         idle = await idle_calls(addr, n)
-        proc.terminate()
-        proc.wait(timeout=20)
+        for p in (proc, proc2):
+            p.terminate()
+            p.wait(timeout=20)
 
     report_times(variants, times)
     report_steps(steps, before, after, len(times[1]))
