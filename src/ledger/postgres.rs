@@ -428,22 +428,34 @@ async fn run_batcher(
             drop(permit);
             match result {
                 Ok((inserted, horizon, existing)) => {
-                    // The attempt each inserted id was inserted with (the
-                    // first waiter of that id in the sorted batch).
-                    let mut fresh: HashMap<[u8; 32], bool> =
-                        inserted.into_iter().map(|id| (id, true)).collect();
+                    // Each inserted id, with the attempt it was inserted
+                    // with once its first waiter (in arrival order, as the
+                    // insert's stable sort kept it) has taken it.
+                    let mut fresh: HashMap<[u8; 32], Option<Option<[u8; 16]>>> =
+                        inserted.into_iter().map(|id| (id, None)).collect();
                     for (key, attempt, reply) in batch {
                         // The first waiter of an inserted id gets Now; a later
-                        // waiter of the same id, or a key found in the table,
-                        // is judged by what is there; a key below the
-                        // database's horizon, PastHorizon.
-                        let now = fresh.get_mut(&key.id).map(std::mem::take).unwrap_or(false);
-                        let c = if now {
-                            Consumed::Now
-                        } else if i64::try_from(key.expires_at).unwrap_or(i64::MAX) < horizon {
-                            Consumed::PastHorizon
-                        } else {
-                            match existing.get(&key.id) {
+                        // waiter of the same id, Again if it is the same
+                        // attempt and Before if not, as if it had come a
+                        // batch later; a key found in the table is judged by
+                        // what is there; a key below the database's horizon,
+                        // PastHorizon.
+                        let c = match fresh.get_mut(&key.id) {
+                            Some(first @ None) => {
+                                *first = Some(attempt);
+                                Consumed::Now
+                            }
+                            Some(Some(first)) => {
+                                if attempt.is_some() && attempt == *first {
+                                    Consumed::Again
+                                } else {
+                                    Consumed::Before
+                                }
+                            }
+                            None if i64::try_from(key.expires_at).unwrap_or(i64::MAX) < horizon => {
+                                Consumed::PastHorizon
+                            }
+                            None => match existing.get(&key.id) {
                                 Some((1, _, _)) => Consumed::InUse,
                                 Some((_, _, Some(a)))
                                     if attempt.is_some_and(|x| x[..] == a[..]) =>
@@ -451,7 +463,7 @@ async fn run_batcher(
                                     Consumed::Again
                                 }
                                 _ => Consumed::Before,
-                            }
+                            },
                         };
                         let _ = reply.send(Ok(c));
                     }

@@ -1061,6 +1061,55 @@ async fn postgres_warns_of_plaintext_and_unverified_connections() {
     }
 }
 
+/// Waiters of one key in one batch are answered as if each came a batch
+/// later than the one before: the first is `Now`; the same attempt again is
+/// `Again` (a retry of that consumption), another attempt or none `Before`.
+/// The same attempt then gets `Again` from the table too.
+#[tokio::test(flavor = "current_thread")]
+async fn postgres_the_same_attempt_twice_in_one_batch_gets_again() {
+    let Some(pg) = crate::common::pg::shared("postgresql-one-batch-attempts").await else {
+        return;
+    };
+    let ledger = PgLedger::connect(&pg.url, PgOptions::default())
+        .await
+        .unwrap();
+    let k = key(FAR);
+    let (mine, other) = (Some([7u8; 16]), Some([8u8; 16]));
+    // All sent before the batcher runs (one thread): one batch.
+    let mut waiters = [
+        Box::pin(ledger.consume_as(&k, mine)),
+        Box::pin(ledger.consume_as(&k, mine)),
+        Box::pin(ledger.consume_as(&k, other)),
+        Box::pin(ledger.consume_as(&k, None)),
+    ];
+    std::future::poll_fn(|cx| {
+        for w in waiters.iter_mut() {
+            let _ = std::future::Future::poll(w.as_mut(), cx);
+        }
+        std::task::Poll::Ready(())
+    })
+    .await;
+    let mut got = Vec::new();
+    for w in waiters {
+        got.push(w.await.unwrap());
+    }
+    assert_eq!(
+        got,
+        [
+            Consumed::Now,
+            Consumed::Again,
+            Consumed::Before,
+            Consumed::Before
+        ]
+    );
+    assert_eq!(ledger.consume_as(&k, mine).await.unwrap(), Consumed::Again);
+    assert_eq!(
+        ledger.consume_as(&k, other).await.unwrap(),
+        Consumed::Before
+    );
+    ledger.close().await.unwrap();
+}
+
 /// A batch that loses a deadlock is rolled back whole by PostgreSQL and
 /// retried: its consumptions succeed, once. Another transaction holds key b;
 /// the batch [a, b] inserts a and waits for b; that transaction then inserts
