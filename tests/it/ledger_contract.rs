@@ -1399,6 +1399,116 @@ async fn options_rewriting_proxy(upstream: String, options: Option<&'static str>
     addr
 }
 
+/// A relay on 127.0.0.1 in front of the test database. While it is armed,
+/// a connection that runs a prepared statement (a write that starts with a
+/// Bind message, `B`: the ledger's insert once prepared on it) goes silent
+/// for good: the statement is never forwarded, nothing more is read from
+/// it, and it stays open (a peer gone silent, as behind a broken network
+/// path). Every other message (a simple query such as the pool's check of
+/// a connection), and everything once it is disarmed, is relayed.
+struct StallingRelay {
+    addr: String,
+    stalled: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl StallingRelay {
+    async fn start(upstream: String) -> Self {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let stalled = Arc::new(AtomicBool::new(false));
+        let flag = stalled.clone();
+        async fn pump(
+            mut from: OwnedReadHalf,
+            mut to: OwnedWriteHalf,
+            stalled: Arc<AtomicBool>,
+        ) -> std::io::Result<()> {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut buf = vec![0u8; 16 * 1024];
+            loop {
+                let n = from.read(&mut buf).await?;
+                if buf[..n].first() == Some(&b'B') && stalled.load(Ordering::SeqCst) {
+                    std::future::pending::<()>().await;
+                }
+                if n == 0 {
+                    return Ok(());
+                }
+                to.write_all(&buf[..n]).await?;
+            }
+        }
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let (flag, upstream) = (flag.clone(), upstream.clone());
+                tokio::spawn(async move {
+                    let server = tokio::net::TcpStream::connect(upstream).await?;
+                    let (cr, cw) = client.into_split();
+                    let (sr, sw) = server.into_split();
+                    let _ = tokio::join!(pump(cr, sw, flag.clone()), pump(sr, cw, flag));
+                    Ok::<_, std::io::Error>(())
+                });
+            }
+        });
+        StallingRelay { addr, stalled }
+    }
+
+    fn stall(&self, on: bool) {
+        self.stalled.store(on, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// A statement that passes the timeout on a connection gone silent fails
+/// (`Timeout`), and that connection is never handed out again: the next
+/// consumption gets a fresh connection and succeeds. Without it, the pool
+/// would hand the silent connection back (its check then waits out the
+/// timeout) and fail the next consumption too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_connection_gone_silent_is_not_handed_out_again() {
+    let Some(pg) = crate::common::pg::shared("postgresql-silent-connection").await else {
+        return;
+    };
+    let cfg = stateseal::internals::ledger::postgres::parse_url(&pg.url).unwrap();
+    let host = match &cfg.get_hosts()[0] {
+        tokio_postgres::config::Host::Tcp(h) => h.clone(),
+        other => panic!("the test database is reached over TCP, not {other:?}"),
+    };
+    let upstream = format!(
+        "{host}:{}",
+        cfg.get_ports().first().copied().unwrap_or(5432)
+    );
+    let user = cfg.get_user().unwrap_or("postgres");
+    let db = cfg.get_dbname().unwrap_or("postgres");
+    let relay = StallingRelay::start(upstream).await;
+    let url = format!("postgres://{user}@{}/{db}?sslmode=disable", relay.addr);
+    let ledger = PgLedger::connect(
+        &url,
+        PgOptions {
+            pool_size: 1,
+            // Waited out once, by the statement that goes silent.
+            timeout: std::time::Duration::from_secs(5),
+            ..PgOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    // The pool's one connection: it goes silent with the next insert (its
+    // check before it is handed out passes).
+    assert_eq!(ledger.consume(&key(FAR)).await.unwrap(), Consumed::Now);
+    relay.stall(true);
+    let e = ledger.consume(&key(FAR)).await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            stateseal::internals::ledger::LedgerError::Timeout { step: "insert", .. }
+        ),
+        "{e}"
+    );
+    // The database is reachable again, through new connections.
+    relay.stall(false);
+    assert_eq!(ledger.consume(&key(FAR)).await.unwrap(), Consumed::Now);
+    ledger.close().await.unwrap();
+}
+
 /// The session check refuses sessions that would not make a consumption
 /// durable before its answer, or that ignore the statement timeout: behind
 /// a pooler that drops the startup options, or imposes its own, the ledger
