@@ -623,6 +623,13 @@ impl PgLedger {
     }
 }
 
+/// The bounds of the ledger's own VACUUM: the server's statement timeout
+/// for it (eight statement timeouts: it scans the whole table), and the
+/// client's (two more, for the SET and RESET around it).
+fn vacuum_limits(timeout: Duration) -> (Duration, Duration) {
+    (timeout * 8, timeout * 10)
+}
+
 /// The ledger's own VACUUM runs at most once a minute: due at `now` when
 /// none ran yet or the last began a minute or more before; a due one is
 /// recorded as begun at `now`.
@@ -900,7 +907,8 @@ impl Ledger for PgLedger {
         if removed > 0 && self.self_vacuum && self.vacuum_due() {
             // Outside any transaction; skips rather than waits if another
             // replica holds the table's lock. Bounded by the statement timeout.
-            let server_limit = (self.timeout * 8).as_millis();
+            let (server, client_limit) = vacuum_limits(self.timeout);
+            let server_limit = server.as_millis();
             let vacuum = async {
                 client
                     .batch_execute(&format!("SET statement_timeout = {server_limit}"))
@@ -911,7 +919,7 @@ impl Ledger for PgLedger {
                 client.batch_execute("RESET statement_timeout").await?;
                 r
             };
-            if let Err(e) = timed("vacuum", self.timeout * 10, vacuum).await {
+            if let Err(e) = timed("vacuum", client_limit, vacuum).await {
                 tracing::warn!(error = %e, "ledger table vacuum failed");
             }
         }
@@ -932,6 +940,14 @@ impl Ledger for PgLedger {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_vacuum_is_bounded_by_eight_and_ten_statement_timeouts() {
+        assert_eq!(
+            vacuum_limits(Duration::from_millis(1500)),
+            (Duration::from_secs(12), Duration::from_secs(15))
+        );
+    }
 
     #[test]
     fn the_ledger_vacuums_at_most_once_a_minute() {

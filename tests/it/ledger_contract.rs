@@ -850,6 +850,10 @@ async fn postgres_collector_vacuums_itself_only_without_autovacuum() {
         .await
         .unwrap();
         let client = pg_client(&url).await;
+        // A collection that removes nothing does not vacuum (nor take the
+        // minute's turn from the one below that does).
+        assert_eq!(l.remove_expired(0, 100).await.unwrap(), 0);
+        tokio::time::sleep(std::time::Duration::from_secs(3)).await;
         let before = manual_vacuums(&client).await;
         // Nobody else collects on a private instance: all 20 go now.
         assert_eq!(consume_twenty_then_collect(&l).await, 20);
@@ -968,6 +972,7 @@ async fn postgres_keeps_the_url_options_and_debug_shows_no_url() {
     let url = format!("{}{sep}options=-c%20search_path%3D{schema}", pg.url);
     let ledger = PgLedger::connect(&url, PgOptions::default()).await.unwrap();
     assert_eq!(format!("{ledger:?}"), "PgLedger { .. }");
+    assert_eq!(ledger.backend(), "postgres");
     // The clock guard's reference is the database's clock (the same host's
     // here: within a few seconds of this one).
     use stateseal::internals::clock::guard::Reference;
@@ -993,6 +998,15 @@ async fn postgres_keeps_the_url_options_and_debug_shows_no_url() {
         "the record went to the schema the URL's options named"
     );
     ledger.close().await.unwrap();
+    // Closed: its connections are gone, and it records nothing more.
+    let after = LedgerKey {
+        id: [0x5d; 32],
+        ..key
+    };
+    assert!(
+        ledger.consume(&after).await.is_err(),
+        "a closed ledger consumed"
+    );
     drop(ledger);
     client
         .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
