@@ -652,6 +652,21 @@ async fn gc_frees_ended_leases(l: Arc<dyn Ledger>) {
     assert_eq!(l.commit(&live, v.rid).await.unwrap(), Held::Yes(None));
 }
 
+/// A collection counts what it removed: expired records and ended leases
+/// together. Whatever earlier cases left expired is collected first, then
+/// exactly one of each ends and one collection must count two.
+async fn gc_counts_records_and_leases_it_removes(l: Arc<dyn Ledger>) {
+    let _ = collect_past(&l, wall_now, 1000, wall_now()).await;
+    let expiring = key(wall_now() + 1);
+    assert_eq!(l.consume(&expiring).await.unwrap(), Consumed::Now);
+    let e = reserved_now(l.reserve(&key(FAR), ask(1, 1)).await.unwrap());
+    // Past the record's expiry and the lease's end, by whole seconds.
+    tokio::time::sleep(PAST_A_ONE_SECOND_LEASE + std::time::Duration::from_secs(1)).await;
+    let horizon = wall_now();
+    assert!(horizon > expiring.expires_at && horizon > e.end.until);
+    assert_eq!(l.remove_expired(horizon, 1000).await.unwrap(), 2);
+}
+
 async fn concurrent_reserves_one_winner(l: Arc<dyn Ledger>) {
     for _ in 0..5 {
         let k = key(FAR);
@@ -692,6 +707,7 @@ contract!(
     reserve_commit_release,
     lease_expiry,
     gc_frees_ended_leases,
+    gc_counts_records_and_leases_it_removes,
     concurrent_reserves_one_winner,
     consume_once,
     concurrent_same_key,
