@@ -1,13 +1,15 @@
 //! The PostgreSQL ledger, for several replicas sharing one database.
 //!
-//! - Consumption is `INSERT … ON CONFLICT DO NOTHING RETURNING id`, in
-//!   autocommit: a row returned is a row committed (synchronous commit), and
-//!   the primary key makes exactly one inserter see it.
+//! - Consumption is `INSERT … ON CONFLICT DO UPDATE … WHERE` (taking over
+//!   only a reservation whose lease ended) `RETURNING id`, in autocommit: a
+//!   row returned is a row committed (synchronous commit), and the primary
+//!   key makes exactly one inserter see it.
 //! - Concurrent consumptions are batched: one batcher task collects what
 //!   arrived while earlier statements ran and sends it as one multi-row
 //!   statement (`unnest` of two arrays), with several batches in flight on
 //!   the pool's connections. Within a batch, a key that appears twice gets
-//!   `Now` for its first waiter only.
+//!   `Now` for its first waiter only; a later waiter with the same attempt
+//!   gets `Again`, as it would a batch later.
 //! - If a statement fails or passes the timeout, every waiter in its batch
 //!   gets an error (`LEDGER_UNAVAILABLE`): an unknown outcome is never
 //!   reported as a consumption.
