@@ -42,6 +42,35 @@ async fn pg_client(url: &str) -> tokio_postgres::Client {
     client
 }
 
+/// Creates `schema` afresh and returns `url` with it as every session's
+/// `search_path` (through the URL's `options`): a ledger of its own.
+async fn in_schema(client: &tokio_postgres::Client, url: &str, schema: &str) -> String {
+    client
+        .batch_execute(&format!(
+            "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"
+        ))
+        .await
+        .unwrap();
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}options=-c%20search_path%3D{schema}")
+}
+
+/// The test database's host:port, user and database name, for a relay
+/// in front of it (its URL must name a TCP host).
+fn reached_at(url: &str) -> (String, String, String) {
+    let cfg = stateseal::internals::ledger::postgres::parse_url(url).unwrap();
+    let host = match &cfg.get_hosts()[0] {
+        tokio_postgres::config::Host::Tcp(h) => h.clone(),
+        other => panic!("the test database is reached over TCP, not {other:?}"),
+    };
+    let port = cfg.get_ports().first().copied().unwrap_or(5432);
+    (
+        format!("{host}:{port}"),
+        cfg.get_user().unwrap_or("postgres").to_string(),
+        cfg.get_dbname().unwrap_or("postgres").to_string(),
+    )
+}
+
 /// Whether some session's statement starting with `prefix` waits for a lock.
 async fn waits_for_a_lock(watch: &tokio_postgres::Client, prefix: &str) -> bool {
     let waiting: i64 = watch
@@ -175,14 +204,7 @@ async fn postgres_collection_counts_records_and_leases() {
     };
     let schema = format!("stateseal_count_{}", std::process::id());
     let client = pg_client(&pg.url).await;
-    client
-        .batch_execute(&format!(
-            "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"
-        ))
-        .await
-        .unwrap();
-    let sep = if pg.url.contains('?') { '&' } else { '?' };
-    let url = format!("{}{sep}options=-c%20search_path%3D{schema}", pg.url);
+    let url = in_schema(&client, &pg.url, &schema).await;
     let l = PgLedger::connect(
         &url,
         PgOptions {
@@ -1020,14 +1042,7 @@ async fn postgres_keeps_the_url_options_and_debug_shows_no_url() {
     };
     let schema = format!("stateseal_options_{}", std::process::id());
     let client = pg_client(&pg.url).await;
-    client
-        .batch_execute(&format!(
-            "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"
-        ))
-        .await
-        .unwrap();
-    let sep = if pg.url.contains('?') { '&' } else { '?' };
-    let url = format!("{}{sep}options=-c%20search_path%3D{schema}", pg.url);
+    let url = in_schema(&client, &pg.url, &schema).await;
     let ledger = PgLedger::connect(&url, PgOptions::default()).await.unwrap();
     assert_eq!(format!("{ledger:?}"), "PgLedger { .. }");
     assert_eq!(ledger.backend(), "postgres");
@@ -1539,17 +1554,7 @@ async fn postgres_a_connection_gone_silent_is_not_handed_out_again() {
     let Some(pg) = crate::common::pg::shared("postgresql-silent-connection").await else {
         return;
     };
-    let cfg = stateseal::internals::ledger::postgres::parse_url(&pg.url).unwrap();
-    let host = match &cfg.get_hosts()[0] {
-        tokio_postgres::config::Host::Tcp(h) => h.clone(),
-        other => panic!("the test database is reached over TCP, not {other:?}"),
-    };
-    let upstream = format!(
-        "{host}:{}",
-        cfg.get_ports().first().copied().unwrap_or(5432)
-    );
-    let user = cfg.get_user().unwrap_or("postgres");
-    let db = cfg.get_dbname().unwrap_or("postgres");
+    let (upstream, user, db) = reached_at(&pg.url);
     let relay = StallingRelay::start(upstream).await;
     let url = format!("postgres://{user}@{}/{db}?sslmode=disable", relay.addr);
     let ledger = PgLedger::connect(
@@ -1591,17 +1596,7 @@ async fn postgres_refuses_sessions_that_drop_its_durability_or_timeout() {
     let Some(pg) = crate::common::pg::shared("postgresql-session-check").await else {
         return;
     };
-    let cfg = stateseal::internals::ledger::postgres::parse_url(&pg.url).unwrap();
-    let host = match &cfg.get_hosts()[0] {
-        tokio_postgres::config::Host::Tcp(h) => h.clone(),
-        other => panic!("the test database is reached over TCP, not {other:?}"),
-    };
-    let upstream = format!(
-        "{host}:{}",
-        cfg.get_ports().first().copied().unwrap_or(5432)
-    );
-    let user = cfg.get_user().unwrap_or("postgres");
-    let db = cfg.get_dbname().unwrap_or("postgres");
+    let (upstream, user, db) = reached_at(&pg.url);
     let cases: [(Option<&'static str>, Option<&str>); 5] = [
         (None, Some("ignore the statement_timeout")),
         (
