@@ -42,17 +42,36 @@ async fn pg_client(url: &str) -> tokio_postgres::Client {
     client
 }
 
-/// Creates `schema` afresh and returns `url` with it as every session's
-/// `search_path` (through the URL's `options`): a ledger of its own.
-async fn in_schema(client: &tokio_postgres::Client, url: &str, schema: &str) -> String {
-    client
-        .batch_execute(&format!(
-            "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"
-        ))
-        .await
-        .unwrap();
-    let sep = if url.contains('?') { '&' } else { '?' };
-    format!("{url}{sep}options=-c%20search_path%3D{schema}")
+/// A schema of its own in the test database, created afresh, with the URL
+/// that makes it every session's `search_path` (through the URL's
+/// `options`): a ledger there sees no other test's table.
+struct OwnSchema {
+    client: tokio_postgres::Client,
+    name: String,
+    url: String,
+}
+
+impl OwnSchema {
+    async fn create(url: &str, what: &str) -> Self {
+        let name = format!("stateseal_{what}_{}", std::process::id());
+        let client = pg_client(url).await;
+        client
+            .batch_execute(&format!(
+                "DROP SCHEMA IF EXISTS {name} CASCADE; CREATE SCHEMA {name}"
+            ))
+            .await
+            .unwrap();
+        let sep = if url.contains('?') { '&' } else { '?' };
+        let url = format!("{url}{sep}options=-c%20search_path%3D{name}");
+        OwnSchema { client, name, url }
+    }
+
+    async fn remove(self) {
+        self.client
+            .batch_execute(&format!("DROP SCHEMA {} CASCADE", self.name))
+            .await
+            .unwrap();
+    }
 }
 
 /// The test database's host:port, user and database name, for a relay
@@ -128,18 +147,6 @@ async fn sled_record_expiring_on_the_horizon_stays() {
     assert_eq!(l.consume(&on).await.unwrap(), Consumed::Before);
 }
 
-/// The database's clock, as the ledger's statements read it (whole seconds).
-async fn db_second(client: &tokio_postgres::Client) -> i64 {
-    client
-        .query_one(
-            "SELECT extract(epoch FROM statement_timestamp())::bigint",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0)
-}
-
 /// PostgreSQL's horizon is the database's clock minus the skew at each
 /// statement: a record expiring exactly on it is kept and answers `Before`,
 /// a key one second below it `PastHorizon`. The second is pinned by reading
@@ -152,12 +159,12 @@ async fn postgres_record_expiring_on_the_horizon_stays() {
     let Some(pg) = crate::common::pg::alone("postgresql-horizon-edge").await else {
         return;
     };
-    let client = pg_client(&pg.url).await;
-    const SKEW: i64 = 60;
+    use stateseal::internals::clock::guard::Reference;
+    const SKEW: u64 = 60;
     let l = PgLedger::connect(
         &pg.url,
         PgOptions {
-            skew: SKEW as u64,
+            skew: SKEW,
             ..PgOptions::default()
         },
     )
@@ -165,13 +172,15 @@ async fn postgres_record_expiring_on_the_horizon_stays() {
     .unwrap();
     let mut judged = 0;
     for _ in 0..50 {
-        let second = db_second(&client).await;
-        let on = key(u64::try_from(second - SKEW).unwrap());
-        let below = key(u64::try_from(second - SKEW - 1).unwrap());
+        // The database's clock in whole seconds, as the ledger's statements
+        // round it.
+        let second = l.reference_now().await.unwrap().unwrap();
+        let on = key(second - SKEW);
+        let below = key(second - SKEW - 1);
         let first = l.consume(&on).await.unwrap();
         let again = l.consume(&on).await.unwrap();
         let under = l.consume(&below).await.unwrap();
-        if db_second(&client).await != second {
+        if l.reference_now().await.unwrap().unwrap() != second {
             continue;
         }
         assert_eq!(first, Consumed::Now, "a key on the horizon is accepted");
@@ -202,11 +211,9 @@ async fn postgres_collection_counts_records_and_leases() {
     let Some(pg) = crate::common::pg::alone("postgresql-collection-count").await else {
         return;
     };
-    let schema = format!("stateseal_count_{}", std::process::id());
-    let client = pg_client(&pg.url).await;
-    let url = in_schema(&client, &pg.url, &schema).await;
+    let schema = OwnSchema::create(&pg.url, "count").await;
     let l = PgLedger::connect(
-        &url,
+        &schema.url,
         PgOptions {
             skew: 0,
             ..PgOptions::default()
@@ -217,10 +224,7 @@ async fn postgres_collection_counts_records_and_leases() {
     let l: Arc<dyn Ledger> = Arc::new(l);
     gc_counts_records_and_leases_it_removes(l.clone()).await;
     l.close().await.unwrap();
-    client
-        .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
-        .await
-        .unwrap();
+    schema.remove().await;
 }
 
 /// sled counts a record once however often it is rewritten (renewed,
@@ -1040,10 +1044,10 @@ async fn postgres_keeps_the_url_options_and_debug_shows_no_url() {
     let Some(pg) = crate::common::pg::shared("postgresql-url-options").await else {
         return;
     };
-    let schema = format!("stateseal_options_{}", std::process::id());
-    let client = pg_client(&pg.url).await;
-    let url = in_schema(&client, &pg.url, &schema).await;
-    let ledger = PgLedger::connect(&url, PgOptions::default()).await.unwrap();
+    let schema = OwnSchema::create(&pg.url, "options").await;
+    let ledger = PgLedger::connect(&schema.url, PgOptions::default())
+        .await
+        .unwrap();
     assert_eq!(format!("{ledger:?}"), "PgLedger { .. }");
     assert_eq!(ledger.backend(), "postgres");
     // The clock guard's reference is the database's clock (the same host's
@@ -1061,8 +1065,12 @@ async fn postgres_keeps_the_url_options_and_debug_shows_no_url() {
         tenant: TenantTag::of("t"),
     };
     assert_eq!(ledger.consume(&key).await.unwrap(), Consumed::Now);
-    let rows: i64 = client
-        .query_one(&format!("SELECT count(*) FROM {schema}.{TABLE}"), &[])
+    let rows: i64 = schema
+        .client
+        .query_one(
+            &format!("SELECT count(*) FROM {}.{TABLE}", schema.name),
+            &[],
+        )
         .await
         .unwrap()
         .get(0);
@@ -1081,10 +1089,7 @@ async fn postgres_keeps_the_url_options_and_debug_shows_no_url() {
         "a closed ledger consumed"
     );
     drop(ledger);
-    client
-        .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
-        .await
-        .unwrap();
+    schema.remove().await;
 }
 
 /// A start waits out another replica's migration for up to five times the
