@@ -145,6 +145,7 @@ pub mod proto {
                 .field("lease_seconds", &self.lease_seconds)
                 .field("attempt_id_len", &self.attempt_id.len())
                 .field("input_responses_len", &self.input_responses_json.len())
+                .field("commit", &self.commit.len())
                 .finish()
         }
     }
@@ -159,6 +160,7 @@ pub mod proto {
                 .field("lease_expires_at_unix", &self.lease_expires_at_unix)
                 .field("input_responses_len", &self.input_responses_json.len())
                 .field("dropped", &self.dropped.len())
+                .field("commits", &self.commits)
                 .finish()
         }
     }

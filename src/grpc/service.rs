@@ -70,10 +70,7 @@ impl RequestStateService {
         // longer one is refused TOO_LARGE anyway): the queue holds no
         // attacker-sized strings.
         let bounded = |s: Option<String>, max: usize| s.filter(|s| s.len() <= max);
-        let caller = req
-            .extensions()
-            .get::<Caller>()
-            .map_or_else(|| Arc::from("none"), |c| c.0.clone());
+        let caller = caller_of(req);
         Some(Asked {
             method,
             caller,
@@ -130,6 +127,54 @@ impl RequestStateService {
         };
         audit.record(d).await?;
         result
+    }
+
+    /// One Commit, audited and counted as such: the Commit RPC's, and each
+    /// that an Open carries.
+    async fn commit_one(
+        &self,
+        tenant: &Tenant,
+        caller: Option<Arc<str>>,
+        reservation: &str,
+    ) -> Result<(), Reject> {
+        let started = Instant::now();
+        let asked = caller.map(|caller| Asked {
+            method: Method::Commit,
+            caller,
+            mode: None,
+            subject: None,
+            attempt: None,
+        });
+        let mut trail = Trail::default();
+        let result = async {
+            self.admit()?;
+            self.sealer.commit(tenant, reservation, &mut trail).await
+        }
+        .await;
+        self.settle(Rpc::Commit, started, asked, tenant, trail, result)
+            .await
+    }
+
+    /// The commits an Open carries, side by side: one outcome each, in
+    /// order.
+    async fn carried(
+        &self,
+        tenant: &Tenant,
+        caller: Option<Arc<str>>,
+        reservations: &[String],
+    ) -> Vec<proto::CommitOutcome> {
+        let each = reservations.iter().map(|r| async {
+            let result = self.commit_one(tenant, caller.clone(), r).await;
+            log_outcome(tenant, "carried commit", &result);
+            match result {
+                Ok(()) => proto::CommitOutcome::default(),
+                Err(e) => proto::CommitOutcome {
+                    reason: e.reason().to_owned(),
+                    code: e.code() as i32,
+                },
+            }
+        });
+        futures_util::future::join_all(each).await
     }
 
     /// Checks a received binding and computes its params digest: the cheap
@@ -233,6 +278,16 @@ fn filtered(
     Ok((f.json, dropped))
 }
 
+/// Who called, as the audit log names them.
+fn caller_of<T>(req: &Request<T>) -> Arc<str> {
+    req.extensions()
+        .get::<Caller>()
+        .map_or_else(|| Arc::from("none"), |c| c.0.clone())
+}
+
+/// The most reservations one Open may carry to commit.
+pub const MAX_CARRIED_COMMITS: usize = 16;
+
 /// A process-unique id for the request's log lines.
 fn next_request_id() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(1);
@@ -324,7 +379,12 @@ impl RequestState for RequestStateService {
             |r| r.binding.as_ref().map(|b| b.subject.clone()),
             |r| Some(r.attempt_id.clone()),
         );
-        let r = req.into_inner();
+        let caller = self.audit.as_ref().map(|_| caller_of(&req));
+        let mut r = req.into_inner();
+        // More than the bound refuses the whole call, and none is committed.
+        let carried = std::mem::take(&mut r.commit);
+        let too_many = carried.len() > MAX_CARRIED_COMMITS;
+        let carried = if too_many { Vec::new() } else { carried };
         let mode = match proto::OpenMode::try_from(r.mode) {
             Ok(proto::OpenMode::Consume) => Ok(OpenMode::Consume),
             Ok(proto::OpenMode::Reserve) => Ok(OpenMode::Reserve {
@@ -341,32 +401,40 @@ impl RequestState for RequestStateService {
         let mut trail = Trail::default();
         // The token's form and key id first: a garbage token costs nothing
         // proportional to the params.
-        let result = match (
-            mode,
-            self.admit()
-                .and_then(|()| self.sealer.precheck(&r.request_state)),
-        ) {
-            (Ok(mode), Ok(untrusted)) => match self
-                .binding(&tenant, r.binding, untrusted.header().binding)
-                .await
-            {
-                Ok(binding) => match self.answers(r.input_responses_json).await {
-                    Ok(answers) => self
-                        .sealer
-                        .open(&binding, untrusted, mode, Some(&r.attempt_id), &mut trail)
-                        .await
-                        .and_then(|o| {
-                            // Infallible for a token this service sealed:
-                            // the answers were checked above.
-                            let a = filtered(o.manifest.as_deref().map(|m| &m[..]), answers)?;
-                            Ok((o, a))
-                        }),
+        let opening = async {
+            if too_many {
+                return Err(Reject::TooLarge);
+            }
+            match (
+                mode,
+                self.admit()
+                    .and_then(|()| self.sealer.precheck(&r.request_state)),
+            ) {
+                (Ok(mode), Ok(untrusted)) => match self
+                    .binding(&tenant, r.binding, untrusted.header().binding)
+                    .await
+                {
+                    Ok(binding) => match self.answers(r.input_responses_json).await {
+                        Ok(answers) => self
+                            .sealer
+                            .open(&binding, untrusted, mode, Some(&r.attempt_id), &mut trail)
+                            .await
+                            .and_then(|o| {
+                                // Infallible for a token this service sealed:
+                                // the answers were checked above.
+                                let a = filtered(o.manifest.as_deref().map(|m| &m[..]), answers)?;
+                                Ok((o, a))
+                            }),
+                        Err(e) => Err(e),
+                    },
                     Err(e) => Err(e),
                 },
-                Err(e) => Err(e),
-            },
-            (Err(e), _) | (_, Err(e)) => Err(e),
+                (Err(e), _) | (_, Err(e)) => Err(e),
+            }
         };
+        // The carried commits run beside the opening: on sled both reach
+        // the ledger's writer together and share its durable round.
+        let (result, commits) = tokio::join!(opening, self.carried(&tenant, caller, &carried));
         let result = self
             .settle(Rpc::Open, started, asked, &tenant, trail, result)
             .await;
@@ -391,6 +459,7 @@ impl RequestState for RequestStateService {
                     lease_seconds: lease.map_or(0, |l| l.seconds),
                     input_responses_json,
                     dropped,
+                    commits,
                 }))
             }
             Err(e) => {
@@ -409,19 +478,10 @@ impl RequestState for RequestStateService {
         &self,
         req: Request<proto::CommitRequest>,
     ) -> Result<Response<proto::CommitResponse>, Status> {
-        let started = Instant::now();
         let tenant = tenant_of(&req)?;
-        let asked = self.asked(&req, Method::Commit, |_| None, |_| None);
-        let mut trail = Trail::default();
-        let result = async {
-            self.admit()?;
-            self.sealer
-                .commit(&tenant, &req.get_ref().reservation, &mut trail)
-                .await
-        }
-        .await;
+        let caller = self.audit.as_ref().map(|_| caller_of(&req));
         let result = self
-            .settle(Rpc::Commit, started, asked, &tenant, trail, result)
+            .commit_one(&tenant, caller, &req.get_ref().reservation)
             .await;
         finish(&tenant, "commit", result.map(|()| proto::CommitResponse {}))
     }
@@ -489,19 +549,19 @@ fn finish<T>(
     rpc: &'static str,
     result: Result<T, Reject>,
 ) -> Result<Response<T>, Status> {
+    log_outcome(tenant, rpc, &result);
+    result.map(Response::new).map_err(Status::from)
+}
+
+/// Logs an outcome without payload: done, or the reason refused.
+fn log_outcome<T>(tenant: &Tenant, rpc: &'static str, result: &Result<T, Reject>) {
     match result {
-        Ok(v) => {
-            tracing::debug!(tenant = tenant.as_str(), rpc, "done");
-            Ok(Response::new(v))
-        }
-        Err(e) => {
-            tracing::debug!(
-                tenant = tenant.as_str(),
-                rpc,
-                reason = e.reason(),
-                "refused"
-            );
-            Err(e.into())
-        }
+        Ok(_) => tracing::debug!(tenant = tenant.as_str(), rpc, "done"),
+        Err(e) => tracing::debug!(
+            tenant = tenant.as_str(),
+            rpc,
+            reason = e.reason(),
+            "refused"
+        ),
     }
 }

@@ -7,7 +7,8 @@
 //! - a randomized run interleaves reserve, renew, commit, release, consume
 //!   and replays from several callers on two replicas, with handlers that
 //!   take about as long as their lease, and checks that no token ever has
-//!   two completed executions.
+//!   two completed executions (commits sent as Commit, or carried by an
+//!   Open of another token).
 #![allow(clippy::unwrap_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -278,6 +279,14 @@ async fn interleavings(replicas: Vec<RequestStateClient<Channel>>, seed: u64, to
                 .request_state,
         );
     }
+    // A reusable token whose Opens carry commits (`OpenRequest.commit`).
+    let carrier = replicas[0]
+        .clone()
+        .seal(seal_req(b"carrier", false))
+        .await
+        .unwrap()
+        .into_inner()
+        .request_state;
     let log: Arc<Mutex<History>> = Arc::default();
     let mut tasks = Vec::new();
     for (ti, t) in sealed.iter().enumerate() {
@@ -289,7 +298,7 @@ async fn interleavings(replicas: Vec<RequestStateClient<Channel>>, seed: u64, to
             let kind = rng.gen_range(0..10u8);
             let mut open_via = replicas[rng.gen_range(0..replicas.len())].clone();
             let mut finish_via = replicas[rng.gen_range(0..replicas.len())].clone();
-            let (t, log) = (t.clone(), log.clone());
+            let (t, log, carrier) = (t.clone(), log.clone(), carrier.clone());
             tasks.push(tokio::spawn(async move {
                 tokio::time::sleep(start).await;
                 let attempt = format!("t{ti}-c{caller}");
@@ -353,6 +362,22 @@ async fn interleavings(replicas: Vec<RequestStateClient<Channel>>, seed: u64, to
                             })
                             .await;
                         Outcome::Released
+                    } else if kind >= 6 {
+                        // Carried by an Open of another token.
+                        let carried = finish_via
+                            .open(OpenRequest {
+                                commit: vec![held.reservation],
+                                ..open_req(&carrier)
+                            })
+                            .await
+                            .unwrap()
+                            .into_inner()
+                            .commits;
+                        match carried[0].reason.as_str() {
+                            "" => Outcome::Committed,
+                            "LEASE_EXPIRED" => Outcome::CommitLost,
+                            other => panic!("a carried commit refused {other}"),
+                        }
                     } else {
                         match finish_via
                             .commit(CommitRequest {

@@ -215,7 +215,27 @@ async fn every_decision_and_key_event_has_a_line_and_nothing_secret_is_in_any() 
         .await
         .unwrap_err();
     assert_eq!(reason(&err), "MALFORMED");
-    secrets.extend([t1, t2, t3, r2, r3]);
+    // Commits carried by an Open: a line each, as the RPC's.
+    let t4 = c.seal(sealing()).await.unwrap().into_inner().request_state;
+    let r4 = c
+        .open(opening(&t4, OpenMode::Reserve))
+        .await
+        .unwrap()
+        .into_inner()
+        .reservation;
+    let t5 = c.seal(sealing()).await.unwrap().into_inner().request_state;
+    let carried = c
+        .open(stateseal::proto::OpenRequest {
+            commit: vec![r4.clone(), "garbage".into()],
+            ..opening(&t5, OpenMode::Consume)
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .commits;
+    let reasons: Vec<&str> = carried.iter().map(|c| c.reason.as_str()).collect();
+    assert_eq!(reasons, ["", "MALFORMED"]);
+    secrets.extend([t1, t2, t3, t4, t5, r2, r3, r4]);
 
     // Key events: a key added, then promoted (the old primary demoted), a
     // file that does not parse, then a key retired.
@@ -281,6 +301,17 @@ async fn every_decision_and_key_event_has_a_line_and_nothing_secret_is_in_any() 
         .unwrap();
     assert_eq!(committed["ledger"], reserved["ledger"]);
     assert_eq!(find("commit", "refused")["reason"], "MALFORMED");
+    let count = |event: &str, outcome: &str| {
+        all.iter()
+            .filter(|l| l["event"] == event && l["outcome"] == outcome)
+            .count()
+    };
+    assert_eq!(count("commit", "ok"), 2, "the RPC's and the carried one");
+    assert_eq!(
+        count("commit", "refused"),
+        2,
+        "the RPC's and the carried one"
+    );
     assert_eq!(all.last().unwrap()["event"], "stop");
     assert_eq!(all.last().unwrap()["mac_key"], 2);
     // Sequence numbers count every line.

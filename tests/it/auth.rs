@@ -194,6 +194,25 @@ async fn mtls_isolates_tenants_and_refuses_strangers() {
             .unwrap_err(),
         );
     }
+    // Nor carry it on an Open of B's own: refused, as B's Commit is.
+    let own = b
+        .seal(seal_req(b"b's own", false))
+        .await
+        .unwrap()
+        .into_inner()
+        .request_state;
+    let carried = b
+        .open(OpenRequest {
+            commit: vec![r.clone()],
+            ..open_req(&own)
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .commits;
+    assert_eq!(carried.len(), 1);
+    assert_eq!(carried[0].reason, "REJECTED");
+    assert_eq!(carried[0].code, Code::PermissionDenied as i32);
     assert_eq!(reason(&a.open(reserve(&t)).await.unwrap_err()), "IN_USE");
     a.renew(RenewRequest {
         reservation: r.clone(),

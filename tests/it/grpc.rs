@@ -877,6 +877,173 @@ async fn reserve_commit_release_through_the_service() {
     s.stop().await;
 }
 
+/// Commits carried by an Open (`OpenRequest.commit`): each is decided as
+/// Commit would decide it, with its outcome in `OpenResponse.commits` in
+/// order, whatever the Open's own outcome; a committed reservation's token
+/// is REPLAYED, not IN_USE; more than 16 refuse the whole call and commit
+/// none; a carried commit repeats as a plain Commit (idempotent).
+#[tokio::test]
+async fn an_open_carries_commits_and_answers_each() {
+    use stateseal::proto::{CommitRequest, OpenMode, ReleaseRequest};
+    let mut s = start().await;
+    let mut sealed = Vec::new();
+    for _ in 0..6 {
+        sealed.push(
+            s.client
+                .seal(seal_req(b"st", true))
+                .await
+                .unwrap()
+                .into_inner()
+                .request_state,
+        );
+    }
+    let reserve = |t: &str, commit: Vec<String>| OpenRequest {
+        mode: OpenMode::Reserve as i32,
+        lease_seconds: 5,
+        commit,
+        ..open_req(t)
+    };
+    let mut held = Vec::new();
+    for t in &sealed[..4] {
+        held.push(
+            s.client
+                .open(reserve(t, Vec::new()))
+                .await
+                .unwrap()
+                .into_inner()
+                .reservation,
+        );
+    }
+    // held[2] released: gone. held[3] taken over after its lease ended.
+    s.client
+        .release(ReleaseRequest {
+            reservation: held[2].clone(),
+        })
+        .await
+        .unwrap();
+    s.clock.advance(6);
+    let taker = s
+        .client
+        .open(reserve(&sealed[3], Vec::new()))
+        .await
+        .unwrap()
+        .into_inner();
+
+    // One Open (reserving sealed[4]) carries five: two held (one past its
+    // lease, still untaken), the released one, the one taken over, and
+    // garbage.
+    let carried = vec![
+        held[0].clone(),
+        held[1].clone(),
+        held[2].clone(),
+        held[3].clone(),
+        "garbage".to_string(),
+    ];
+    let o = s
+        .client
+        .open(reserve(&sealed[4], carried))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!o.reservation.is_empty(), "the Open itself reserved");
+    let outcomes: Vec<(&str, i32)> = o
+        .commits
+        .iter()
+        .map(|c| (c.reason.as_str(), c.code))
+        .collect();
+    let expired = tonic::Code::FailedPrecondition as i32;
+    assert_eq!(
+        outcomes,
+        [
+            ("", 0),
+            ("", 0),
+            ("LEASE_EXPIRED", expired),
+            ("LEASE_EXPIRED", expired),
+            ("MALFORMED", tonic::Code::InvalidArgument as i32),
+        ]
+    );
+    for t in &sealed[..2] {
+        let err = s.client.open(reserve(t, Vec::new())).await.unwrap_err();
+        assert_eq!(reason(&err), "REPLAYED", "committed by the carried commit");
+    }
+    // Idempotent: the same reservation committed again, plainly or carried.
+    s.client
+        .commit(CommitRequest {
+            reservation: held[0].clone(),
+        })
+        .await
+        .unwrap();
+
+    // A refused Open still decides what it carries: the taker's commit
+    // lands although the token it carries it on is garbage.
+    let mut bad = reserve("garbage", vec![taker.reservation.clone(), held[1].clone()]);
+    bad.request_state = "garbage".into();
+    let err = s.client.open(bad).await.unwrap_err();
+    assert_eq!(reason(&err), "MALFORMED");
+    let err = s
+        .client
+        .open(reserve(&sealed[3], Vec::new()))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        reason(&err),
+        "REPLAYED",
+        "the refused Open's carried commit"
+    );
+
+    // More than 16: the whole call is TOO_LARGE, nothing is committed, and
+    // the Open itself does not reserve.
+    let r5 = s
+        .client
+        .open(reserve(&sealed[5], Vec::new()))
+        .await
+        .unwrap()
+        .into_inner()
+        .reservation;
+    let mut many = vec![r5.clone()];
+    many.extend((0..16).map(|i| format!("filler-{i}")));
+    let err = s.client.open(reserve(&sealed[4], many)).await.unwrap_err();
+    assert_eq!(reason(&err), "TOO_LARGE");
+    let err = s
+        .client
+        .open(OpenRequest {
+            attempt_id: "another".into(),
+            ..reserve(&sealed[5], Vec::new())
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&err), "IN_USE", "r5 still only reserved");
+    // Sixteen is allowed; an Open of a reusable token carries them too.
+    let mut sixteen = vec![r5];
+    sixteen.extend((0..15).map(|i| format!("filler-{i}")));
+    let reusable = s
+        .client
+        .seal(seal_req(b"r", false))
+        .await
+        .unwrap()
+        .into_inner()
+        .request_state;
+    let o = s
+        .client
+        .open(OpenRequest {
+            commit: sixteen,
+            ..open_req(&reusable)
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(o.commits.len(), 16);
+    assert_eq!(o.commits[0].reason, "");
+    assert!(o.commits[1..].iter().all(|c| c.reason == "MALFORMED"));
+    let err = s
+        .client
+        .open(reserve(&sealed[5], Vec::new()))
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&err), "REPLAYED");
+    s.stop().await;
+}
+
 /// A relay on 127.0.0.1 to `target` that forwards the client's bytes, and the
 /// server's only until `drop` is set; after that the server's answers are
 /// lost (a response lost on the way back, as a timeout or a cut connection

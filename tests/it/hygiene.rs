@@ -65,6 +65,7 @@ fn debug_never_shows_state_tokens_subjects_or_params() {
             proto::OpenRequest {
                 request_state: MARK.into(),
                 binding: Some(b),
+                commit: vec![MARK.into()],
                 ..Default::default()
             }
         ),
