@@ -6,7 +6,8 @@ with the real SDK server and client over streamable HTTP on 127.0.0.1.
     STATESEAL_BIN=target/release/stateseal python clients/python/bench/roundtrip.py [rounds, default 300]
 
 Three variants: the SDK's boundary; stateseal in its default two phases
-(Open RESERVE, then a Commit beside the answer); and stateseal consuming
+(Open RESERVE, then the Commit, carried by the next round trip's Open or
+sent on its own after the boundary's `commit_delay`); and stateseal consuming
 before the handler (`at_most_once`, one Open CONSUME and no Commit), which
 has a stateseal process of its own. They run interleaved in blocks of 20,
 so machine noise hits all alike. Run from the repository root with the test requirements and the
@@ -20,7 +21,8 @@ It then prints where the stateseal variant's time goes, per round trip
 - the manifest: the questions' JSON when sealing, the answers' JSON sent
   and the filtered answers parsed back;
 - each RPC as the middleware awaits it: Seal and Open RESERVE on the
-  response path, and the Commit, which runs beside the answer, apart;
+  response path, and how many Commits the next Open carried and how many
+  went on their own;
 - the server's handling of each RPC (the mean of its
   stateseal_request_duration_seconds histogram, scraped before and after)
   and its durable rounds (stateseal_ledger_consume_duration_seconds);
@@ -137,7 +139,13 @@ def instrument(boundary: TimedBoundary, client: RequestStateClient, steps: Steps
     middleware.subject_for = steps.sync("binding", middleware.subject_for)
     middleware.json = TimedJson(steps)
     client.seal = steps.coro("rpc Seal", client.seal)
-    client.open = steps.coro("rpc Open", client.open)
+    timed_open = steps.coro("rpc Open", client.open)
+
+    async def open_(*args, commit=(), **kwargs):
+        steps.add("carried commits", len(commit))
+        return await timed_open(*args, commit=commit, **kwargs)
+
+    client.open = open_
     client.commit = steps.coro("rpc Commit", client.commit)
     client.renew = steps.coro("rpc Renew", client.renew)
 
@@ -374,9 +382,18 @@ def report_steps(steps: Steps, before: dict[str, float], after: dict[str, float]
         print(f"  {rpc} as awaited ({n / rounds:.2f} per round trip) | {per(t.get(f'rpc {rpc}', 0)):.3f}")
         print(f"    the server's handling of it | {per(s):.3f}")
     print(f"  gRPC client and loopback (awaited minus handled) | {per(awaited - handled):.3f}")
+    carried = t.get("carried commits", 0)
+    print(f"Commits carried by the next Open, per round trip | {carried / rounds:.2f}")
     for rpc in ("Commit", "Renew"):
         s, n = server(rpc)
-        if n:
+        if rpc == "Commit":
+            # The server counts a carried commit as a Commit (handled
+            # beside the Open that carried it); the rest were sent alone.
+            print(f"Commits sent alone, per round trip | {(n - carried) / rounds:.2f}")
+            print(f"  the server's handling of every commit, carried or not | {per(s):.3f}")
+            if n > carried:
+                print(f"  a Commit sent alone, as awaited, per round trip | {per(t.get('rpc Commit', 0)):.3f}")
+        elif n:
             print(f"off the response path: {rpc} as awaited ({n / rounds:.2f} per round trip) | "
                   f"{per(t.get(f'rpc {rpc}', 0)):.3f}")
             print(f"  the server's handling of it | {per(s):.3f}")

@@ -50,6 +50,38 @@ def test_a_reservation_reports_and_renews_its_lease(tmp_path):
         proc.wait(timeout=20)
 
 
+def test_an_open_carries_commits_and_reports_each(tmp_path):
+    proc, addr = start_stateseal(tmp_path)
+
+    async def go() -> None:
+        client = RequestStateClient(addr)
+        binding = {"subject": "alice", "method": "tools/call", "params_json": PARAMS}
+        tokens = [(await client.seal(**binding, state=b"s", single_use=True)).request_state for _ in range(3)]
+        held = (await client.open(tokens[0], **binding, reserve=True)).reservation
+        opened = await client.open(tokens[1], **binding, reserve=True, commit=[held, "garbage"])
+        assert opened.reservation
+        ok, bad = opened.commits
+        assert ok is None
+        assert isinstance(bad, StatesealError), bad
+        assert (bad.reason, bad.code, bad.from_stateseal) == ("MALFORMED", grpc.StatusCode.INVALID_ARGUMENT, True)
+        assert bad.client_fault and not bad.retryable
+        # Committed: the token is used, not in use.
+        with pytest.raises(StatesealError) as e:
+            await client.open(tokens[0], **binding)
+        assert e.value.reason == "REPLAYED"
+        # Nothing carried: no outcomes.
+        assert (await client.open(tokens[2], **binding)).commits == ()
+        with pytest.raises(ValueError):
+            await client.open(tokens[2], **binding, commit=["r"] * 17)
+        await client.close()
+
+    try:
+        asyncio.run(go())
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
 def _ts_set(name: str) -> set[str]:
     source = TS_CLIENT.read_text()
     m = re.search(rf"const {name} = new Set\(\[(.*?)\]\)", source, re.S)

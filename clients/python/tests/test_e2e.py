@@ -377,6 +377,46 @@ async def test_the_commit_runs_beside_the_answer_and_a_replay_waits_for_it(state
     assert [tag for tag, with_state in served if with_state] == ["B", "A"], served
 
 
+async def test_each_commit_rides_the_next_durable_open(stateseal, monkeypatch):
+    """The Commit of a round trip waits for the next durable Open of its
+    replica and is carried by it (`OpenRequest.commit`): no Commit of its
+    own, and the token is used. drain() sends what is still waiting at once,
+    each on its own."""
+    commit, open_ = RequestStateClient.commit, RequestStateClient.open
+    alone: list[str] = []
+    carried: list[str] = []
+
+    async def counted_commit(self, reservation):
+        alone.append(reservation)
+        await commit(self, reservation)
+
+    async def counted_open(self, *args, commit=(), **kwargs):
+        carried.extend(commit)
+        return await open_(self, *args, commit=commit, **kwargs)
+
+    monkeypatch.setattr(RequestStateClient, "commit", counted_commit)
+    monkeypatch.setattr(RequestStateClient, "open", counted_open)
+    async with deployment(stateseal) as (url, served):
+        for b in BOUNDARIES:
+            # No timer sends a Commit on its own during the test, however
+            # slow the machine (the option itself is bounded at 1 s).
+            b._commit_delay = 3600.0
+        async with Client(url, elicitation_callback=accept) as client:
+            retries = []
+            for _ in range(2):
+                r = await first_round(client)  # on A
+                retries.append({"input_responses": answers(r), "request_state": r.request_state})
+                done = await client.session.call_tool("transfer", {"amount": 42}, **retries[-1])  # on B
+                assert "transferred 42" in text_of(done), done
+            assert len(carried) == 1 and alone == [], (carried, alone)
+            # The first round trip's token is used: committed by the carry.
+            assert_already_used(await error_of(client.session.call_tool("transfer", {"amount": 42}, **retries[0])))
+            await asyncio.wait_for(drained(), 10)
+            assert len(alone) == 1 and alone[0] not in carried, (carried, alone)
+            assert_already_used(await error_of(client.session.call_tool("transfer", {"amount": 42}, **retries[1])))
+    assert [tag for tag, with_state in served if with_state] == ["B", "B", "A", "B"], served
+
+
 async def test_a_failed_handler_does_not_burn_the_retry(stateseal):
     FAIL_ONCE.clear()
     FAIL_ONCE.add("pay")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -12,7 +13,7 @@ from google.rpc import error_details_pb2, status_pb2
 
 from ._proto.stateseal.v1 import stateseal_pb2, stateseal_pb2_grpc
 
-__all__ = ["Lease", "Opened", "RequestStateClient", "Sealed", "StatesealError"]
+__all__ = ["MAX_CARRIED_COMMITS", "Lease", "Opened", "RequestStateClient", "Sealed", "StatesealError"]
 
 DOMAIN = "stateseal"
 
@@ -91,6 +92,9 @@ class Opened:
     #: OPEN_MODE_RESERVE: the lease granted, in seconds (0 from a server that
     #: does not report it). Renew every third of it while the handler runs.
     lease_seconds: int = 0
+    #: One per reservation the call carried (`commit=`), in order: None when
+    #: committed, else the StatesealError a Commit would have raised.
+    commits: tuple[StatesealError | None, ...] = ()
 
 
 class Lease(NamedTuple):
@@ -109,6 +113,21 @@ def _error(e: grpc.aio.AioRpcError) -> StatesealError:
                 if detail.Unpack(info) and info.domain == DOMAIN:
                     return StatesealError(info.reason, e.code(), e.details() or "")
     return StatesealError(e.code().name, e.code(), e.details() or "", from_stateseal=False)
+
+
+#: The most reservations one Open may carry to commit (the service's bound).
+MAX_CARRIED_COMMITS = 16
+
+
+def _outcome(o: stateseal_pb2.CommitOutcome) -> StatesealError | None:
+    if not o.reason:
+        return None
+    code = _CODES.get(o.code, grpc.StatusCode.UNKNOWN)
+    return StatesealError(o.reason, code, "carried commit refused")
+
+
+#: gRPC status code numbers to grpc.StatusCode.
+_CODES = {c.value[0]: c for c in grpc.StatusCode}
 
 
 def _binding(subject: str, method: str, params_json: str | None, params_digest: bytes | None):
@@ -206,11 +225,20 @@ class RequestStateClient:
         lease_seconds: int = 0,
         attempt_id: str = "",
         input_responses_json: str = "",
+        commit: Sequence[str] = (),
     ) -> Opened:
         """Opens a token. A single-use token is consumed, or with `reserve`
         reserved for a lease (then commit() or release() it). With
         `attempt_id`, the same attempt opening again gets the same success,
-        so a retry after a timeout is safe."""
+        so a retry after a timeout is safe.
+
+        `commit`: reservations of earlier Opens (at most
+        MAX_CARRIED_COMMITS) to commit in the same call, each as commit()
+        would; their outcomes are in `Opened.commits`. When this call raises,
+        whether they were committed is unknown: commit() them again (it is
+        idempotent)."""
+        if len(commit) > MAX_CARRIED_COMMITS:
+            raise ValueError(f"at most {MAX_CARRIED_COMMITS} reservations per open")
         req = stateseal_pb2.OpenRequest(
             request_state=request_state,
             binding=_binding(subject, method, params_json, params_digest),
@@ -218,6 +246,7 @@ class RequestStateClient:
             lease_seconds=lease_seconds,
             attempt_id=attempt_id,
             input_responses_json=input_responses_json,
+            commit=commit,
         )
         try:
             r = await self._stub.Open(req, timeout=self._timeout, metadata=self._metadata)
@@ -233,6 +262,7 @@ class RequestStateClient:
             r.input_responses_json,
             tuple((d.key, d.reason) for d in r.dropped),
             r.lease_seconds,
+            tuple(_outcome(o) for o in r.commits),
         )
 
     async def commit(self, reservation: str) -> None:

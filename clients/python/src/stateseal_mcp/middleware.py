@@ -14,8 +14,10 @@ and, for single-use targets, consumed at most once across every replica:
 - by default in two phases: stateseal *reserves* the token for a lease, the
   handler runs (the lease renewed in the background every third of its
   length, so a slow handler keeps it), and the reservation is *committed*
-  when the handler returns (a transient Commit failure is retried: Commit is
-  idempotent) and *released* when it raises or reports an error (or when
+  when the handler returns, off the response path: carried by this
+  replica's next durable Open, or sent on its own after `commit_delay`
+  (25 ms) when none comes (a transient Commit failure is retried: Commit is
+  idempotent), and *released* when it raises or reports an error (or when
   sealing the next round fails), so a failed handler never burns the user's
   retry;
 - for targets listed in `at_most_once`, consumed before the handler runs
@@ -79,9 +81,10 @@ from mcp_types import INTERNAL_ERROR, INVALID_PARAMS
 from mcp_types.methods import INPUT_REQUIRED_METHODS, is_input_required
 
 from .binding import BindingError, params_digest, subject_for
-from .client import RequestStateClient, StatesealError
+from .client import MAX_CARRIED_COMMITS, RequestStateClient, StatesealError
 
 __all__ = [
+    "DEFAULT_COMMIT_DELAY",
     "DEFAULT_MAX_INPUT_RESPONSES_BYTES",
     "DEFAULT_MAX_REQUEST_STATE_BYTES",
     "StatesealBoundary",
@@ -119,6 +122,10 @@ _BUSY_WAITS = (0.025, 0.05, 0.1, 0.2)
 _PENDING: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[bytes, asyncio.Task[None]]] = (
     weakref.WeakKeyDictionary()
 )
+
+#: How long, by default, a Commit waits for a durable Open of the same
+#: boundary to carry it before it is sent on its own, in seconds.
+DEFAULT_COMMIT_DELAY = 0.025
 
 #: Transport failures after which an Open (same attempt id) or a Release is
 #: sent again: the connection was lost or the call timed out.
@@ -255,6 +262,15 @@ class StatesealBoundary:
       `DEFAULT_MAX_INPUT_RESPONSES_BYTES`); keep them at or below what your
       stateseal accepts when you change its `--max-state-bytes` or
       `--max-input-bytes`.
+    - `commit_delay`: seconds (0 to 1; default 0.025) a Commit waits for
+      the next durable Open of this boundary (an Open of a single-use
+      target) to carry it (`OpenRequest.commit`), before it is sent on its
+      own. 0 sends each Commit on its own at once. The answer never waits
+      for it; what it costs is the window after a handler has answered in
+      which a crash of this process leaves the token reserved rather than
+      used: until its lease ends, after which a retry may run the handler
+      again. The delay widens that window by at most `commit_delay`, so
+      keep it far below the lease. `drain()` sends what is waiting at once.
     """
 
     def __init__(
@@ -272,11 +288,14 @@ class StatesealBoundary:
         lease_seconds: int = 0,
         max_request_state_bytes: int = DEFAULT_MAX_REQUEST_STATE_BYTES,
         max_input_responses_bytes: int = DEFAULT_MAX_INPUT_RESPONSES_BYTES,
+        commit_delay: float = DEFAULT_COMMIT_DELAY,
     ) -> None:
         if on_replay not in ("error", "reask"):
             raise ValueError('on_replay must be "error" or "reask"')
         if lease_seconds < 0:
             raise ValueError("lease_seconds must be 0 (the server default) or positive")
+        if isinstance(commit_delay, bool) or not isinstance(commit_delay, (int, float)) or not 0 <= commit_delay <= 1:
+            raise ValueError("commit_delay must be between 0 (commit at once) and 1 second")
         for name, value in (
             ("max_request_state_bytes", max_request_state_bytes),
             ("max_input_responses_bytes", max_input_responses_bytes),
@@ -298,6 +317,17 @@ class StatesealBoundary:
         # Commits running after their handler's answer went out (see
         # _finish): held here so they are not collected, for drain().
         self._committing: set[asyncio.Task[None]] = set()
+        self._commit_delay = float(commit_delay)
+        # The Commits waiting for a durable Open to carry them, by event
+        # loop (see _Carrier).
+        self._carriers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Carrier] = weakref.WeakKeyDictionary()
+
+    def _carrier(self) -> _Carrier:
+        loop = asyncio.get_running_loop()
+        carrier = self._carriers.get(loop)
+        if carrier is None:
+            carrier = self._carriers[loop] = _Carrier(self._client, loop, self._commit_delay)
+        return carrier
 
     def _subject(self, ctx: ServerRequestContext[Any, Any]) -> str:
         try:
@@ -336,7 +366,9 @@ class StatesealBoundary:
         reserve = target not in self._at_most_once
         token = hashlib.sha256(wire.encode("utf-8")).digest()
         try:
-            opened = await self._open(wire, token, subject, ctx.method, digest, reserve, answers_json)
+            opened = await self._open(
+                wire, token, subject, ctx.method, digest, reserve, answers_json, carry=target not in self._reusable
+            )
         except StatesealError as e:
             refusal = open_refusal(e, on_replay=self._on_replay, reask=self._reask)
             if refusal.reask:
@@ -438,6 +470,10 @@ class StatesealBoundary:
         again."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
+        # The Commits waiting for a carrier go now, each on its own.
+        carrier = self._carriers.get(loop)
+        if carrier is not None:
+            carrier.send_all()
         while True:
             mine = {t for t in self._committing if t.get_loop() is loop}
             if not mine:
@@ -454,7 +490,12 @@ class StatesealBoundary:
         # retried twice after a short wait.
         for n in range(3):
             try:
-                await self._client.commit(reservation)
+                if n == 0 and self._commit_delay > 0:
+                    # Carried by the next durable Open of this loop, or sent
+                    # on its own after the delay.
+                    await self._carrier().commit(reservation)
+                else:
+                    await self._client.commit(reservation)
                 return
             except StatesealError as e:
                 if n < 2 and retry_commit(e):
@@ -500,14 +541,26 @@ class StatesealBoundary:
         return lease.lease_seconds
 
     async def _open(
-        self, wire: str, token: bytes, subject: str, method: str, digest: bytes, reserve: bool, answers_json: str
+        self,
+        wire: str,
+        token: bytes,
+        subject: str,
+        method: str,
+        digest: bytes,
+        reserve: bool,
+        answers_json: str,
+        *,
+        carry: bool,
     ):
         attempt = uuid.uuid4().hex
         resent = busy = 0
         waited = False
         while True:
+            # A durable Open (of a single-use token) carries the Commits
+            # waiting in this loop: its durable round is theirs too.
+            carried = self._carrier().take() if carry else []
             try:
-                return await self._client.open(
+                opened = await self._client.open(
                     wire,
                     subject=subject,
                     method=method,
@@ -516,8 +569,17 @@ class StatesealBoundary:
                     lease_seconds=self._lease if reserve else 0,
                     attempt_id=attempt,
                     input_responses_json=answers_json,
+                    commit=[r for r, _ in carried],
                 )
-            except StatesealError as e:
+                self._carrier().settle(carried, opened.commits)
+                return opened
+            except BaseException as e:
+                # Their outcome is unknown: each is sent on its own (Commit
+                # is idempotent).
+                self._carrier().send(carried)
+                if not isinstance(e, StatesealError):
+                    raise
+
                 # Safe: the same attempt id gets the same success if the
                 # first try was recorded.
                 if resent < 2 and resend(e):
@@ -534,6 +596,8 @@ class StatesealBoundary:
                     pending = _PENDING.get(asyncio.get_running_loop(), {}).get(token)
                     if pending is not None and not waited:
                         waited = True
+                        # That Commit may be waiting for a carrier: now.
+                        self._carrier().send_all()
                         await asyncio.wait({pending}, timeout=_COMMIT_WAIT)
                         continue
                     if busy < len(_BUSY_WAITS):
@@ -694,6 +758,84 @@ class StatesealBoundary:
             message="Invalid or expired requestState",
             data={"reason": "invalid_request_state"},
         )
+
+
+class _Carrier:
+    """The Commits of one boundary and event loop waiting for a durable
+    Open to carry them (`OpenRequest.commit`, at most MAX_CARRIED_COMMITS
+    each), oldest first. Whatever no Open has taken `delay` seconds after
+    the first of them was queued is sent on its own, one Commit each, so no
+    Commit waits longer than that for a carrier."""
+
+    def __init__(self, client: RequestStateClient, loop: asyncio.AbstractEventLoop, delay: float) -> None:
+        self._client = client
+        self._loop = loop
+        self._delay = delay
+        self._waiting: list[tuple[str, asyncio.Future[None]]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        # Commits sent on their own, held so they are not collected.
+        self._sending: set[asyncio.Task[None]] = set()
+
+    def commit(self, reservation: str) -> asyncio.Future[None]:
+        """Queues a Commit; the future ends with its outcome (raises the
+        StatesealError a Commit would)."""
+        done: asyncio.Future[None] = self._loop.create_future()
+        self._waiting.append((reservation, done))
+        if self._timer is None:
+            self._timer = self._loop.call_later(self._delay, self.send_all)
+        return done
+
+    def take(self) -> list[tuple[str, asyncio.Future[None]]]:
+        """The oldest waiting Commits, for an Open to carry."""
+        taken, self._waiting = self._waiting[:MAX_CARRIED_COMMITS], self._waiting[MAX_CARRIED_COMMITS:]
+        if not self._waiting and self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        return taken
+
+    def settle(self, taken: list[tuple[str, asyncio.Future[None]]], outcomes: tuple[StatesealError | None, ...]) -> None:
+        """Ends each carried Commit with its outcome from the Open's answer.
+        One the answer does not name (a server that does not know carried
+        commits) is sent on its own."""
+        for (_, done), outcome in zip(taken, outcomes):
+            if done.done():
+                continue
+            if outcome is None:
+                done.set_result(None)
+            else:
+                done.set_exception(outcome)
+        self.send(taken[len(outcomes) :])
+
+    def send_all(self) -> None:
+        """Sends every waiting Commit on its own, now."""
+        taken, self._waiting = self._waiting, []
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self.send(taken)
+
+    def send(self, taken: list[tuple[str, asyncio.Future[None]]]) -> None:
+        """Sends each of `taken` as a Commit of its own."""
+        for reservation, done in taken:
+            if done.done():
+                continue
+            task = self._loop.create_task(self._alone(reservation, done))
+            self._sending.add(task)
+            task.add_done_callback(self._sending.discard)
+
+    async def _alone(self, reservation: str, done: asyncio.Future[None]) -> None:
+        try:
+            await self._client.commit(reservation)
+        except StatesealError as e:
+            if not done.done():
+                done.set_exception(e)
+            return
+        except BaseException as e:
+            if not done.done():
+                done.set_exception(e)
+            raise
+        if not done.done():
+            done.set_result(None)
 
 
 class _Renewal:

@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cstateseal/v1/stateseal.proto\x12\x0cstateseal.v1\"}\n\x07\x42inding\x12\x0f\n\x07subject\x18\x01 \x01(\t\x12\x0e\n\x06method\x18\x02 \x01(\t\x12\x17\n\rparams_digest\x18\x03 \x01(\x0cH\x00\x12\x15\n\x0bparams_json\x18\x04 \x01(\tH\x00\x12\x17\n\x0f\x62inding_version\x18\x05 \x01(\rB\x08\n\x06params\"\x8a\x01\n\x0bSealRequest\x12&\n\x07\x62inding\x18\x01 \x01(\x0b\x32\x15.stateseal.v1.Binding\x12\r\n\x05state\x18\x02 \x01(\x0c\x12\x13\n\x0bttl_seconds\x18\x03 \x01(\r\x12\x12\n\nsingle_use\x18\x04 \x01(\x08\x12\x1b\n\x13input_requests_json\x18\x05 \x01(\t\"N\n\x0cSealResponse\x12\x15\n\rrequest_state\x18\x01 \x01(\t\x12\x17\n\x0f\x65xpires_at_unix\x18\x02 \x01(\x03\x12\x0e\n\x06key_id\x18\x03 \x01(\t\"\xbb\x01\n\x0bOpenRequest\x12\x15\n\rrequest_state\x18\x01 \x01(\t\x12&\n\x07\x62inding\x18\x02 \x01(\x0b\x32\x15.stateseal.v1.Binding\x12$\n\x04mode\x18\x03 \x01(\x0e\x32\x16.stateseal.v1.OpenMode\x12\x15\n\rlease_seconds\x18\x04 \x01(\r\x12\x12\n\nattempt_id\x18\x05 \x01(\t\x12\x1c\n\x14input_responses_json\x18\x06 \x01(\t\"\xf1\x01\n\x0cOpenResponse\x12\r\n\x05state\x18\x01 \x01(\x0c\x12\x17\n\x0f\x65xpires_at_unix\x18\x02 \x01(\x03\x12\x0e\n\x06key_id\x18\x03 \x01(\t\x12\x10\n\x08\x63onsumed\x18\x04 \x01(\x08\x12\x13\n\x0breservation\x18\x05 \x01(\t\x12\x1d\n\x15lease_expires_at_unix\x18\x06 \x01(\x04\x12\x15\n\rlease_seconds\x18\t \x01(\r\x12\x1c\n\x14input_responses_json\x18\x07 \x01(\t\x12.\n\x07\x64ropped\x18\x08 \x03(\x0b\x32\x1d.stateseal.v1.DroppedResponse\".\n\x0f\x44roppedResponse\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"$\n\rCommitRequest\x12\x13\n\x0breservation\x18\x01 \x01(\t\"\x10\n\x0e\x43ommitResponse\":\n\x0cRenewRequest\x12\x13\n\x0breservation\x18\x01 \x01(\t\x12\x15\n\rlease_seconds\x18\x02 \x01(\r\"E\n\rRenewResponse\x12\x1d\n\x15lease_expires_at_unix\x18\x01 \x01(\x04\x12\x15\n\rlease_seconds\x18\x02 \x01(\r\"%\n\x0eReleaseRequest\x12\x13\n\x0breservation\x18\x01 \x01(\t\"\x11\n\x0fReleaseResponse*8\n\x08OpenMode\x12\x15\n\x11OPEN_MODE_CONSUME\x10\x00\x12\x15\n\x11OPEN_MODE_RESERVE\x10\x01\x32\xdb\x02\n\x0cRequestState\x12=\n\x04Seal\x12\x19.stateseal.v1.SealRequest\x1a\x1a.stateseal.v1.SealResponse\x12=\n\x04Open\x12\x19.stateseal.v1.OpenRequest\x1a\x1a.stateseal.v1.OpenResponse\x12\x43\n\x06\x43ommit\x12\x1b.stateseal.v1.CommitRequest\x1a\x1c.stateseal.v1.CommitResponse\x12@\n\x05Renew\x12\x1a.stateseal.v1.RenewRequest\x1a\x1b.stateseal.v1.RenewResponse\x12\x46\n\x07Release\x12\x1c.stateseal.v1.ReleaseRequest\x1a\x1d.stateseal.v1.ReleaseResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cstateseal/v1/stateseal.proto\x12\x0cstateseal.v1\"}\n\x07\x42inding\x12\x0f\n\x07subject\x18\x01 \x01(\t\x12\x0e\n\x06method\x18\x02 \x01(\t\x12\x17\n\rparams_digest\x18\x03 \x01(\x0cH\x00\x12\x15\n\x0bparams_json\x18\x04 \x01(\tH\x00\x12\x17\n\x0f\x62inding_version\x18\x05 \x01(\rB\x08\n\x06params\"\x8a\x01\n\x0bSealRequest\x12&\n\x07\x62inding\x18\x01 \x01(\x0b\x32\x15.stateseal.v1.Binding\x12\r\n\x05state\x18\x02 \x01(\x0c\x12\x13\n\x0bttl_seconds\x18\x03 \x01(\r\x12\x12\n\nsingle_use\x18\x04 \x01(\x08\x12\x1b\n\x13input_requests_json\x18\x05 \x01(\t\"N\n\x0cSealResponse\x12\x15\n\rrequest_state\x18\x01 \x01(\t\x12\x17\n\x0f\x65xpires_at_unix\x18\x02 \x01(\x03\x12\x0e\n\x06key_id\x18\x03 \x01(\t\"\xcb\x01\n\x0bOpenRequest\x12\x15\n\rrequest_state\x18\x01 \x01(\t\x12&\n\x07\x62inding\x18\x02 \x01(\x0b\x32\x15.stateseal.v1.Binding\x12$\n\x04mode\x18\x03 \x01(\x0e\x32\x16.stateseal.v1.OpenMode\x12\x15\n\rlease_seconds\x18\x04 \x01(\r\x12\x12\n\nattempt_id\x18\x05 \x01(\t\x12\x1c\n\x14input_responses_json\x18\x06 \x01(\t\x12\x0e\n\x06\x63ommit\x18\x07 \x03(\t\"\x9f\x02\n\x0cOpenResponse\x12\r\n\x05state\x18\x01 \x01(\x0c\x12\x17\n\x0f\x65xpires_at_unix\x18\x02 \x01(\x03\x12\x0e\n\x06key_id\x18\x03 \x01(\t\x12\x10\n\x08\x63onsumed\x18\x04 \x01(\x08\x12\x13\n\x0breservation\x18\x05 \x01(\t\x12\x1d\n\x15lease_expires_at_unix\x18\x06 \x01(\x04\x12\x15\n\rlease_seconds\x18\t \x01(\r\x12\x1c\n\x14input_responses_json\x18\x07 \x01(\t\x12.\n\x07\x64ropped\x18\x08 \x03(\x0b\x32\x1d.stateseal.v1.DroppedResponse\x12,\n\x07\x63ommits\x18\n \x03(\x0b\x32\x1b.stateseal.v1.CommitOutcome\"-\n\rCommitOutcome\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x0c\n\x04\x63ode\x18\x02 \x01(\x05\".\n\x0f\x44roppedResponse\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"$\n\rCommitRequest\x12\x13\n\x0breservation\x18\x01 \x01(\t\"\x10\n\x0e\x43ommitResponse\":\n\x0cRenewRequest\x12\x13\n\x0breservation\x18\x01 \x01(\t\x12\x15\n\rlease_seconds\x18\x02 \x01(\r\"E\n\rRenewResponse\x12\x1d\n\x15lease_expires_at_unix\x18\x01 \x01(\x04\x12\x15\n\rlease_seconds\x18\x02 \x01(\r\"%\n\x0eReleaseRequest\x12\x13\n\x0breservation\x18\x01 \x01(\t\"\x11\n\x0fReleaseResponse*8\n\x08OpenMode\x12\x15\n\x11OPEN_MODE_CONSUME\x10\x00\x12\x15\n\x11OPEN_MODE_RESERVE\x10\x01\x32\xdb\x02\n\x0cRequestState\x12=\n\x04Seal\x12\x19.stateseal.v1.SealRequest\x1a\x1a.stateseal.v1.SealResponse\x12=\n\x04Open\x12\x19.stateseal.v1.OpenRequest\x1a\x1a.stateseal.v1.OpenResponse\x12\x43\n\x06\x43ommit\x12\x1b.stateseal.v1.CommitRequest\x1a\x1c.stateseal.v1.CommitResponse\x12@\n\x05Renew\x12\x1a.stateseal.v1.RenewRequest\x1a\x1b.stateseal.v1.RenewResponse\x12\x46\n\x07Release\x12\x1c.stateseal.v1.ReleaseRequest\x1a\x1d.stateseal.v1.ReleaseResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'stateseal.v1.stateseal_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_OPENMODE']._serialized_start=1121
-  _globals['_OPENMODE']._serialized_end=1177
+  _globals['_OPENMODE']._serialized_start=1230
+  _globals['_OPENMODE']._serialized_end=1286
   _globals['_BINDING']._serialized_start=46
   _globals['_BINDING']._serialized_end=171
   _globals['_SEALREQUEST']._serialized_start=174
@@ -40,23 +40,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SEALRESPONSE']._serialized_start=314
   _globals['_SEALRESPONSE']._serialized_end=392
   _globals['_OPENREQUEST']._serialized_start=395
-  _globals['_OPENREQUEST']._serialized_end=582
-  _globals['_OPENRESPONSE']._serialized_start=585
-  _globals['_OPENRESPONSE']._serialized_end=826
-  _globals['_DROPPEDRESPONSE']._serialized_start=828
-  _globals['_DROPPEDRESPONSE']._serialized_end=874
-  _globals['_COMMITREQUEST']._serialized_start=876
-  _globals['_COMMITREQUEST']._serialized_end=912
-  _globals['_COMMITRESPONSE']._serialized_start=914
-  _globals['_COMMITRESPONSE']._serialized_end=930
-  _globals['_RENEWREQUEST']._serialized_start=932
-  _globals['_RENEWREQUEST']._serialized_end=990
-  _globals['_RENEWRESPONSE']._serialized_start=992
-  _globals['_RENEWRESPONSE']._serialized_end=1061
-  _globals['_RELEASEREQUEST']._serialized_start=1063
-  _globals['_RELEASEREQUEST']._serialized_end=1100
-  _globals['_RELEASERESPONSE']._serialized_start=1102
-  _globals['_RELEASERESPONSE']._serialized_end=1119
-  _globals['_REQUESTSTATE']._serialized_start=1180
-  _globals['_REQUESTSTATE']._serialized_end=1527
+  _globals['_OPENREQUEST']._serialized_end=598
+  _globals['_OPENRESPONSE']._serialized_start=601
+  _globals['_OPENRESPONSE']._serialized_end=888
+  _globals['_COMMITOUTCOME']._serialized_start=890
+  _globals['_COMMITOUTCOME']._serialized_end=935
+  _globals['_DROPPEDRESPONSE']._serialized_start=937
+  _globals['_DROPPEDRESPONSE']._serialized_end=983
+  _globals['_COMMITREQUEST']._serialized_start=985
+  _globals['_COMMITREQUEST']._serialized_end=1021
+  _globals['_COMMITRESPONSE']._serialized_start=1023
+  _globals['_COMMITRESPONSE']._serialized_end=1039
+  _globals['_RENEWREQUEST']._serialized_start=1041
+  _globals['_RENEWREQUEST']._serialized_end=1099
+  _globals['_RENEWRESPONSE']._serialized_start=1101
+  _globals['_RENEWRESPONSE']._serialized_end=1170
+  _globals['_RELEASEREQUEST']._serialized_start=1172
+  _globals['_RELEASEREQUEST']._serialized_end=1209
+  _globals['_RELEASERESPONSE']._serialized_start=1211
+  _globals['_RELEASERESPONSE']._serialized_end=1228
+  _globals['_REQUESTSTATE']._serialized_start=1289
+  _globals['_REQUESTSTATE']._serialized_end=1636
 # @@protoc_insertion_point(module_scope)

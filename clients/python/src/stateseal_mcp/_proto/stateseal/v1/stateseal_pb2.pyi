@@ -53,23 +53,25 @@ class SealResponse(_message.Message):
     def __init__(self, request_state: _Optional[str] = ..., expires_at_unix: _Optional[int] = ..., key_id: _Optional[str] = ...) -> None: ...
 
 class OpenRequest(_message.Message):
-    __slots__ = ("request_state", "binding", "mode", "lease_seconds", "attempt_id", "input_responses_json")
+    __slots__ = ("request_state", "binding", "mode", "lease_seconds", "attempt_id", "input_responses_json", "commit")
     REQUEST_STATE_FIELD_NUMBER: _ClassVar[int]
     BINDING_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_ID_FIELD_NUMBER: _ClassVar[int]
     INPUT_RESPONSES_JSON_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_FIELD_NUMBER: _ClassVar[int]
     request_state: str
     binding: Binding
     mode: OpenMode
     lease_seconds: int
     attempt_id: str
     input_responses_json: str
-    def __init__(self, request_state: _Optional[str] = ..., binding: _Optional[_Union[Binding, _Mapping]] = ..., mode: _Optional[_Union[OpenMode, str]] = ..., lease_seconds: _Optional[int] = ..., attempt_id: _Optional[str] = ..., input_responses_json: _Optional[str] = ...) -> None: ...
+    commit: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, request_state: _Optional[str] = ..., binding: _Optional[_Union[Binding, _Mapping]] = ..., mode: _Optional[_Union[OpenMode, str]] = ..., lease_seconds: _Optional[int] = ..., attempt_id: _Optional[str] = ..., input_responses_json: _Optional[str] = ..., commit: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class OpenResponse(_message.Message):
-    __slots__ = ("state", "expires_at_unix", "key_id", "consumed", "reservation", "lease_expires_at_unix", "lease_seconds", "input_responses_json", "dropped")
+    __slots__ = ("state", "expires_at_unix", "key_id", "consumed", "reservation", "lease_expires_at_unix", "lease_seconds", "input_responses_json", "dropped", "commits")
     STATE_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_AT_UNIX_FIELD_NUMBER: _ClassVar[int]
     KEY_ID_FIELD_NUMBER: _ClassVar[int]
@@ -79,6 +81,7 @@ class OpenResponse(_message.Message):
     LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     INPUT_RESPONSES_JSON_FIELD_NUMBER: _ClassVar[int]
     DROPPED_FIELD_NUMBER: _ClassVar[int]
+    COMMITS_FIELD_NUMBER: _ClassVar[int]
     state: bytes
     expires_at_unix: int
     key_id: str
@@ -88,7 +91,16 @@ class OpenResponse(_message.Message):
     lease_seconds: int
     input_responses_json: str
     dropped: _containers.RepeatedCompositeFieldContainer[DroppedResponse]
-    def __init__(self, state: _Optional[bytes] = ..., expires_at_unix: _Optional[int] = ..., key_id: _Optional[str] = ..., consumed: _Optional[bool] = ..., reservation: _Optional[str] = ..., lease_expires_at_unix: _Optional[int] = ..., lease_seconds: _Optional[int] = ..., input_responses_json: _Optional[str] = ..., dropped: _Optional[_Iterable[_Union[DroppedResponse, _Mapping]]] = ...) -> None: ...
+    commits: _containers.RepeatedCompositeFieldContainer[CommitOutcome]
+    def __init__(self, state: _Optional[bytes] = ..., expires_at_unix: _Optional[int] = ..., key_id: _Optional[str] = ..., consumed: _Optional[bool] = ..., reservation: _Optional[str] = ..., lease_expires_at_unix: _Optional[int] = ..., lease_seconds: _Optional[int] = ..., input_responses_json: _Optional[str] = ..., dropped: _Optional[_Iterable[_Union[DroppedResponse, _Mapping]]] = ..., commits: _Optional[_Iterable[_Union[CommitOutcome, _Mapping]]] = ...) -> None: ...
+
+class CommitOutcome(_message.Message):
+    __slots__ = ("reason", "code")
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    code: int
+    def __init__(self, reason: _Optional[str] = ..., code: _Optional[int] = ...) -> None: ...
 
 class DroppedResponse(_message.Message):
     __slots__ = ("key", "reason")

@@ -74,7 +74,8 @@ class RequestStateServicer:
 
     def Open(self, request, context):
         """Open a token: verify integrity, binding and expiry and, for a single-use
-        token, consume it durably before answering.
+        token, consume it durably before answering. It also commits the
+        reservations it carries (`OpenRequest.commit`), as Commit would.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
