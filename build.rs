@@ -36,6 +36,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "stateseal.v1.OpenRequest",
             "stateseal.v1.OpenResponse",
             "stateseal.v1.CommitRequest",
+            "stateseal.v1.RenewRequest",
             "stateseal.v1.ReleaseRequest",
         ])
         .build_client(true)

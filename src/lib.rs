@@ -171,6 +171,14 @@ pub mod proto {
                 .finish()
         }
     }
+    impl fmt::Debug for RenewRequest {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.debug_struct("RenewRequest")
+                .field("reservation_len", &self.reservation.len())
+                .field("lease_seconds", &self.lease_seconds)
+                .finish()
+        }
+    }
     impl fmt::Debug for ReleaseRequest {
         fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
             f.debug_struct("ReleaseRequest")

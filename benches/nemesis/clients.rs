@@ -218,7 +218,7 @@ impl Workload {
             lease_seconds: LEASE_S,
             attempt_id: attempt.to_owned(),
             input_responses_json: String::new(),
-            commit: Vec::new(),
+            commit: String::new(),
         };
         let t0 = self.hist.now();
         let a = self.call(self.clients[replica].clone().open(req)).await;

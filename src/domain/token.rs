@@ -360,6 +360,8 @@ const RESERVATION_FORMAT: u8 = 0x52;
 const RESERVATION_LABEL: &[u8] = b"stateseal/v1 reservation";
 const RESERVATION_PLAIN: usize = 8 + 32 + 16 + 8;
 const RESERVATION_LEN: usize = 1 + 4 + NONCE_LEN + RESERVATION_PLAIN + TAG_LEN;
+/// The length of every reservation string.
+pub const RESERVATION_CHARS: usize = encoded_len(RESERVATION_LEN);
 
 /// What a reservation string carries, encrypted and authenticated under the
 /// tenant's key: the ledger key of the token, the reservation id and the
@@ -448,7 +450,7 @@ impl SealedReservation {
     /// Decodes the string; `MALFORMED` unless it has the reservation
     /// format's exact length and version byte.
     pub fn parse(s: &str) -> Result<Self, Reject> {
-        if s.len() != encoded_len(RESERVATION_LEN) {
+        if s.len() != RESERVATION_CHARS {
             return Err(Reject::Malformed);
         }
         let mut raw = Zeroizing::new([0u8; RESERVATION_LEN + 3]);

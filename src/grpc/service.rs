@@ -12,6 +12,7 @@ use crate::domain::binding::{params_digest_for, Binding, BindingVersion, ParamsD
 use crate::domain::error::Reject;
 use crate::domain::manifest::{Answers, Manifest};
 use crate::domain::sealer::{OpenMode, Sealer, Trail};
+use crate::domain::token::RESERVATION_CHARS;
 use crate::grpc::auth::Caller;
 use crate::grpc::canon_pool::CanonPool;
 use crate::ops::audit::{Audit, Decision, Method};
@@ -130,18 +131,19 @@ impl RequestStateService {
     }
 
     /// One Commit, audited and counted as such: the Commit RPC's, and each
-    /// that an Open carries.
+    /// that an Open carries (`carried`: its audit line says so).
     async fn commit_one(
         &self,
         tenant: &Tenant,
         caller: Option<Arc<str>>,
         reservation: &str,
+        carried: bool,
     ) -> Result<(), Reject> {
         let started = Instant::now();
         let asked = caller.map(|caller| Asked {
             method: Method::Commit,
             caller,
-            mode: None,
+            mode: carried.then_some("carried"),
             subject: None,
             attempt: None,
         });
@@ -155,26 +157,50 @@ impl RequestStateService {
             .await
     }
 
-    /// The commits an Open carries, side by side: one outcome each, in
-    /// order.
+    /// The commits an Open carries: each distinct reservation decided once,
+    /// at most [`CARRIED_AT_ONCE`] at a time (one Open holds no more of the
+    /// ledger than that beside its own); one outcome per entry, in order.
     async fn carried(
         &self,
         tenant: &Tenant,
         caller: Option<Arc<str>>,
-        reservations: &[String],
+        reservations: &[&str],
     ) -> Vec<proto::CommitOutcome> {
-        let each = reservations.iter().map(|r| async {
-            let result = self.commit_one(tenant, caller.clone(), r).await;
-            log_outcome(tenant, "carried commit", &result);
-            match result {
-                Ok(()) => proto::CommitOutcome::default(),
-                Err(e) => proto::CommitOutcome {
-                    reason: e.reason().to_owned(),
-                    code: e.code() as i32,
-                },
-            }
-        });
-        futures_util::future::join_all(each).await
+        let mut distinct: Vec<&str> = reservations.to_vec();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let mut decided = Vec::with_capacity(distinct.len());
+        for group in distinct.chunks(CARRIED_AT_ONCE) {
+            let each = group
+                .iter()
+                .map(|r| self.carried_one(tenant, caller.clone(), r));
+            decided.extend(futures_util::future::join_all(each).await);
+        }
+        reservations
+            .iter()
+            .map(|r| {
+                // Always found: `distinct` holds every entry.
+                let at = distinct.binary_search(r).unwrap_or_default();
+                decided.get(at).cloned().unwrap_or_default()
+            })
+            .collect()
+    }
+
+    async fn carried_one(
+        &self,
+        tenant: &Tenant,
+        caller: Option<Arc<str>>,
+        reservation: &str,
+    ) -> proto::CommitOutcome {
+        let result = self.commit_one(tenant, caller, reservation, true).await;
+        log_outcome(tenant, "carried commit", &result);
+        match result {
+            Ok(()) => proto::CommitOutcome::default(),
+            Err(e) => proto::CommitOutcome {
+                reason: e.reason().to_owned(),
+                code: e.code() as i32,
+            },
+        }
     }
 
     /// Checks a received binding and computes its params digest: the cheap
@@ -287,6 +313,26 @@ fn caller_of<T>(req: &Request<T>) -> Arc<str> {
 
 /// The most reservations one Open may carry to commit.
 pub const MAX_CARRIED_COMMITS: usize = 16;
+/// The longest `OpenRequest.commit`: that many reservations and their commas.
+const MAX_CARRIED_BYTES: usize = MAX_CARRIED_COMMITS * (RESERVATION_CHARS + 1);
+/// How many of one Open's carried commits are decided at a time.
+const CARRIED_AT_ONCE: usize = 4;
+
+/// The reservations an `OpenRequest.commit` names, or `TOO_LARGE` past the
+/// bounds (checked on the length before anything is split).
+fn carried_list(joined: &str) -> Result<Vec<&str>, Reject> {
+    if joined.is_empty() {
+        return Ok(Vec::new());
+    }
+    if joined.len() > MAX_CARRIED_BYTES {
+        return Err(Reject::TooLarge);
+    }
+    let list: Vec<&str> = joined.split(',').collect();
+    if list.len() > MAX_CARRIED_COMMITS {
+        return Err(Reject::TooLarge);
+    }
+    Ok(list)
+}
 
 /// A process-unique id for the request's log lines.
 fn next_request_id() -> u64 {
@@ -381,10 +427,12 @@ impl RequestState for RequestStateService {
         );
         let caller = self.audit.as_ref().map(|_| caller_of(&req));
         let mut r = req.into_inner();
-        // More than the bound refuses the whole call, and none is committed.
-        let carried = std::mem::take(&mut r.commit);
-        let too_many = carried.len() > MAX_CARRIED_COMMITS;
-        let carried = if too_many { Vec::new() } else { carried };
+        // Past the bounds the whole call is refused, and none is committed.
+        let joined = std::mem::take(&mut r.commit);
+        let (carried, too_many) = match carried_list(&joined) {
+            Ok(list) => (list, false),
+            Err(_) => (Vec::new(), true),
+        };
         let mode = match proto::OpenMode::try_from(r.mode) {
             Ok(proto::OpenMode::Consume) => Ok(OpenMode::Consume),
             Ok(proto::OpenMode::Reserve) => Ok(OpenMode::Reserve {
@@ -481,7 +529,7 @@ impl RequestState for RequestStateService {
         let tenant = tenant_of(&req)?;
         let caller = self.audit.as_ref().map(|_| caller_of(&req));
         let result = self
-            .commit_one(&tenant, caller, &req.get_ref().reservation)
+            .commit_one(&tenant, caller, &req.get_ref().reservation, false)
             .await;
         finish(&tenant, "commit", result.map(|()| proto::CommitResponse {}))
     }

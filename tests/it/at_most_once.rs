@@ -366,7 +366,7 @@ async fn interleavings(replicas: Vec<RequestStateClient<Channel>>, seed: u64, to
                         // Carried by an Open of another token.
                         let carried = finish_via
                             .open(OpenRequest {
-                                commit: vec![held.reservation],
+                                commit: held.reservation,
                                 ..open_req(&carrier)
                             })
                             .await

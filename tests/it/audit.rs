@@ -226,7 +226,7 @@ async fn every_decision_and_key_event_has_a_line_and_nothing_secret_is_in_any() 
     let t5 = c.seal(sealing()).await.unwrap().into_inner().request_state;
     let carried = c
         .open(stateseal::proto::OpenRequest {
-            commit: vec![r4.clone(), "garbage".into()],
+            commit: format!("{r4},garbage"),
             ..opening(&t5, OpenMode::Consume)
         })
         .await
@@ -307,6 +307,20 @@ async fn every_decision_and_key_event_has_a_line_and_nothing_secret_is_in_any() 
             .count()
     };
     assert_eq!(count("commit", "ok"), 2, "the RPC's and the carried one");
+    let carried: Vec<_> = all
+        .iter()
+        .filter(|l| l["event"] == "commit" && l["mode"] == "carried")
+        .collect();
+    assert_eq!(carried.len(), 2, "a carried commit's line says so: {all:?}");
+    let carried_ok = carried.iter().find(|l| l["outcome"] == "ok").unwrap();
+    let carried_refused = carried.iter().find(|l| l["outcome"] == "refused").unwrap();
+    assert_eq!(carried_refused["reason"], "MALFORMED");
+    let reserved_t4 = all
+        .iter()
+        .filter(|l| l["event"] == "open" && l["mode"] == "reserve")
+        .last()
+        .unwrap();
+    assert_eq!(carried_ok["ledger"], reserved_t4["ledger"]);
     assert_eq!(
         count("commit", "refused"),
         2,

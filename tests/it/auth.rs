@@ -203,7 +203,7 @@ async fn mtls_isolates_tenants_and_refuses_strangers() {
         .request_state;
     let carried = b
         .open(OpenRequest {
-            commit: vec![r.clone()],
+            commit: r.clone(),
             ..open_req(&own)
         })
         .await

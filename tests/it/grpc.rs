@@ -880,8 +880,9 @@ async fn reserve_commit_release_through_the_service() {
 /// Commits carried by an Open (`OpenRequest.commit`): each is decided as
 /// Commit would decide it, with its outcome in `OpenResponse.commits` in
 /// order, whatever the Open's own outcome; a committed reservation's token
-/// is REPLAYED, not IN_USE; more than 16 refuse the whole call and commit
-/// none; a carried commit repeats as a plain Commit (idempotent).
+/// is REPLAYED, not IN_USE; more than 16, or more than 16 reservations'
+/// length, refuse the whole call and commit none; a carried commit repeats
+/// as a plain Commit (idempotent), and one named twice is decided once.
 #[tokio::test]
 async fn an_open_carries_commits_and_answers_each() {
     use stateseal::proto::{CommitRequest, OpenMode, ReleaseRequest};
@@ -900,7 +901,7 @@ async fn an_open_carries_commits_and_answers_each() {
     let reserve = |t: &str, commit: Vec<String>| OpenRequest {
         mode: OpenMode::Reserve as i32,
         lease_seconds: 5,
-        commit,
+        commit: commit.join(","),
         ..open_req(t)
     };
     let mut held = Vec::new();
@@ -1014,8 +1015,14 @@ async fn an_open_carries_commits_and_answers_each() {
         .unwrap_err();
     assert_eq!(reason(&err), "IN_USE", "r5 still only reserved");
     // Sixteen is allowed; an Open of a reusable token carries them too.
-    let mut sixteen = vec![r5];
-    sixteen.extend((0..15).map(|i| format!("filler-{i}")));
+    // Past the length of 16 reservations, however few: TOO_LARGE.
+    let long = vec![r5.clone(), "x".repeat(16 * r5.len())];
+    let err = s.client.open(reserve(&sealed[4], long)).await.unwrap_err();
+    assert_eq!(reason(&err), "TOO_LARGE");
+    let mut sixteen = vec![r5.clone()];
+    sixteen.extend((0..14).map(|i| format!("filler-{i}")));
+    // Named twice: decided once (a second decision would be the same).
+    sixteen.push(r5);
     let reusable = s
         .client
         .seal(seal_req(b"r", false))
@@ -1026,7 +1033,7 @@ async fn an_open_carries_commits_and_answers_each() {
     let o = s
         .client
         .open(OpenRequest {
-            commit: sixteen,
+            commit: sixteen.join(","),
             ..open_req(&reusable)
         })
         .await
@@ -1034,7 +1041,8 @@ async fn an_open_carries_commits_and_answers_each() {
         .into_inner();
     assert_eq!(o.commits.len(), 16);
     assert_eq!(o.commits[0].reason, "");
-    assert!(o.commits[1..].iter().all(|c| c.reason == "MALFORMED"));
+    assert!(o.commits[1..15].iter().all(|c| c.reason == "MALFORMED"));
+    assert_eq!(o.commits[15].reason, "", "the same reservation again");
     let err = s
         .client
         .open(reserve(&sealed[5], Vec::new()))

@@ -65,7 +65,7 @@ fn debug_never_shows_state_tokens_subjects_or_params() {
             proto::OpenRequest {
                 request_state: MARK.into(),
                 binding: Some(b),
-                commit: vec![MARK.into()],
+                commit: MARK.into(),
                 ..Default::default()
             }
         ),
@@ -82,6 +82,16 @@ fn debug_never_shows_state_tokens_subjects_or_params() {
                 reservation: MARK.into(),
                 lease_expires_at_unix: 1,
                 ..Default::default()
+            }
+        ),
+    );
+    assert_hidden(
+        "RenewRequest",
+        format!(
+            "{:?}",
+            proto::RenewRequest {
+                reservation: MARK.into(),
+                lease_seconds: 1,
             }
         ),
     );

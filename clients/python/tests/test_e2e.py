@@ -399,7 +399,7 @@ async def test_each_commit_rides_the_next_durable_open(stateseal, monkeypatch):
     async with deployment(stateseal) as (url, served):
         for b in BOUNDARIES:
             # No timer sends a Commit on its own during the test, however
-            # slow the machine (the option itself is bounded at 1 s).
+            # slow the machine (the option itself is bounded at 0.25 s).
             b._commit_delay = 3600.0
         async with Client(url, elicitation_callback=accept) as client:
             retries = []

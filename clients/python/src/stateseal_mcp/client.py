@@ -239,6 +239,8 @@ class RequestStateClient:
         idempotent)."""
         if len(commit) > MAX_CARRIED_COMMITS:
             raise ValueError(f"at most {MAX_CARRIED_COMMITS} reservations per open")
+        if any("," in r for r in commit):
+            raise ValueError("a reservation never contains a comma")
         req = stateseal_pb2.OpenRequest(
             request_state=request_state,
             binding=_binding(subject, method, params_json, params_digest),
@@ -246,7 +248,7 @@ class RequestStateClient:
             lease_seconds=lease_seconds,
             attempt_id=attempt_id,
             input_responses_json=input_responses_json,
-            commit=commit,
+            commit=",".join(commit),
         )
         try:
             r = await self._stub.Open(req, timeout=self._timeout, metadata=self._metadata)

@@ -127,6 +127,15 @@ _PENDING: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[bytes, async
 #: boundary to carry it before it is sent on its own, in seconds.
 DEFAULT_COMMIT_DELAY = 0.025
 
+#: The longest `commit_delay`: below the 375 ms a replay on another replica
+#: waits out IN_USE (_BUSY_WAITS), so that it sees the Commit.
+MAX_COMMIT_DELAY = 0.25
+#: Every boundary's carrier, by event loop: what an Open that finds a token
+#: IN_USE hurries along (the pending Commit may wait in any of them).
+_CARRIERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.WeakSet[_Carrier]] = (
+    weakref.WeakKeyDictionary()
+)
+
 #: Transport failures after which an Open (same attempt id) or a Release is
 #: sent again: the connection was lost or the call timed out.
 _LOST = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
@@ -262,7 +271,7 @@ class StatesealBoundary:
       `DEFAULT_MAX_INPUT_RESPONSES_BYTES`); keep them at or below what your
       stateseal accepts when you change its `--max-state-bytes` or
       `--max-input-bytes`.
-    - `commit_delay`: seconds (0 to 1; default 0.025) a Commit waits for
+    - `commit_delay`: seconds (0 to 0.25; default 0.025) a Commit waits for
       the next durable Open of this boundary (an Open of a single-use
       target) to carry it (`OpenRequest.commit`), before it is sent on its
       own. 0 sends each Commit on its own at once. The answer never waits
@@ -294,8 +303,12 @@ class StatesealBoundary:
             raise ValueError('on_replay must be "error" or "reask"')
         if lease_seconds < 0:
             raise ValueError("lease_seconds must be 0 (the server default) or positive")
-        if isinstance(commit_delay, bool) or not isinstance(commit_delay, (int, float)) or not 0 <= commit_delay <= 1:
-            raise ValueError("commit_delay must be between 0 (commit at once) and 1 second")
+        if (
+            isinstance(commit_delay, bool)
+            or not isinstance(commit_delay, (int, float))
+            or not 0 <= commit_delay <= MAX_COMMIT_DELAY
+        ):
+            raise ValueError(f"commit_delay must be between 0 (commit at once) and {MAX_COMMIT_DELAY} seconds")
         for name, value in (
             ("max_request_state_bytes", max_request_state_bytes),
             ("max_input_responses_bytes", max_input_responses_bytes),
@@ -327,6 +340,7 @@ class StatesealBoundary:
         carrier = self._carriers.get(loop)
         if carrier is None:
             carrier = self._carriers[loop] = _Carrier(self._client, loop, self._commit_delay)
+            _CARRIERS.setdefault(loop, weakref.WeakSet()).add(carrier)
         return carrier
 
     def _subject(self, ctx: ServerRequestContext[Any, Any]) -> str:
@@ -470,18 +484,22 @@ class StatesealBoundary:
         again."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
-        # The Commits waiting for a carrier go now, each on its own.
-        carrier = self._carriers.get(loop)
-        if carrier is not None:
+        # The Commits waiting for a carrier go now, each on its own, and so
+        # does every Commit queued until drain() returns.
+        carrier = self._carrier()
+        carrier.draining += 1
+        try:
             carrier.send_all()
-        while True:
-            mine = {t for t in self._committing if t.get_loop() is loop}
-            if not mine:
-                return True
-            left = None if deadline is None else deadline - loop.time()
-            if left is not None and left <= 0:
-                return False
-            await asyncio.wait(mine, timeout=left)
+            while True:
+                mine = {t for t in self._committing if t.get_loop() is loop}
+                if not mine:
+                    return True
+                left = None if deadline is None else deadline - loop.time()
+                if left is not None and left <= 0:
+                    return False
+                await asyncio.wait(mine, timeout=left)
+        finally:
+            carrier.draining -= 1
 
     async def _commit(self, method: str, reservation: str) -> None:
         # The handler ran; its answer stands whatever Commit answers. Commit
@@ -596,8 +614,10 @@ class StatesealBoundary:
                     pending = _PENDING.get(asyncio.get_running_loop(), {}).get(token)
                     if pending is not None and not waited:
                         waited = True
-                        # That Commit may be waiting for a carrier: now.
-                        self._carrier().send_all()
+                        # That Commit may be waiting for a carrier (of
+                        # any boundary of this loop): now.
+                        for carrier in list(_CARRIERS.get(asyncio.get_running_loop(), ())):
+                            carrier.send_all()
                         await asyncio.wait({pending}, timeout=_COMMIT_WAIT)
                         continue
                     if busy < len(_BUSY_WAITS):
@@ -775,11 +795,16 @@ class _Carrier:
         self._timer: asyncio.TimerHandle | None = None
         # Commits sent on their own, held so they are not collected.
         self._sending: set[asyncio.Task[None]] = set()
+        #: drain() calls under way: a Commit queued meanwhile goes at once.
+        self.draining = 0
 
     def commit(self, reservation: str) -> asyncio.Future[None]:
         """Queues a Commit; the future ends with its outcome (raises the
         StatesealError a Commit would)."""
         done: asyncio.Future[None] = self._loop.create_future()
+        if self.draining:
+            self.send([(reservation, done)])
+            return done
         self._waiting.append((reservation, done))
         if self._timer is None:
             self._timer = self._loop.call_later(self._delay, self.send_all)

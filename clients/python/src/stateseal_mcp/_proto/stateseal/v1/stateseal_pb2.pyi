@@ -67,8 +67,8 @@ class OpenRequest(_message.Message):
     lease_seconds: int
     attempt_id: str
     input_responses_json: str
-    commit: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, request_state: _Optional[str] = ..., binding: _Optional[_Union[Binding, _Mapping]] = ..., mode: _Optional[_Union[OpenMode, str]] = ..., lease_seconds: _Optional[int] = ..., attempt_id: _Optional[str] = ..., input_responses_json: _Optional[str] = ..., commit: _Optional[_Iterable[str]] = ...) -> None: ...
+    commit: str
+    def __init__(self, request_state: _Optional[str] = ..., binding: _Optional[_Union[Binding, _Mapping]] = ..., mode: _Optional[_Union[OpenMode, str]] = ..., lease_seconds: _Optional[int] = ..., attempt_id: _Optional[str] = ..., input_responses_json: _Optional[str] = ..., commit: _Optional[str] = ...) -> None: ...
 
 class OpenResponse(_message.Message):
     __slots__ = ("state", "expires_at_unix", "key_id", "consumed", "reservation", "lease_expires_at_unix", "lease_seconds", "input_responses_json", "dropped", "commits")
