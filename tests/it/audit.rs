@@ -317,8 +317,7 @@ async fn every_decision_and_key_event_has_a_line_and_nothing_secret_is_in_any() 
     assert_eq!(carried_refused["reason"], "MALFORMED");
     let reserved_t4 = all
         .iter()
-        .filter(|l| l["event"] == "open" && l["mode"] == "reserve")
-        .last()
+        .rfind(|l| l["event"] == "open" && l["mode"] == "reserve")
         .unwrap();
     assert_eq!(carried_ok["ledger"], reserved_t4["ledger"]);
     assert_eq!(
