@@ -5,11 +5,12 @@ with the real SDK server and client over streamable HTTP on 127.0.0.1.
 
     STATESEAL_BIN=target/release/stateseal python clients/python/bench/roundtrip.py [rounds, default 300]
 
-Three variants: the SDK's boundary; stateseal in its default two phases
+Four variants: the SDK's boundary; stateseal in its default two phases
 (Open RESERVE, then the Commit, carried by the next round trip's Open or
-sent on its own after the boundary's `commit_delay`); and stateseal consuming
-before the handler (`at_most_once`, one Open CONSUME and no Commit), which
-has a stateseal process of its own. They run interleaved in blocks of 20,
+sent on its own after the boundary's `commit_delay`); stateseal consuming
+before the handler (`at_most_once`, one Open CONSUME and no Commit); and
+the two phases with each Commit sent on its own at once (`commit_delay=0`).
+The last two have a stateseal process each. They run interleaved in blocks of 20,
 so machine noise hits all alike. Run from the repository root with the test requirements and the
 package installed (see clients/python/README.md).
 
@@ -226,10 +227,17 @@ async def main(n: int) -> None:
         os.makedirs(f"{tmp}/consume")
         proc2, addr2 = start_stateseal(f"{tmp}/consume", f"127.0.0.1:{free_port()}")
         consume = StatesealBoundary(RequestStateClient(addr2), audience="bench", at_most_once=["transfer"])
+        # The same two phases with each Commit sent on its own at once
+        # (commit_delay=0), on a stateseal of its own too: what carrying
+        # the Commit on the next Open saves, in the same run.
+        os.makedirs(f"{tmp}/alone")
+        proc3, addr3 = start_stateseal(f"{tmp}/alone", f"127.0.0.1:{free_port()}")
+        alone = StatesealBoundary(RequestStateClient(addr3), audience="bench", commit_delay=0)
         variants = [
             ("SDK boundary (AES-GCM)", server(None)),
             ("stateseal (reserve+commit, manifest)", server(boundary)),
             ("stateseal (consume, at_most_once, manifest)", server(consume)),
+            ("stateseal (reserve+commit, each Commit alone)", server(alone)),
         ]
         ports = [free_port() for _ in variants]
         servers = [
@@ -271,8 +279,8 @@ async def main(n: int) -> None:
                             times[v].append((time.perf_counter() - t0) * 1000)
                             if "transferred" not in json.dumps(r.model_dump(mode="json")):
                                 raise SystemExit(f"{variants[v][0]}: round trip failed")
-                if hasattr(boundary, "drain"):  # a build that commits beside the answer
-                    await boundary.drain()
+                for b in (boundary, alone):
+                    await b.drain()
                 await settle(metrics)
                 steps.on = False
                 after = scrape(metrics)
@@ -281,7 +289,7 @@ async def main(n: int) -> None:
         # The same calls from the same client on an otherwise idle event
         # loop: what the two calls on the response path cost by themselves.
         idle = await idle_calls(addr, n)
-        for p in (proc, proc2):
+        for p in (proc, proc2, proc3):
             p.terminate()
             p.wait(timeout=20)
 

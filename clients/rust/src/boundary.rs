@@ -41,12 +41,14 @@ use rmcp::service::{RequestContext, RoleServer};
 use rmcp::ErrorData;
 use serde_json::json;
 use sha2::{Digest, Sha256};
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tracing::{debug, error, info, warn};
 
 use crate::binding::{params_digest, subject_for, Bound};
-use crate::client::{Binding, OpenMode, Opened, RequestStateClient, StatesealError};
+use crate::client::{
+    Binding, OpenMode, Opened, RequestStateClient, StatesealError, MAX_CARRIED_COMMITS,
+};
 use crate::refusal::{
     call_refusal, open_refusal, renewal_lost, resend, retry_commit, Kind, Level, OnReplay, Refusal,
     INVALID_PARAMS,
@@ -66,6 +68,12 @@ const MIN_RENEW_INTERVAL: Duration = Duration::from_millis(500);
 /// How long an Open that found its token IN_USE waits, at most, for the
 /// Commit of that token still running in this boundary.
 const COMMIT_WAIT: Duration = Duration::from_secs(5);
+/// How long, by default, a Commit waits for a durable Open of the same
+/// boundary to carry it before it is sent on its own.
+pub const DEFAULT_COMMIT_DELAY: Duration = Duration::from_millis(25);
+/// The longest commit delay: below the 375 ms a replay on another replica
+/// waits out IN_USE ([`BUSY_WAITS`]), so that it sees the Commit.
+pub const MAX_COMMIT_DELAY: Duration = Duration::from_millis(250);
 /// The pauses before an Open that found its token IN_USE is sent again (the
 /// same attempt id): another replica's Commit may be on the way. 375 ms in
 /// all, after which IN_USE is answered as such.
@@ -120,6 +128,7 @@ pub struct Options {
     lease_seconds: u32,
     max_request_state_bytes: usize,
     max_input_responses_bytes: usize,
+    commit_delay: Duration,
     steps: Option<Arc<Steps>>,
 }
 
@@ -198,6 +207,19 @@ impl Builder {
         self.options.max_input_responses_bytes = n.max(1);
         self
     }
+    /// How long a Commit waits for the next durable Open of this boundary
+    /// (an Open of a single-use target) to carry it
+    /// (`OpenRequest.commit`) before it is sent on its own (default
+    /// [`DEFAULT_COMMIT_DELAY`], 25 ms; at most [`MAX_COMMIT_DELAY`], 250 ms;
+    /// zero sends each Commit on its own at once). The answer never waits
+    /// for it; what it costs is the window after a handler has answered in
+    /// which a crash of this process leaves the token reserved rather than
+    /// used: until its lease ends, after which a retry may run the handler
+    /// again. [`StatesealBoundary::drain`] sends what is waiting at once.
+    pub fn commit_delay(mut self, delay: Duration) -> Self {
+        self.options.commit_delay = delay.min(MAX_COMMIT_DELAY);
+        self
+    }
     /// Records where the boundary's time goes into `steps` (for
     /// benchmarks; off by default).
     pub fn steps(mut self, steps: Arc<Steps>) -> Self {
@@ -211,6 +233,7 @@ impl Builder {
             options: self.options,
             pending: Mutex::new(HashMap::new()),
             inflight,
+            carrier: Mutex::new(Carrier::default()),
         }))
     }
 }
@@ -229,6 +252,32 @@ struct Inner {
     pending: Mutex<HashMap<[u8; 32], watch::Receiver<bool>>>,
     /// How many Commits are running (for [`StatesealBoundary::drain`]).
     inflight: watch::Sender<usize>,
+    /// The Commits waiting for a durable Open to carry them.
+    carrier: Mutex<Carrier>,
+}
+
+/// A Commit waiting for a carrier, and where its outcome goes.
+type Waiting = (String, oneshot::Sender<Result<(), StatesealError>>);
+
+/// The Commits of one boundary waiting for a durable Open to carry them
+/// (`OpenRequest.commit`, at most [`MAX_CARRIED_COMMITS`] each), oldest
+/// first. Whatever no Open has taken the commit delay after the first of
+/// them was queued is sent on its own, one Commit each.
+#[derive(Default)]
+struct Carrier {
+    waiting: Vec<Waiting>,
+    timer: Option<JoinHandle<()>>,
+    /// [`StatesealBoundary::drain`] calls under way: a Commit queued
+    /// meanwhile goes at once.
+    draining: usize,
+}
+
+impl Carrier {
+    fn stop_timer(&mut self) {
+        if let Some(t) = self.timer.take() {
+            t.abort();
+        }
+    }
 }
 
 impl std::fmt::Debug for StatesealBoundary {
@@ -262,6 +311,7 @@ impl StatesealBoundary {
                 lease_seconds: 0,
                 max_request_state_bytes: DEFAULT_MAX_REQUEST_STATE_BYTES,
                 max_input_responses_bytes: DEFAULT_MAX_INPUT_RESPONSES_BYTES,
+                commit_delay: DEFAULT_COMMIT_DELAY,
                 steps: None,
             },
         }
@@ -282,10 +332,115 @@ impl StatesealBoundary {
     /// runtime stops: a Commit that never lands leaves its token reserved
     /// until the lease ends, after which a retry may run the handler again.
     pub async fn drain(&self, timeout: Duration) -> bool {
+        // The Commits waiting for a carrier go now, each on its own, and so
+        // does every Commit queued until drain() returns.
+        struct Draining<'a>(&'a StatesealBoundary);
+        impl Drop for Draining<'_> {
+            fn drop(&mut self) {
+                if let Ok(mut c) = self.0 .0.carrier.lock() {
+                    c.draining -= 1;
+                }
+            }
+        }
+        if let Ok(mut c) = self.0.carrier.lock() {
+            c.draining += 1;
+        }
+        let _draining = Draining(self);
+        self.send_all();
         let mut rx = self.0.inflight.subscribe();
         tokio::time::timeout(timeout, rx.wait_for(|n| *n == 0))
             .await
             .is_ok_and(|r| r.is_ok())
+    }
+
+    /// Queues a Commit for the next durable Open to carry; the receiver
+    /// gets its outcome, as a Commit would answer.
+    fn commit_later(&self, reservation: &str) -> oneshot::Receiver<Result<(), StatesealError>> {
+        let (tx, rx) = oneshot::channel();
+        let alone = match self.0.carrier.lock() {
+            Ok(mut c) if c.draining == 0 => {
+                c.waiting.push((reservation.to_owned(), tx));
+                if c.timer.is_none() {
+                    let (b, delay) = (self.clone(), self.0.options.commit_delay);
+                    c.timer = Some(tokio::spawn(async move {
+                        tokio::time::sleep(delay).await;
+                        b.send_waiting(false);
+                    }));
+                }
+                None
+            }
+            _ => Some((reservation.to_owned(), tx)),
+        };
+        self.send(alone.into_iter().collect());
+        rx
+    }
+
+    /// The oldest waiting Commits, for an Open to carry.
+    fn take_carried(&self) -> Vec<Waiting> {
+        let Ok(mut c) = self.0.carrier.lock() else {
+            return Vec::new();
+        };
+        let n = c.waiting.len().min(MAX_CARRIED_COMMITS);
+        let taken: Vec<Waiting> = c.waiting.drain(..n).collect();
+        if c.waiting.is_empty() {
+            c.stop_timer();
+        }
+        taken
+    }
+
+    /// Ends each carried Commit with its outcome from the Open's answer;
+    /// one the answer does not name (a server that does not know carried
+    /// commits) is sent on its own.
+    fn settle(&self, taken: Vec<Waiting>, outcomes: Vec<Option<StatesealError>>) {
+        let mut rest = Vec::new();
+        let mut outcomes = outcomes.into_iter();
+        for (reservation, tx) in taken {
+            match outcomes.next() {
+                Some(None) => {
+                    let _ = tx.send(Ok(()));
+                }
+                Some(Some(e)) => {
+                    let _ = tx.send(Err(e));
+                }
+                None => rest.push((reservation, tx)),
+            }
+        }
+        self.send(rest);
+    }
+
+    /// Sends every waiting Commit on its own, now.
+    fn send_all(&self) {
+        self.send_waiting(true);
+    }
+
+    /// Sends every waiting Commit on its own; the timer is stopped, or
+    /// (`stop_timer` false: called from it) forgotten.
+    fn send_waiting(&self, stop_timer: bool) {
+        let taken = match self.0.carrier.lock() {
+            Ok(mut c) => {
+                if stop_timer {
+                    c.stop_timer();
+                } else {
+                    c.timer = None;
+                }
+                std::mem::take(&mut c.waiting)
+            }
+            Err(_) => Vec::new(),
+        };
+        self.send(taken);
+    }
+
+    /// Sends each of `taken` as a Commit of its own.
+    fn send(&self, taken: Vec<Waiting>) {
+        for (reservation, tx) in taken {
+            let b = self.clone();
+            tokio::spawn(async move {
+                let t = Instant::now();
+                let committed = b.0.client.commit(&reservation).await;
+                b.lap(Step::RpcCommit, t);
+                let _ = tx.send(committed);
+            });
+        }
     }
 
     /// Serves one MRTR-capable request: `call` is the handler. With
@@ -371,13 +526,14 @@ impl StatesealBoundary {
         };
         self.lap(Step::Binding, t);
         let reserve = !o.at_most_once.contains(target.name());
+        let carry = !o.reusable.contains(target.name());
         let token: [u8; 32] = Sha256::digest(wire.as_bytes()).into();
         let opened = match self
             .open(
                 &wire,
                 &token,
                 &binding,
-                reserve,
+                (reserve, carry),
                 answers_json.unwrap_or_default(),
             )
             .await
@@ -475,7 +631,7 @@ impl StatesealBoundary {
         wire: &str,
         token: &[u8; 32],
         binding: &Binding,
-        reserve: bool,
+        (reserve, carry): (bool, bool),
         answers_json: String,
     ) -> Result<Opened, StatesealError> {
         let o = &self.0.options;
@@ -487,16 +643,43 @@ impl StatesealBoundary {
         };
         let (mut resent, mut busy, mut waited) = (0, 0, false);
         loop {
+            // A durable Open (of a single-use token) carries the Commits
+            // waiting here: its durable round is theirs too.
+            let carried = if carry {
+                self.take_carried()
+            } else {
+                Vec::new()
+            };
+            let reservations: Vec<String> = carried.iter().map(|(r, _)| r.clone()).collect();
+            if let Some(steps) = &o.steps {
+                steps.add_count(Step::CommitCarried, reservations.len() as u64);
+            }
             let t = Instant::now();
             let opened = self
                 .0
                 .client
-                .open(wire, binding, mode, lease, &attempt, answers_json.clone())
+                .open_carrying(
+                    wire,
+                    binding,
+                    mode,
+                    lease,
+                    &attempt,
+                    answers_json.clone(),
+                    &reservations,
+                )
                 .await;
             self.lap(Step::RpcOpen, t);
             let e = match opened {
-                Ok(opened) => return Ok(opened),
-                Err(e) => e,
+                Ok(mut opened) => {
+                    self.settle(carried, std::mem::take(&mut opened.commits));
+                    return Ok(opened);
+                }
+                Err(e) => {
+                    // Their outcome is unknown: each is sent on its own
+                    // (Commit is idempotent).
+                    self.send(carried);
+                    e
+                }
             };
             // Safe: the same attempt id gets the same success if the first
             // try was recorded.
@@ -517,6 +700,8 @@ impl StatesealBoundary {
                     .unwrap_or(None);
                 if let (Some(mut rx), false) = (pending, waited) {
                     waited = true;
+                    // That Commit may be waiting for a carrier: now.
+                    self.send_all();
                     let _ = tokio::time::timeout(COMMIT_WAIT, rx.wait_for(|done| *done)).await;
                     continue;
                 }
@@ -784,9 +969,19 @@ async fn commit(b: &StatesealBoundary, method: &str, reservation: &str) {
     // The handler ran; its answer stands whatever Commit answers. Commit is
     // idempotent, so a transient failure is retried twice after a wait.
     for n in 0..3u32 {
-        let t = Instant::now();
-        let committed = b.0.client.commit(reservation).await;
-        b.lap(Step::RpcCommit, t);
+        let committed = if n == 0 && !b.0.options.commit_delay.is_zero() {
+            // Carried by the next durable Open, or sent on its own after
+            // the delay (a lost outcome: sent again, at once).
+            match b.commit_later(reservation).await {
+                Ok(outcome) => outcome,
+                Err(_) => b.0.client.commit(reservation).await,
+            }
+        } else {
+            let t = Instant::now();
+            let committed = b.0.client.commit(reservation).await;
+            b.lap(Step::RpcCommit, t);
+            committed
+        };
         match committed {
             Ok(()) => return,
             Err(e) if n < 2 && retry_commit(&e) => {

@@ -136,7 +136,14 @@ pub struct Opened {
     pub dropped: Vec<(String, String)>,
     /// Reserve mode: the lease granted, in seconds. Renew every third of it.
     pub lease_seconds: u32,
+    /// One per reservation the call carried ([`RequestStateClient::open_carrying`]),
+    /// in order: `None` when committed, else the error a Commit would have
+    /// answered.
+    pub commits: Vec<Option<StatesealError>>,
 }
+
+/// The most reservations one Open may carry to commit (the service's bound).
+pub const MAX_CARRIED_COMMITS: usize = 16;
 
 impl std::fmt::Debug for Opened {
     // Never the state, the reservation or the answers.
@@ -147,6 +154,7 @@ impl std::fmt::Debug for Opened {
             .field("reserved", &!self.reservation.is_empty())
             .field("lease_seconds", &self.lease_seconds)
             .field("dropped", &self.dropped.len())
+            .field("commits", &self.commits)
             .finish_non_exhaustive()
     }
 }
@@ -362,6 +370,42 @@ impl RequestStateClient {
         attempt_id: &str,
         input_responses_json: String,
     ) -> Result<Opened, StatesealError> {
+        self.open_carrying(
+            request_state,
+            binding,
+            mode,
+            lease_seconds,
+            attempt_id,
+            input_responses_json,
+            &[],
+        )
+        .await
+    }
+
+    /// [`RequestStateClient::open`], carrying `commit`: reservations of
+    /// earlier Opens (at most [`MAX_CARRIED_COMMITS`]) to commit in the same
+    /// call, each as [`RequestStateClient::commit`] would; their outcomes are
+    /// in [`Opened::commits`]. When this call fails, whether they were
+    /// committed is unknown: commit them again (Commit is idempotent). More
+    /// than the bound, or a reservation with a comma (none has one), is
+    /// refused here, `INVALID_ARGUMENT`, without a call.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn open_carrying(
+        &self,
+        request_state: &str,
+        binding: &Binding,
+        mode: OpenMode,
+        lease_seconds: u32,
+        attempt_id: &str,
+        input_responses_json: String,
+        commit: &[String],
+    ) -> Result<Opened, StatesealError> {
+        if commit.len() > MAX_CARRIED_COMMITS || commit.iter().any(|r| r.contains(',')) {
+            return Err(StatesealError::transport(
+                Code::InvalidArgument,
+                "at most 16 reservations, none with a comma: not sent",
+            ));
+        }
         let msg = proto::OpenRequest {
             request_state: request_state.to_owned(),
             binding: Some(binding.to_proto()),
@@ -372,6 +416,7 @@ impl RequestStateClient {
             lease_seconds,
             attempt_id: attempt_id.to_owned(),
             input_responses_json,
+            commit: commit.join(","),
         };
         let r = self
             .call(msg, |mut c, r| async move { c.open(r).await })
@@ -386,6 +431,18 @@ impl RequestStateClient {
             input_responses_json: r.input_responses_json,
             dropped: r.dropped.into_iter().map(|d| (d.key, d.reason)).collect(),
             lease_seconds: r.lease_seconds,
+            commits: r
+                .commits
+                .into_iter()
+                .map(|o| {
+                    (!o.reason.is_empty()).then(|| StatesealError {
+                        reason: o.reason,
+                        code: Code::from_i32(o.code),
+                        message: "carried commit refused".to_owned(),
+                        from_stateseal: true,
+                    })
+                })
+                .collect(),
         })
     }
 

@@ -35,11 +35,12 @@ mod reasons {
 
 pub use boundary::{
     principal_from_extensions, Builder, Principal, PrincipalFn, PrincipalRefused, Sealed,
-    StatesealBoundary, DEFAULT_MAX_INPUT_RESPONSES_BYTES, DEFAULT_MAX_REQUEST_STATE_BYTES,
+    StatesealBoundary, DEFAULT_COMMIT_DELAY, DEFAULT_MAX_INPUT_RESPONSES_BYTES,
+    DEFAULT_MAX_REQUEST_STATE_BYTES, MAX_COMMIT_DELAY,
 };
 pub use client::{
     code_name, Binding, ConfigError, Credentials, Lease, OpenMode, Opened, RequestStateClient,
-    Sealed as SealedState, StatesealError,
+    Sealed as SealedState, StatesealError, MAX_CARRIED_COMMITS,
 };
 pub use refusal::OnReplay;
 /// The TLS configuration type [`Credentials::tls`] takes (tonic's).

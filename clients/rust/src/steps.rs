@@ -18,17 +18,19 @@ pub enum Step {
     /// Each RPC as the boundary awaits it.
     RpcSeal,
     RpcOpen,
-    /// Off the response path: it runs beside the answer.
+    /// Off the response path: a Commit sent on its own.
     RpcCommit,
     RpcRenew,
     RpcRelease,
+    /// Commits carried by an Open (a count; no time of their own).
+    CommitCarried,
 }
 
 /// Total time and count per [`Step`].
 #[derive(Debug, Default)]
 pub struct Steps {
-    nanos: [AtomicU64; 8],
-    counts: [AtomicU64; 8],
+    nanos: [AtomicU64; 9],
+    counts: [AtomicU64; 9],
 }
 
 impl Steps {
@@ -39,6 +41,10 @@ impl Steps {
             Ordering::Relaxed,
         );
         self.counts[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn add_count(&self, step: Step, n: u64) {
+        self.counts[step as usize].fetch_add(n, Ordering::Relaxed);
     }
 
     /// The time spent in `step` since the last reset.

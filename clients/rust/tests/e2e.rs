@@ -10,7 +10,8 @@ use std::time::Duration;
 use common::transfer::Bank;
 use common::*;
 use serde_json::json;
-use stateseal_rmcp::{Credentials, RequestStateClient, StatesealBoundary};
+use stateseal_rmcp::steps::{Step, Steps};
+use stateseal_rmcp::{Binding, Credentials, OpenMode, RequestStateClient, StatesealBoundary};
 
 fn boundary(ss: &Stateseal) -> StatesealBoundary {
     StatesealBoundary::new(
@@ -196,6 +197,150 @@ async fn at_most_once_targets_are_consumed_before_the_handler_runs() {
         Some("request_state_used"),
     );
     assert_eq!(bank.runs.flaky.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn each_commit_rides_on_the_next_durable_open_and_drain_sends_the_last() {
+    let ss = Stateseal::start(&[]);
+    let steps = Arc::new(Steps::default());
+    // The longest delay, and the next Open sent right after the answer: the
+    // Commit waits for it.
+    let b = StatesealBoundary::builder(
+        RequestStateClient::new(&ss.addr).expect("client"),
+        "transfer-service",
+    )
+    .commit_delay(Duration::from_millis(250))
+    .steps(steps.clone())
+    .build();
+    let bank = Bank::default();
+    let client = connect(&serve_bank(b.clone(), bank.clone()).await).await;
+    let first = asked(call(&client, "transfer", json!({"amount": 1}), None).await);
+    let second = asked(call(&client, "transfer", json!({"amount": 2}), None).await);
+    for (a, amount) in [(&first, 1), (&second, 2)] {
+        let r = call(
+            &client,
+            "transfer",
+            json!({ "amount": amount }),
+            Some((a, yes())),
+        )
+        .await;
+        assert_eq!(done(r), format!("transferred {amount} (rust)"));
+    }
+    assert_eq!(
+        steps.count(Step::CommitCarried),
+        1,
+        "the first rode on the second Open"
+    );
+    assert_eq!(steps.count(Step::RpcCommit), 0, "no Commit on its own yet");
+    assert!(b.drain(Duration::from_secs(5)).await);
+    assert_eq!(steps.count(Step::RpcCommit), 1, "drain() sent the second");
+    for (a, amount) in [(&first, 1), (&second, 2)] {
+        let replay = call(
+            &client,
+            "transfer",
+            json!({ "amount": amount }),
+            Some((a, yes())),
+        )
+        .await;
+        refused(
+            replay,
+            -32602,
+            "requestState already used",
+            Some("request_state_used"),
+        );
+    }
+    assert_eq!(bank.runs.transfer.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn an_open_carries_commits_and_reports_each() {
+    let ss = Stateseal::start(&[]);
+    let c = RequestStateClient::new(&ss.addr).expect("client");
+    let binding = Binding {
+        subject: "s".into(),
+        method: "tools/call".into(),
+        params_digest: [7; 32],
+    };
+    let mut tokens = Vec::new();
+    for _ in 0..3 {
+        tokens.push(
+            c.seal(&binding, b"s".to_vec(), 0, true, String::new())
+                .await
+                .expect("seal")
+                .request_state,
+        );
+    }
+    let held = c
+        .open(
+            &tokens[0],
+            &binding,
+            OpenMode::Reserve,
+            0,
+            "a",
+            String::new(),
+        )
+        .await
+        .expect("reserve")
+        .reservation;
+    let opened = c
+        .open_carrying(
+            &tokens[1],
+            &binding,
+            OpenMode::Reserve,
+            0,
+            "b",
+            String::new(),
+            &[held, "garbage".into()],
+        )
+        .await
+        .expect("open carrying");
+    assert!(!opened.reservation.is_empty());
+    assert_eq!(opened.commits.len(), 2);
+    assert_eq!(opened.commits[0], None);
+    let bad = opened.commits[1].clone().expect("garbage refused");
+    assert_eq!(
+        (bad.reason.as_str(), bad.code, bad.from_stateseal),
+        ("MALFORMED", tonic::Code::InvalidArgument, true)
+    );
+    assert!(bad.client_fault() && !bad.retryable());
+    let replayed = c
+        .open(
+            &tokens[0],
+            &binding,
+            OpenMode::Consume,
+            0,
+            "c",
+            String::new(),
+        )
+        .await
+        .expect_err("committed by the carry");
+    assert_eq!(replayed.reason, "REPLAYED");
+    let plain = c
+        .open(
+            &tokens[2],
+            &binding,
+            OpenMode::Consume,
+            0,
+            "d",
+            String::new(),
+        )
+        .await
+        .expect("open");
+    assert!(plain.commits.is_empty());
+    let many = vec!["r".to_string(); 17];
+    let refused = c
+        .open_carrying(
+            &tokens[2],
+            &binding,
+            OpenMode::Consume,
+            0,
+            "e",
+            String::new(),
+            &many,
+        )
+        .await
+        .expect_err("more than 16");
+    assert_eq!(refused.code, tonic::Code::InvalidArgument);
 }
 
 #[tokio::test]

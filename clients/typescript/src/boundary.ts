@@ -18,7 +18,7 @@ import { status } from '@grpc/grpc-js';
 import { ProtocolError } from '@modelcontextprotocol/server';
 
 import { asciiJson, type BindableMethod, BindingError, isWellFormed, paramsDigestOf, subjectFor } from './binding.js';
-import { type Binding, type Opened, RequestStateClient, StatesealError } from './client.js';
+import { type Binding, MAX_CARRIED_COMMITS, type Opened, RequestStateClient, StatesealError } from './client.js';
 
 const INVALID_PARAMS = -32602;
 const INTERNAL_ERROR = -32603;
@@ -49,8 +49,91 @@ const COMMIT_WAIT_MS = 5000;
 const BUSY_WAITS_MS = [25, 50, 100, 200];
 /** The Commits running beside their answers in this process, by the SHA-256
  * of their token: what an Open that finds a token IN_USE waits for,
- * whichever boundary (replica) it reached. */
-const PENDING = new Map<string, Promise<void>>();
+ * whichever boundary (replica) it reached, and how to hurry it (send it
+ * now if it still waits for a carrier). */
+const PENDING = new Map<string, { done: Promise<void>; hurry: () => void }>();
+
+/** How long, by default, a Commit waits for a durable Open of the same
+ * boundary to carry it before it is sent on its own, in milliseconds. */
+export const DEFAULT_COMMIT_DELAY_MS = 25;
+/** The longest `commitDelayMs`: below the 375 ms a replay on another
+ * replica waits out IN_USE (BUSY_WAITS_MS), so that it sees the Commit. */
+const MAX_COMMIT_DELAY_MS = 250;
+
+interface Waiting {
+  reservation: string;
+  resolve: () => void;
+  reject: (e: unknown) => void;
+}
+
+/** The Commits of one boundary waiting for a durable Open to carry them
+ * (`OpenRequest.commit`, at most MAX_CARRIED_COMMITS each), oldest first.
+ * Whatever no Open has taken `delayMs` after the first of them was queued
+ * is sent on its own, one Commit each, so no Commit waits longer than that
+ * for a carrier. */
+class Carrier {
+  #waiting: Waiting[] = [];
+  #timer: NodeJS.Timeout | undefined;
+  /** drain() calls under way: a Commit queued meanwhile goes at once. */
+  draining = 0;
+
+  constructor(
+    readonly client: RequestStateClient,
+    readonly delayMs: number,
+  ) {}
+
+  /** Queues a Commit; resolves or rejects with its outcome, as a Commit
+   * would. */
+  commit(reservation: string): Promise<void> {
+    return new Promise<void>((resolve, reject) => {
+      const w = { reservation, resolve, reject };
+      if (this.draining > 0) {
+        this.send([w]);
+        return;
+      }
+      this.#waiting.push(w);
+      this.#timer ??= setTimeout(() => this.sendAll(), this.delayMs);
+    });
+  }
+
+  /** The oldest waiting Commits, for an Open to carry. */
+  take(): Waiting[] {
+    const taken = this.#waiting.splice(0, MAX_CARRIED_COMMITS);
+    if (this.#waiting.length === 0) this.#stopTimer();
+    return taken;
+  }
+
+  /** Ends each carried Commit with its outcome from the Open's answer. One
+   * the answer does not name (a server that does not know carried commits)
+   * is sent on its own. */
+  settle(taken: Waiting[], outcomes: Array<StatesealError | null>): void {
+    taken.forEach((w, i) => {
+      if (i >= outcomes.length) return;
+      const o = outcomes[i];
+      if (o === null) w.resolve();
+      else w.reject(o);
+    });
+    this.send(taken.slice(outcomes.length));
+  }
+
+  /** Sends every waiting Commit on its own, now. */
+  sendAll(): void {
+    const taken = this.#waiting;
+    this.#waiting = [];
+    this.#stopTimer();
+    this.send(taken);
+  }
+
+  /** Sends each of `taken` as a Commit of its own. */
+  send(taken: Waiting[]): void {
+    for (const w of taken) this.client.commit(w.reservation).then(w.resolve, w.reject);
+  }
+
+  #stopTimer(): void {
+    if (this.#timer !== undefined) clearTimeout(this.#timer);
+    this.#timer = undefined;
+  }
+}
 
 const sleep = (ms: number) =>
   new Promise<void>((resolve) => {
@@ -131,6 +214,16 @@ export interface BoundaryOptions {
    * `DEFAULT_MAX_INPUT_RESPONSES_BYTES` (256 KiB, the service's
    * `--max-input-bytes` default). */
   maxInputResponsesBytes?: number;
+  /** Milliseconds (0 to 250; default `DEFAULT_COMMIT_DELAY_MS`, 25) a
+   * Commit waits for the next durable Open of this boundary (an Open of a
+   * single-use target) to carry it (`OpenRequest.commit`), before it is
+   * sent on its own. 0 sends each Commit on its own at once. The answer
+   * never waits for it; what it costs is the window after a handler has
+   * answered in which a crash of this process leaves the token reserved
+   * rather than used: until its lease ends, after which a retry may run the
+   * handler again. The delay widens that window by at most this, so keep it
+   * far below the lease. `drain()` sends what is waiting at once. */
+  commitDelayMs?: number;
   logger?: Logger;
 }
 
@@ -240,6 +333,9 @@ export class StatesealBoundary {
   readonly #log: Logger;
   /** Commits running after their handler's answer went out. */
   readonly #committing = new Set<Promise<void>>();
+  readonly #commitDelayMs: number;
+  /** The Commits waiting for a durable Open to carry them. */
+  readonly #carrier: Carrier;
 
   constructor(client: RequestStateClient, options: BoundaryOptions) {
     this.#client = client;
@@ -263,6 +359,11 @@ export class StatesealBoundary {
     ] as const) {
       if (!Number.isSafeInteger(value) || value < 1) throw new TypeError(`${name} must be a positive integer`);
     }
+    this.#commitDelayMs = options.commitDelayMs ?? DEFAULT_COMMIT_DELAY_MS;
+    if (!Number.isFinite(this.#commitDelayMs) || this.#commitDelayMs < 0 || this.#commitDelayMs > MAX_COMMIT_DELAY_MS) {
+      throw new TypeError(`commitDelayMs must be between 0 (commit at once) and ${MAX_COMMIT_DELAY_MS}`);
+    }
+    this.#carrier = new Carrier(client, this.#commitDelayMs);
     this.#log = options.logger ?? console;
   }
 
@@ -310,7 +411,7 @@ export class StatesealBoundary {
     const binding = this.#binding(method, params, ctx);
     let opened: Opened;
     try {
-      opened = await this.#open(wire as string, token, binding, !this.#atMostOnce.has(target), answersJson);
+      opened = await this.#open(wire as string, token, binding, !this.#atMostOnce.has(target), answersJson, !this.#reusable.has(target));
     } catch (e) {
       if (!(e instanceof StatesealError)) throw e;
       const refusal = openRefusal(e, { onReplay: this.#onReplay, reask: this.#reask });
@@ -363,10 +464,10 @@ export class StatesealBoundary {
       // in the meantime.
       const committing: Promise<void> = this.#finish(method, reservation).finally(() => {
         this.#committing.delete(committing);
-        if (PENDING.get(token) === committing) PENDING.delete(token);
+        if (PENDING.get(token)?.done === committing) PENDING.delete(token);
       });
       this.#committing.add(committing);
-      PENDING.set(token, committing);
+      PENDING.set(token, { done: committing, hurry: () => this.#carrier.sendAll() });
     }
     return result;
   }
@@ -409,12 +510,20 @@ export class StatesealBoundary {
    * run the handler again. */
   async drain(timeoutMs = Infinity): Promise<boolean> {
     const deadline = Date.now() + timeoutMs;
-    while (this.#committing.size > 0) {
-      const left = deadline - Date.now();
-      if (left <= 0) return false;
-      await Promise.race([Promise.all([...this.#committing]), ...(Number.isFinite(left) ? [sleep(left)] : [])]);
+    // The Commits waiting for a carrier go now, each on its own, and so
+    // does every Commit queued until drain() returns.
+    this.#carrier.draining++;
+    try {
+      this.#carrier.sendAll();
+      while (this.#committing.size > 0) {
+        const left = deadline - Date.now();
+        if (left <= 0) return false;
+        await Promise.race([Promise.all([...this.#committing]), ...(Number.isFinite(left) ? [sleep(left)] : [])]);
+      }
+      return true;
+    } finally {
+      this.#carrier.draining--;
     }
-    return true;
   }
 
   /** Commit is idempotent (a committed reservation commits again), so a
@@ -423,7 +532,10 @@ export class StatesealBoundary {
   async #commit(method: string, reservation: string): Promise<void> {
     for (let n = 0; ; n++) {
       try {
-        await this.#client.commit(reservation);
+        // The first try rides on the next durable Open, or goes on its own
+        // after the delay; a retry goes at once.
+        if (n === 0 && this.#commitDelayMs > 0) await this.#carrier.commit(reservation);
+        else await this.#client.commit(reservation);
         return;
       } catch (e) {
         if (n < 2 && retryCommit(e)) {
@@ -485,22 +597,38 @@ export class StatesealBoundary {
     return json;
   }
 
-  async #open(wire: string, token: string, binding: Binding, reserve: boolean, inputResponsesJson: string): Promise<Opened> {
+  async #open(
+    wire: string,
+    token: string,
+    binding: Binding,
+    reserve: boolean,
+    inputResponsesJson: string,
+    carry: boolean,
+  ): Promise<Opened> {
     const attemptId = randomBytes(16).toString('hex');
     let resent = 0;
     let busy = 0;
     let waited = false;
     for (;;) {
+      // A durable Open (of a single-use token) carries the Commits waiting
+      // here: its durable round is theirs too.
+      const carried = carry ? this.#carrier.take() : [];
       try {
-        return await this.#client.open({
+        const opened = await this.#client.open({
           requestState: wire,
           binding,
           reserve,
           leaseSeconds: reserve ? this.#lease : 0,
           attemptId,
           inputResponsesJson,
+          commit: carried.map((w) => w.reservation),
         });
+        this.#carrier.settle(carried, opened.commits);
+        return opened;
       } catch (e) {
+        // Their outcome is unknown: each is sent on its own (Commit is
+        // idempotent).
+        this.#carrier.send(carried);
         // Safe: the same attempt id gets the same success if the first try
         // was recorded.
         if (resent < 2 && resend(e)) {
@@ -517,7 +645,9 @@ export class StatesealBoundary {
           const pending = PENDING.get(token);
           if (pending && !waited) {
             waited = true;
-            await Promise.race([pending, sleep(COMMIT_WAIT_MS)]);
+            // That Commit may be waiting for a carrier: now.
+            pending.hurry();
+            await Promise.race([pending.done, sleep(COMMIT_WAIT_MS)]);
             continue;
           }
           if (busy < BUSY_WAITS_MS.length) {

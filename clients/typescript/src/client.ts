@@ -190,7 +190,14 @@ export interface Opened {
    * manifest (as sent when it has none). */
   inputResponsesJson: string;
   dropped: Array<{ key: string; reason: string }>;
+  /** One per reservation the call carried (`commit`), in order: null when
+   * committed, else the StatesealError a Commit would have rejected with. */
+  commits: Array<StatesealError | null>;
 }
+
+/** The most reservations one Open may carry to commit (the service's
+ * bound). */
+export const MAX_CARRIED_COMMITS = 16;
 
 function wireBinding(b: Binding) {
   if (b.paramsDigest) {
@@ -264,7 +271,15 @@ export class RequestStateClient {
     leaseSeconds?: number;
     attemptId?: string;
     inputResponsesJson?: string;
+    /** Reservations of earlier Opens (at most MAX_CARRIED_COMMITS) to commit
+     * in the same call, each as commit() would; their outcomes are in
+     * `commits`. When this call rejects, whether they were committed is
+     * unknown: commit() them again (it is idempotent). */
+    commit?: string[];
   }): Promise<Opened> {
+    const commit = req.commit ?? [];
+    if (commit.length > MAX_CARRIED_COMMITS) throw new RangeError(`at most ${MAX_CARRIED_COMMITS} reservations per open`);
+    if (commit.some((r) => r.includes(','))) throw new RangeError('a reservation never contains a comma');
     const r = await this.#call<object, OpenResponse__Output>(this.#raw.Open as never, {
       request_state: req.requestState,
       binding: wireBinding(req.binding),
@@ -272,6 +287,7 @@ export class RequestStateClient {
       lease_seconds: req.leaseSeconds ?? 0,
       attempt_id: req.attemptId ?? '',
       input_responses_json: req.inputResponsesJson ?? '',
+      commit: commit.join(','),
     });
     return {
       state: r.state,
@@ -283,6 +299,7 @@ export class RequestStateClient {
       leaseSeconds: r.lease_seconds,
       inputResponsesJson: r.input_responses_json,
       dropped: r.dropped.map((d) => ({ key: d.key, reason: d.reason })),
+      commits: r.commits.map((o) => (o.reason ? new StatesealError(o.reason, o.code as grpc.status, true) : null)),
     };
   }
 

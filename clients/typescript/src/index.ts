@@ -1,6 +1,7 @@
-export { RequestStateClient, StatesealError } from './client.js';
+export { MAX_CARRIED_COMMITS, RequestStateClient, StatesealError } from './client.js';
 export type { Binding, ClientOptions, Lease, Opened, Sealed } from './client.js';
 export {
+  DEFAULT_COMMIT_DELAY_MS,
   DEFAULT_MAX_INPUT_RESPONSES_BYTES,
   DEFAULT_MAX_REQUEST_STATE_BYTES,
   StatesealBoundary,

@@ -5,8 +5,10 @@ import { type ChildProcess } from 'node:child_process';
 import { type Server as HttpServer } from 'node:http';
 import { after, before, test } from 'node:test';
 
+import { status } from '@grpc/grpc-js';
+
 import { FAIL_ONCE, SEEN_ANSWERS, serveHttp, transferServer } from '../examples/transfer-server.js';
-import { RequestStateClient, StatesealBoundary } from '../src/index.js';
+import { RequestStateClient, StatesealBoundary, StatesealError } from '../src/index.js';
 import { call, connect as connectTo, front, port, type Round, rpcError, startStateseal, text, yes } from './helpers.js';
 
 
@@ -159,6 +161,67 @@ test('URL-mode answers reach the handler without content', async () => {
   assert.match(text(done), /signed in/);
   assert.deepEqual(SEEN_ANSWERS.at(-1), { signin: { action: 'accept' } });
   await client.close();
+});
+
+test('an Open carries commits and reports each', async () => {
+  const c = grpcClients[0];
+  const binding = { subject: 's', method: 'tools/call' as const, paramsJson: '{"name":"t"}' };
+  const tokens = await Promise.all(
+    [0, 1, 2].map(async () => (await c.seal({ binding, state: Buffer.from('s'), singleUse: true })).requestState),
+  );
+  const held = (await c.open({ requestState: tokens[0], binding, reserve: true })).reservation;
+  const opened = await c.open({ requestState: tokens[1], binding, reserve: true, commit: [held, 'garbage'] });
+  assert.ok(opened.reservation);
+  assert.equal(opened.commits.length, 2);
+  assert.equal(opened.commits[0], null);
+  const bad = opened.commits[1];
+  assert.ok(bad instanceof StatesealError);
+  assert.deepEqual([bad.reason, bad.code, bad.fromStateseal, bad.clientFault], ['MALFORMED', status.INVALID_ARGUMENT, true, true]);
+  await assert.rejects(c.open({ requestState: tokens[0], binding }), (e: unknown) => (e as StatesealError).reason === 'REPLAYED');
+  assert.deepEqual((await c.open({ requestState: tokens[2], binding })).commits, []);
+  await assert.rejects(c.open({ requestState: tokens[2], binding, commit: Array(17).fill('r') }), RangeError);
+});
+
+test('each Commit rides on the next durable Open of its replica, and drain() sends the one still waiting', async () => {
+  const alone: string[] = [];
+  const carried: string[] = [];
+  class Counting extends RequestStateClient {
+    override async commit(reservation: string): Promise<void> {
+      alone.push(reservation);
+      await super.commit(reservation);
+    }
+    override async open(req: Parameters<RequestStateClient['open']>[0]) {
+      carried.push(...(req.commit ?? []));
+      return super.open(req);
+    }
+  }
+  const grpc = new Counting(stateseal.addr);
+  // The longest delay, and the next Open sent right after the answer: the
+  // Commit waits for it.
+  const boundary = new StatesealBoundary(grpc, { audience: 'transfer-service', logger: quiet, commitDelayMs: 250 });
+  const server = await serveHttp(() => transferServer(boundary), 0);
+  const c = await connectTo(`http://127.0.0.1:${port(server)}/mcp`);
+  try {
+    const rounds = [await call(c, 'transfer', { amount: 1 }), await call(c, 'transfer', { amount: 2 })];
+    const retries = rounds.map((r) => ({ inputResponses: yes(r), requestState: r.requestState }));
+    assert.match(text(await call(c, 'transfer', { amount: 1 }, retries[0])), /transferred 1/);
+    assert.match(text(await call(c, 'transfer', { amount: 2 }, retries[1])), /transferred 2/);
+    assert.equal(carried.length, 1, 'the first Commit rode on the second Open');
+    assert.deepEqual(alone, []);
+    assert.equal(await boundary.drain(5000), true);
+    assert.equal(alone.length, 1, 'drain() sent the second on its own');
+    assert.ok(!carried.includes(alone[0]));
+    for (const [i, retry] of retries.entries()) {
+      await assert.rejects(
+        call(c, 'transfer', { amount: i + 1 }, retry),
+        rpcError(-32602, 'requestState already used', 'request_state_used'),
+      );
+    }
+  } finally {
+    await c.close();
+    server.close();
+    grpc.close();
+  }
 });
 
 test('the Commit runs beside the answer, and a replay on another replica of the process waits for it', async () => {
