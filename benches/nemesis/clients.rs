@@ -1,5 +1,6 @@
 //! The callers: each runs the MCP flow over and over against random
-//! replicas — Seal, then Open RESERVE, renew, Commit or Release, or Open
+//! replicas — Seal, then Open RESERVE, renew, Commit (as an RPC, or carried
+//! by an Open of another token) or Release, or Open
 //! CONSUME — with concurrent duplicates, replays of completed tokens,
 //! abandoned reservations that others take over after their lease (and
 //! whose holders then try to Commit late), and retries with the same
@@ -65,6 +66,18 @@ enum Answer<T> {
     Ok(T),
     Fail(String),
     Info(String),
+}
+
+/// A refusal with stateseal's reason `r`. Refusals decided before anything
+/// is written are definite. Any other reason may come after the ledger
+/// acted (LEDGER_UNAVAILABLE: it could not confirm; EXPIRED: decided after
+/// the token expired), so it is indeterminate.
+fn refused<T>(r: String) -> Answer<T> {
+    if DEFINITE.contains(&r.as_str()) {
+        Answer::Fail(r)
+    } else {
+        Answer::Info(r)
+    }
 }
 
 impl Workload {
@@ -173,12 +186,7 @@ impl Workload {
             Err(_) => Answer::Info("timeout".into()),
             Ok(Ok(r)) => Answer::Ok(r.into_inner()),
             Ok(Err(s)) => match stateseal::internals::status::reason_of(&s) {
-                // Refusals decided before anything is written. Any other
-                // reason may come after the ledger acted (LEDGER_UNAVAILABLE:
-                // it could not confirm; EXPIRED: decided after the token
-                // expired), so it is indeterminate.
-                Some(r) if DEFINITE.contains(&r.as_str()) => Answer::Fail(r),
-                Some(r) => Answer::Info(r),
+                Some(r) => refused(r),
                 None => Answer::Info(format!("{:?}", s.code())),
             },
         }
@@ -289,6 +297,7 @@ impl Workload {
             let r = reservation.to_owned();
             let t0 = self.hist.now();
             let (a, lease): (Answer<()>, Option<f64>) = match op {
+                "commit" if rng.gen_bool(0.5) => (self.carried_commit(&mut c, r).await, None),
                 "commit" => {
                     let a = self.call(c.commit(CommitRequest { reservation: r })).await;
                     (map(a, |_| ()), None)
@@ -332,6 +341,42 @@ impl Workload {
             }
         }
         false
+    }
+
+    /// A Commit carried by an Open (`OpenRequest.commit`) of a reusable
+    /// token sealed for it on the same replica; judged as the Commit RPC's
+    /// answer would be. Indeterminate when the carrier fails.
+    async fn carried_commit(
+        &self,
+        c: &mut RequestStateClient<tonic::transport::Channel>,
+        reservation: String,
+    ) -> Answer<()> {
+        let seal = SealRequest {
+            binding: Some(Self::binding(u64::MAX)),
+            state: b"carrier".to_vec(),
+            ttl_seconds: self.ttl,
+            single_use: false,
+            input_requests_json: String::new(),
+        };
+        let Answer::Ok(carrier) = self.call(c.seal(seal)).await else {
+            return Answer::Info("carrier not sealed".into());
+        };
+        let open = OpenRequest {
+            request_state: carrier.request_state,
+            binding: Some(Self::binding(u64::MAX)),
+            commit: reservation,
+            ..OpenRequest::default()
+        };
+        let outcome = match self.call(c.open(open)).await {
+            Answer::Ok(r) => r.commits.into_iter().next(),
+            // The carried commit was decided or not: unknown.
+            _ => return Answer::Info("carrier open refused".into()),
+        };
+        match outcome {
+            Some(o) if o.reason.is_empty() => Answer::Ok(()),
+            Some(o) => refused(o.reason),
+            None => Answer::Info("no outcome".into()),
+        }
     }
 
     /// Reserve, maybe renew, then commit (most often) or release.
