@@ -5,7 +5,7 @@
 //!
 //!     cargo bench --bench load -- [--addr HOST:PORT]
 //!         [--scenarios noop,echo,seal,seal_json,open,consume,flow,reserve,
-//!                      open_reserve,commit,echo_fsync,fdatasync,redis]
+//!                      reserve_carried,open_reserve,commit,echo_fsync,fdatasync,redis]
 //!         [--client-io coalesced|vectored]
 //!         [--concurrency 64] [--connections 4] [--duration 3] [--requests N]
 //!         [--state-size 256] [--warmup 1] [--rounds 2] [--json FILE] [--plot FILE.svg]
@@ -93,7 +93,7 @@ struct Args {
     /// Comma-separated scenarios (noop always runs as the baseline).
     #[arg(
         long,
-        default_value = "echo,seal,seal_json,open,consume,flow,reserve,open_reserve,commit,echo_fsync,fdatasync,redis"
+        default_value = "echo,seal,seal_json,open,consume,flow,reserve,reserve_carried,open_reserve,commit,echo_fsync,fdatasync,redis"
     )]
     scenarios: String,
     /// Requests in flight.
@@ -188,6 +188,7 @@ enum Scenario {
     Consume,
     Flow,
     Reserve,
+    ReserveCarried,
     OpenReserve,
     Commit,
     EchoFsync,
@@ -205,6 +206,7 @@ impl Scenario {
             Scenario::Consume => "consume",
             Scenario::Flow => "flow",
             Scenario::Reserve => "reserve",
+            Scenario::ReserveCarried => "reserve_carried",
             Scenario::OpenReserve => "open_reserve",
             Scenario::Commit => "commit",
             Scenario::Fdatasync => "fdatasync",
@@ -228,6 +230,7 @@ impl Scenario {
             Scenario::Consume
                 | Scenario::Flow
                 | Scenario::Reserve
+                | Scenario::ReserveCarried
                 | Scenario::OpenReserve
                 | Scenario::Commit
                 | Scenario::EchoFsync
@@ -251,6 +254,7 @@ impl Scenario {
             "consume" => Scenario::Consume,
             "flow" => Scenario::Flow,
             "reserve" => Scenario::Reserve,
+            "reserve_carried" => Scenario::ReserveCarried,
             "open_reserve" => Scenario::OpenReserve,
             "commit" => Scenario::Commit,
             "fdatasync" => Scenario::Fdatasync,
@@ -1379,6 +1383,35 @@ impl Ctx {
         self.commit(i, reservation).await
     }
 
+    /// Open RESERVE carrying `commit` (the caller's previous reservation,
+    /// as the client packages send it): the new reservation, once the
+    /// carried commit is confirmed.
+    async fn reserve_carrying(
+        &self,
+        i: usize,
+        token: String,
+        commit: Option<String>,
+    ) -> Result<String, tonic::Status> {
+        let r = self
+            .client(i)
+            .open(OpenRequest {
+                request_state: token,
+                binding: Some(binding()),
+                mode: stateseal::proto::OpenMode::Reserve as i32,
+                commit: commit.unwrap_or_default(),
+                ..Default::default()
+            })
+            .await?
+            .into_inner();
+        match r.commits.first() {
+            Some(o) if !o.reason.is_empty() => Err(tonic::Status::new(
+                tonic::Code::from_i32(o.code),
+                format!("carried commit: {}", o.reason),
+            )),
+            _ => Ok(r.reservation),
+        }
+    }
+
     /// Open RESERVE: the reservation.
     async fn reserve(&self, i: usize, token: String) -> Result<String, tonic::Status> {
         Ok(self
@@ -1496,6 +1529,8 @@ async fn run(
                 let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("bounds");
                 let mut errors: BTreeMap<String, u64> = BTreeMap::new();
                 let mut ops = 0u64;
+                // reserve_carried: the reservation the next Open carries.
+                let mut carried: Option<String> = None;
                 // Each caller takes its share of --rate.
                 let mut pace = (args_rate > 0.0).then(|| {
                     let mut i = tokio::time::interval(Duration::from_secs_f64(
@@ -1553,6 +1588,10 @@ async fn run(
                             ctx.reserve_commit(w, token.expect("pre-sealed token"))
                                 .await
                         }
+                        Scenario::ReserveCarried => ctx
+                            .reserve_carrying(w, token.expect("pre-sealed token"), carried.take())
+                            .await
+                            .map(|r| carried = Some(r)),
                         Scenario::OpenReserve => ctx
                             .reserve(w, token.expect("pre-sealed token"))
                             .await
@@ -1810,7 +1849,10 @@ fn main() {
             {
                 let pool = match sc {
                     Scenario::Open => Some(Tokens::Reusable(open_pool.clone(), Arc::default())),
-                    Scenario::Consume | Scenario::Reserve | Scenario::OpenReserve => {
+                    Scenario::Consume
+                    | Scenario::Reserve
+                    | Scenario::ReserveCarried
+                    | Scenario::OpenReserve => {
                         // Enough for the warm-up and the measured window at
                         // up to 40k consumptions/s (a run that drains the
                         // pool ends early and reports its true duration).

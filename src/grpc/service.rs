@@ -179,9 +179,16 @@ impl RequestStateService {
         reservations
             .iter()
             .map(|r| {
-                // Always found: `distinct` holds every entry.
-                let at = distinct.binary_search(r).unwrap_or_default();
-                decided.get(at).cloned().unwrap_or_default()
+                // Always found (`distinct` holds every entry); were it not,
+                // "not known to be committed": the caller sends it again.
+                distinct
+                    .binary_search(r)
+                    .ok()
+                    .and_then(|at| decided.get(at).cloned())
+                    .unwrap_or_else(|| proto::CommitOutcome {
+                        reason: Reject::LedgerUnavailable.reason().to_owned(),
+                        code: Reject::LedgerUnavailable.code() as i32,
+                    })
             })
             .collect()
     }
@@ -327,7 +334,7 @@ fn carried_list(joined: &str) -> Result<Vec<&str>, Reject> {
     if joined.len() > MAX_CARRIED_BYTES {
         return Err(Reject::TooLarge);
     }
-    let list: Vec<&str> = joined.split(',').collect();
+    let list: Vec<&str> = joined.split(',').take(MAX_CARRIED_COMMITS + 1).collect();
     if list.len() > MAX_CARRIED_COMMITS {
         return Err(Reject::TooLarge);
     }

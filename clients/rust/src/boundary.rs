@@ -46,9 +46,7 @@ use tokio::task::JoinHandle;
 use tracing::{debug, error, info, warn};
 
 use crate::binding::{params_digest, subject_for, Bound};
-use crate::client::{
-    Binding, OpenMode, Opened, RequestStateClient, StatesealError, MAX_CARRIED_COMMITS,
-};
+use crate::client::{Binding, OpenMode, Opened, RequestStateClient, StatesealError};
 use crate::refusal::{
     call_refusal, open_refusal, renewal_lost, resend, retry_commit, Kind, Level, OnReplay, Refusal,
     INVALID_PARAMS,
@@ -68,6 +66,9 @@ const MIN_RENEW_INTERVAL: Duration = Duration::from_millis(500);
 /// How long an Open that found its token IN_USE waits, at most, for the
 /// Commit of that token still running in this boundary.
 const COMMIT_WAIT: Duration = Duration::from_secs(5);
+/// The most waiting Commits one Open carries: the service decides 4 at a
+/// time, and the Open's answer waits for them.
+const CARRY_PER_OPEN: usize = 4;
 /// How long, by default, a Commit waits for a durable Open of the same
 /// boundary to carry it before it is sent on its own.
 pub const DEFAULT_COMMIT_DELAY: Duration = Duration::from_millis(25);
@@ -260,13 +261,17 @@ struct Inner {
 type Waiting = (String, oneshot::Sender<Result<(), StatesealError>>);
 
 /// The Commits of one boundary waiting for a durable Open to carry them
-/// (`OpenRequest.commit`, at most [`MAX_CARRIED_COMMITS`] each), oldest
+/// (`OpenRequest.commit`, at most [`CARRY_PER_OPEN`] each), oldest
 /// first. Whatever no Open has taken the commit delay after the first of
 /// them was queued is sent on its own, one Commit each.
 #[derive(Default)]
 struct Carrier {
     waiting: Vec<Waiting>,
-    timer: Option<JoinHandle<()>>,
+    /// The running timer, and its number: a timer that fires after it was
+    /// stopped (it was already waiting for the lock) finds another number
+    /// and does nothing.
+    timer: Option<(u64, JoinHandle<()>)>,
+    timers: u64,
     /// [`StatesealBoundary::drain`] calls under way: a Commit queued
     /// meanwhile goes at once.
     draining: usize,
@@ -274,7 +279,7 @@ struct Carrier {
 
 impl Carrier {
     fn stop_timer(&mut self) {
-        if let Some(t) = self.timer.take() {
+        if let Some((_, t)) = self.timer.take() {
             t.abort();
         }
     }
@@ -337,14 +342,10 @@ impl StatesealBoundary {
         struct Draining<'a>(&'a StatesealBoundary);
         impl Drop for Draining<'_> {
             fn drop(&mut self) {
-                if let Ok(mut c) = self.0 .0.carrier.lock() {
-                    c.draining -= 1;
-                }
+                self.0.carrier().draining -= 1;
             }
         }
-        if let Ok(mut c) = self.0.carrier.lock() {
-            c.draining += 1;
-        }
+        self.carrier().draining += 1;
         let _draining = Draining(self);
         self.send_all();
         let mut rx = self.0.inflight.subscribe();
@@ -357,30 +358,42 @@ impl StatesealBoundary {
     /// gets its outcome, as a Commit would answer.
     fn commit_later(&self, reservation: &str) -> oneshot::Receiver<Result<(), StatesealError>> {
         let (tx, rx) = oneshot::channel();
-        let alone = match self.0.carrier.lock() {
-            Ok(mut c) if c.draining == 0 => {
-                c.waiting.push((reservation.to_owned(), tx));
+        let waiting = (reservation.to_owned(), tx);
+        let alone = {
+            let mut c = self.carrier();
+            if c.draining > 0 {
+                Some(waiting)
+            } else {
+                c.waiting.push(waiting);
                 if c.timer.is_none() {
-                    let (b, delay) = (self.clone(), self.0.options.commit_delay);
-                    c.timer = Some(tokio::spawn(async move {
+                    c.timers += 1;
+                    let (b, delay, number) = (self.clone(), self.0.options.commit_delay, c.timers);
+                    let timer = tokio::spawn(async move {
                         tokio::time::sleep(delay).await;
-                        b.send_waiting(false);
-                    }));
+                        b.send_waiting(Some(number));
+                    });
+                    c.timer = Some((number, timer));
                 }
                 None
             }
-            _ => Some((reservation.to_owned(), tx)),
         };
         self.send(alone.into_iter().collect());
         rx
     }
 
+    /// The carrier, even after a panic elsewhere held its lock (nothing
+    /// under it leaves it inconsistent): a Commit never waits forever.
+    fn carrier(&self) -> std::sync::MutexGuard<'_, Carrier> {
+        self.0
+            .carrier
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// The oldest waiting Commits, for an Open to carry.
     fn take_carried(&self) -> Vec<Waiting> {
-        let Ok(mut c) = self.0.carrier.lock() else {
-            return Vec::new();
-        };
-        let n = c.waiting.len().min(MAX_CARRIED_COMMITS);
+        let mut c = self.carrier();
+        let n = c.waiting.len().min(CARRY_PER_OPEN);
         let taken: Vec<Waiting> = c.waiting.drain(..n).collect();
         if c.waiting.is_empty() {
             c.stop_timer();
@@ -410,22 +423,22 @@ impl StatesealBoundary {
 
     /// Sends every waiting Commit on its own, now.
     fn send_all(&self) {
-        self.send_waiting(true);
+        self.send_waiting(None);
     }
 
-    /// Sends every waiting Commit on its own; the timer is stopped, or
-    /// (`stop_timer` false: called from it) forgotten.
-    fn send_waiting(&self, stop_timer: bool) {
-        let taken = match self.0.carrier.lock() {
-            Ok(mut c) => {
-                if stop_timer {
-                    c.stop_timer();
-                } else {
-                    c.timer = None;
-                }
-                std::mem::take(&mut c.waiting)
+    /// Sends every waiting Commit on its own, and stops the timer; from
+    /// the timer numbered `fired`, only while it is still the running one
+    /// (it then ends by itself).
+    fn send_waiting(&self, fired: Option<u64>) {
+        let taken = {
+            let mut c = self.carrier();
+            match (fired, &c.timer) {
+                (None, _) => c.stop_timer(),
+                (Some(n), Some((running, _))) if *running == n => c.timer = None,
+                // Stopped since: what waits now has a timer of its own.
+                (Some(_), _) => return,
             }
-            Err(_) => Vec::new(),
+            std::mem::take(&mut c.waiting)
         };
         self.send(taken);
     }

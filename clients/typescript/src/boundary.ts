@@ -18,7 +18,7 @@ import { status } from '@grpc/grpc-js';
 import { ProtocolError } from '@modelcontextprotocol/server';
 
 import { asciiJson, type BindableMethod, BindingError, isWellFormed, paramsDigestOf, subjectFor } from './binding.js';
-import { type Binding, MAX_CARRIED_COMMITS, type Opened, RequestStateClient, StatesealError } from './client.js';
+import { type Binding, type Opened, RequestStateClient, StatesealError } from './client.js';
 
 const INVALID_PARAMS = -32602;
 const INTERNAL_ERROR = -32603;
@@ -56,6 +56,9 @@ const PENDING = new Map<string, { done: Promise<void>; hurry: () => void }>();
 /** How long, by default, a Commit waits for a durable Open of the same
  * boundary to carry it before it is sent on its own, in milliseconds. */
 export const DEFAULT_COMMIT_DELAY_MS = 25;
+/** The most waiting Commits one Open carries: the service decides 4 at a
+ * time, and the Open's answer waits for them. */
+const CARRY_PER_OPEN = 4;
 /** The longest `commitDelayMs`: below the 375 ms a replay on another
  * replica waits out IN_USE (BUSY_WAITS_MS), so that it sees the Commit. */
 const MAX_COMMIT_DELAY_MS = 250;
@@ -67,7 +70,7 @@ interface Waiting {
 }
 
 /** The Commits of one boundary waiting for a durable Open to carry them
- * (`OpenRequest.commit`, at most MAX_CARRIED_COMMITS each), oldest first.
+ * (`OpenRequest.commit`, at most CARRY_PER_OPEN each), oldest first.
  * Whatever no Open has taken `delayMs` after the first of them was queued
  * is sent on its own, one Commit each, so no Commit waits longer than that
  * for a carrier. */
@@ -98,7 +101,7 @@ class Carrier {
 
   /** The oldest waiting Commits, for an Open to carry. */
   take(): Waiting[] {
-    const taken = this.#waiting.splice(0, MAX_CARRIED_COMMITS);
+    const taken = this.#waiting.splice(0, CARRY_PER_OPEN);
     if (this.#waiting.length === 0) this.#stopTimer();
     return taken;
   }

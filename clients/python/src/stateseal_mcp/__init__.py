@@ -10,8 +10,14 @@
 from importlib.metadata import PackageNotFoundError, version
 
 from .binding import BindingError, params_digest, subject_for
-from .client import Lease, Opened, RequestStateClient, Sealed, StatesealError
-from .middleware import DEFAULT_MAX_INPUT_RESPONSES_BYTES, DEFAULT_MAX_REQUEST_STATE_BYTES, StatesealBoundary, install
+from .client import MAX_CARRIED_COMMITS, Lease, Opened, RequestStateClient, Sealed, StatesealError
+from .middleware import (
+    DEFAULT_COMMIT_DELAY,
+    DEFAULT_MAX_INPUT_RESPONSES_BYTES,
+    DEFAULT_MAX_REQUEST_STATE_BYTES,
+    StatesealBoundary,
+    install,
+)
 
 try:
     __version__ = version("stateseal-mcp")
@@ -19,7 +25,9 @@ except PackageNotFoundError:  # running from a source tree
     __version__ = "0+unknown"
 
 __all__ = [
+    "DEFAULT_COMMIT_DELAY",
     "DEFAULT_MAX_INPUT_RESPONSES_BYTES",
+    "MAX_CARRIED_COMMITS",
     "DEFAULT_MAX_REQUEST_STATE_BYTES",
     "BindingError",
     "Lease",

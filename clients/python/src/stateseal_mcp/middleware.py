@@ -81,7 +81,7 @@ from mcp_types import INTERNAL_ERROR, INVALID_PARAMS
 from mcp_types.methods import INPUT_REQUIRED_METHODS, is_input_required
 
 from .binding import BindingError, params_digest, subject_for
-from .client import MAX_CARRIED_COMMITS, RequestStateClient, StatesealError
+from .client import RequestStateClient, StatesealError
 
 __all__ = [
     "DEFAULT_COMMIT_DELAY",
@@ -127,6 +127,9 @@ _PENDING: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[bytes, async
 #: boundary to carry it before it is sent on its own, in seconds.
 DEFAULT_COMMIT_DELAY = 0.025
 
+#: The most waiting Commits one Open carries: the service decides 4 at a
+#: time, and the Open's answer waits for them.
+_CARRY_PER_OPEN = 4
 #: The longest `commit_delay`: below the 375 ms a replay on another replica
 #: waits out IN_USE (_BUSY_WAITS), so that it sees the Commit.
 MAX_COMMIT_DELAY = 0.25
@@ -782,8 +785,8 @@ class StatesealBoundary:
 
 class _Carrier:
     """The Commits of one boundary and event loop waiting for a durable
-    Open to carry them (`OpenRequest.commit`, at most MAX_CARRIED_COMMITS
-    each), oldest first. Whatever no Open has taken `delay` seconds after
+    Open to carry them (`OpenRequest.commit`, at most _CARRY_PER_OPEN each),
+    oldest first. Whatever no Open has taken `delay` seconds after
     the first of them was queued is sent on its own, one Commit each, so no
     Commit waits longer than that for a carrier."""
 
@@ -812,7 +815,7 @@ class _Carrier:
 
     def take(self) -> list[tuple[str, asyncio.Future[None]]]:
         """The oldest waiting Commits, for an Open to carry."""
-        taken, self._waiting = self._waiting[:MAX_CARRIED_COMMITS], self._waiting[MAX_CARRIED_COMMITS:]
+        taken, self._waiting = self._waiting[:_CARRY_PER_OPEN], self._waiting[_CARRY_PER_OPEN:]
         if not self._waiting and self._timer is not None:
             self._timer.cancel()
             self._timer = None
