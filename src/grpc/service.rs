@@ -320,8 +320,9 @@ fn caller_of<T>(req: &Request<T>) -> Arc<str> {
 
 /// The most reservations one Open may carry to commit.
 pub const MAX_CARRIED_COMMITS: usize = 16;
-/// The longest `OpenRequest.commit`: that many reservations and their commas.
-const MAX_CARRIED_BYTES: usize = MAX_CARRIED_COMMITS * (RESERVATION_CHARS + 1);
+/// The longest `OpenRequest.commit`: that many reservations and the commas
+/// between them.
+const MAX_CARRIED_BYTES: usize = MAX_CARRIED_COMMITS * (RESERVATION_CHARS + 1) - 1;
 /// How many of one Open's carried commits are decided at a time.
 const CARRIED_AT_ONCE: usize = 4;
 

@@ -1019,10 +1019,12 @@ async fn an_open_carries_commits_and_answers_each() {
     let long = vec![r5.clone(), "x".repeat(16 * r5.len())];
     let err = s.client.open(reserve(&sealed[4], long)).await.unwrap_err();
     assert_eq!(reason(&err), "TOO_LARGE");
+    // Sixteen of a reservation's length: the longest string allowed.
     let mut sixteen = vec![r5.clone()];
-    sixteen.extend((0..14).map(|i| format!("filler-{i}")));
+    sixteen.extend((0..14).map(|i| format!("{i:x<width$}", width = r5.len())));
     // Named twice: decided once (a second decision would be the same).
-    sixteen.push(r5);
+    sixteen.push(r5.clone());
+    assert_eq!(sixteen.join(",").len(), 16 * (r5.len() + 1) - 1);
     let reusable = s
         .client
         .seal(seal_req(b"r", false))
