@@ -437,10 +437,7 @@ impl RequestState for RequestStateService {
         let mut r = req.into_inner();
         // Past the bounds the whole call is refused, and none is committed.
         let joined = std::mem::take(&mut r.commit);
-        let (carried, too_many) = match carried_list(&joined) {
-            Ok(list) => (list, false),
-            Err(_) => (Vec::new(), true),
-        };
+        let carried = carried_list(&joined);
         let mode = match proto::OpenMode::try_from(r.mode) {
             Ok(proto::OpenMode::Consume) => Ok(OpenMode::Consume),
             Ok(proto::OpenMode::Reserve) => Ok(OpenMode::Reserve {
@@ -458,39 +455,29 @@ impl RequestState for RequestStateService {
         // The token's form and key id first: a garbage token costs nothing
         // proportional to the params.
         let opening = async {
-            if too_many {
-                return Err(Reject::TooLarge);
-            }
-            match (
-                mode,
-                self.admit()
-                    .and_then(|()| self.sealer.precheck(&r.request_state)),
-            ) {
-                (Ok(mode), Ok(untrusted)) => match self
-                    .binding(&tenant, r.binding, untrusted.header().binding)
-                    .await
-                {
-                    Ok(binding) => match self.answers(r.input_responses_json).await {
-                        Ok(answers) => self
-                            .sealer
-                            .open(&binding, untrusted, mode, Some(&r.attempt_id), &mut trail)
-                            .await
-                            .and_then(|o| {
-                                // Infallible for a token this service sealed:
-                                // the answers were checked above.
-                                let a = filtered(o.manifest.as_deref().map(|m| &m[..]), answers)?;
-                                Ok((o, a))
-                            }),
-                        Err(e) => Err(e),
-                    },
-                    Err(e) => Err(e),
-                },
-                (Err(e), _) | (_, Err(e)) => Err(e),
-            }
+            carried.as_ref().map_err(|e| *e)?;
+            let mode = mode?;
+            self.admit()?;
+            let untrusted = self.sealer.precheck(&r.request_state)?;
+            let binding = self
+                .binding(&tenant, r.binding, untrusted.header().binding)
+                .await?;
+            let answers = self.answers(r.input_responses_json).await?;
+            let o = self
+                .sealer
+                .open(&binding, untrusted, mode, Some(&r.attempt_id), &mut trail)
+                .await?;
+            // Infallible for a token this service sealed: the answers were
+            // checked above.
+            let a = filtered(o.manifest.as_deref().map(|m| &m[..]), answers)?;
+            Ok((o, a))
         };
         // The carried commits run beside the opening: on sled both reach
-        // the ledger's writer together and share its durable round.
-        let (result, commits) = tokio::join!(opening, self.carried(&tenant, caller, &carried));
+        // the ledger's writer together and usually share its durable round.
+        let (result, commits) = tokio::join!(
+            opening,
+            self.carried(&tenant, caller, carried.as_deref().unwrap_or_default())
+        );
         let result = self
             .settle(Rpc::Open, started, asked, &tenant, trail, result)
             .await;

@@ -117,11 +117,12 @@ _COMMIT_WAIT = 5.0
 #: Commit on the way. 375 ms in all, after which IN_USE is answered as such.
 _BUSY_WAITS = (0.025, 0.05, 0.1, 0.2)
 #: The Commits running beside their answers in this process, by event loop
-#: and by the SHA-256 of their token: what an Open that finds a token
-#: IN_USE waits for, whichever boundary (replica) it reached.
-_PENDING: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[bytes, asyncio.Task[None]]] = (
-    weakref.WeakKeyDictionary()
-)
+#: and by the SHA-256 of their token, with the carrier each may wait in:
+#: what an Open that finds a token IN_USE waits for (and hurries),
+#: whichever boundary (replica) it reached.
+_PENDING: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, dict[bytes, tuple[asyncio.Task[None], _Carrier]]
+] = weakref.WeakKeyDictionary()
 
 #: How long, by default, a Commit waits for a durable Open of the same
 #: boundary to carry it before it is sent on its own, in seconds.
@@ -133,11 +134,6 @@ _CARRY_PER_OPEN = 4
 #: The longest `commit_delay`: below the 375 ms a replay on another replica
 #: waits out IN_USE (_BUSY_WAITS), so that it sees the Commit.
 MAX_COMMIT_DELAY = 0.25
-#: Every boundary's carrier, by event loop: what an Open that finds a token
-#: IN_USE hurries along (the pending Commit may wait in any of them).
-_CARRIERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.WeakSet[_Carrier]] = (
-    weakref.WeakKeyDictionary()
-)
 
 #: Transport failures after which an Open (same attempt id) or a Release is
 #: sent again: the connection was lost or the call timed out.
@@ -343,7 +339,6 @@ class StatesealBoundary:
         carrier = self._carriers.get(loop)
         if carrier is None:
             carrier = self._carriers[loop] = _Carrier(self._client, loop, self._commit_delay)
-            _CARRIERS.setdefault(loop, weakref.WeakSet()).add(carrier)
         return carrier
 
     def _subject(self, ctx: ServerRequestContext[Any, Any]) -> str:
@@ -446,8 +441,8 @@ class StatesealBoundary:
             # Any boundary of this process and loop whose Open finds this
             # token IN_USE waits for this Commit (see _open).
             pending = _PENDING.setdefault(loop, {})
-            pending[token] = task
-            task.add_done_callback(lambda t: pending.pop(token, None) if pending.get(token) is t else None)
+            pending[token] = (task, self._carrier())
+            task.add_done_callback(lambda t: pending.pop(token, None) if pending.get(token, (None,))[0] is t else None)
         return result
 
     @staticmethod
@@ -617,11 +612,10 @@ class StatesealBoundary:
                     pending = _PENDING.get(asyncio.get_running_loop(), {}).get(token)
                     if pending is not None and not waited:
                         waited = True
-                        # That Commit may be waiting for a carrier (of
-                        # any boundary of this loop): now.
-                        for carrier in list(_CARRIERS.get(asyncio.get_running_loop(), ())):
-                            carrier.send_all()
-                        await asyncio.wait({pending}, timeout=_COMMIT_WAIT)
+                        task, carrier = pending
+                        # That Commit may be waiting for its carrier: now.
+                        carrier.send_all()
+                        await asyncio.wait({task}, timeout=_COMMIT_WAIT)
                         continue
                     if busy < len(_BUSY_WAITS):
                         await asyncio.sleep(_BUSY_WAITS[busy])
@@ -816,9 +810,8 @@ class _Carrier:
     def take(self) -> list[tuple[str, asyncio.Future[None]]]:
         """The oldest waiting Commits, for an Open to carry."""
         taken, self._waiting = self._waiting[:_CARRY_PER_OPEN], self._waiting[_CARRY_PER_OPEN:]
-        if not self._waiting and self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        if not self._waiting:
+            self._stop_timer()
         return taken
 
     def settle(self, taken: list[tuple[str, asyncio.Future[None]]], outcomes: tuple[StatesealError | None, ...]) -> None:
@@ -837,10 +830,13 @@ class _Carrier:
     def send_all(self) -> None:
         """Sends every waiting Commit on its own, now."""
         taken, self._waiting = self._waiting, []
+        self._stop_timer()
+        self.send(taken)
+
+    def _stop_timer(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        self.send(taken)
 
     def send(self, taken: list[tuple[str, asyncio.Future[None]]]) -> None:
         """Sends each of `taken` as a Commit of its own."""
