@@ -14,7 +14,7 @@
 
 import { createHash, randomBytes } from 'node:crypto';
 
-import { status } from '@grpc/grpc-js';
+import { Status as status } from './transport.js';
 import { ProtocolError } from '@modelcontextprotocol/server';
 
 import { asciiJson, type BindableMethod, BindingError, isWellFormed, paramsDigestOf, subjectFor } from './binding.js';

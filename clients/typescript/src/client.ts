@@ -1,34 +1,41 @@
-// A typed client for stateseal.v1.RequestState over @grpc/grpc-js. The
-// message types are generated from proto/ at build time.
+// A typed client for stateseal.v1.RequestState: messages encoded by
+// protobufjs from proto/ (read at run time, as no code is generated), calls
+// over this package's own unary gRPC transport (transport.ts). The message
+// types are generated from proto/ at build time.
 
-import * as grpc from '@grpc/grpc-js';
-import * as protoLoader from '@grpc/proto-loader';
+import protobuf from 'protobufjs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
-import type { ProtoGrpcType } from './_proto/stateseal.js';
-import type { RequestStateClient as RawClient } from './_proto/stateseal/v1/RequestState.js';
 import type { OpenResponse__Output } from './_proto/stateseal/v1/OpenResponse.js';
 import type { RenewResponse__Output } from './_proto/stateseal/v1/RenewResponse.js';
 import type { SealResponse__Output } from './_proto/stateseal/v1/SealResponse.js';
 import { BINDING_VERSION, type BindableMethod } from './binding.js';
+import { CallError, Channel, Status, type TlsOptions } from './transport.js';
 
 const PROTO = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'proto');
 
-let loaded: ProtoGrpcType | undefined;
-function proto(): ProtoGrpcType {
-  loaded ??= grpc.loadPackageDefinition(
-    protoLoader.loadSync('stateseal/v1/stateseal.proto', {
-      includeDirs: [PROTO],
-      keepCase: true,
-      longs: Number,
-      enums: String,
-      defaults: true,
-      oneofs: true,
-    }),
-  ) as unknown as ProtoGrpcType;
-  return loaded;
+type Rpc = 'Seal' | 'Open' | 'Commit' | 'Renew' | 'Release';
+type Codec = { request: protobuf.Type; response: protobuf.Type; path: string };
+
+let loaded: Record<Rpc, Codec> | undefined;
+function codecs(): Record<Rpc, Codec> {
+  if (loaded) return loaded;
+  const root = new protobuf.Root().loadSync(join(PROTO, 'stateseal', 'v1', 'stateseal.proto'), { keepCase: true });
+  const service = root.lookupService('stateseal.v1.RequestState');
+  const out = {} as Record<Rpc, Codec>;
+  for (const name of ['Seal', 'Open', 'Commit', 'Renew', 'Release'] as const) {
+    const m = service.methods[name];
+    m.resolve();
+    out[name] = { request: m.resolvedRequestType!, response: m.resolvedResponseType!, path: `/stateseal.v1.RequestState/${name}` };
+  }
+  loaded = out;
+  return out;
 }
+
+/** How a response message is turned into an object: the shapes of the
+ * generated `__Output` types. */
+const AS_OBJECT: protobuf.IConversionOptions = { longs: Number, enums: String, defaults: true, oneofs: true };
 
 /** Reasons of `google.rpc.ErrorInfo` (domain "stateseal") that mean the
  * caller's input is at fault. */
@@ -60,7 +67,7 @@ const TRANSPORT_TRANSIENT = new Set(['UNAVAILABLE', 'DEADLINE_EXCEEDED', 'RESOUR
 export class StatesealError extends Error {
   constructor(
     readonly reason: string,
-    readonly code: grpc.status,
+    readonly code: Status,
     /** True when stateseal itself answered with a reason. */
     readonly fromStateseal: boolean,
   ) {
@@ -71,13 +78,13 @@ export class StatesealError extends Error {
    * too large for the service) was refused. */
   get clientFault(): boolean {
     if (this.fromStateseal) return CLIENT_FAULTS.has(this.reason);
-    return TRANSPORT_CLIENT_FAULTS.has(grpc.status[this.code]);
+    return TRANSPORT_CLIENT_FAULTS.has(Status[this.code]);
   }
   /** Worth retrying later: a transient stateseal condition, or the
    * transport (`UNAVAILABLE`, `DEADLINE_EXCEEDED`, `RESOURCE_EXHAUSTED`). */
   get retryable(): boolean {
     if (this.fromStateseal) return TRANSIENT.has(this.reason);
-    return TRANSPORT_TRANSIENT.has(grpc.status[this.code]);
+    return TRANSPORT_TRANSIENT.has(Status[this.code]);
   }
 }
 
@@ -112,11 +119,10 @@ function fields(buf: Buffer): Array<[number, Buffer]> {
   return out;
 }
 
-function reasonOf(err: grpc.ServiceError): string | undefined {
-  const bin = err.metadata?.get('grpc-status-details-bin')?.[0];
-  if (!(bin instanceof Buffer)) return undefined;
+function reasonOf(details: Buffer | undefined): string | undefined {
+  if (!details) return undefined;
   try {
-    for (const [n, any] of fields(bin)) {
+    for (const [n, any] of fields(details)) {
       if (n !== 3) continue;
       const f = fields(any);
       const type = f.find(([k]) => k === 1)?.[1].toString();
@@ -133,16 +139,16 @@ function reasonOf(err: grpc.ServiceError): string | undefined {
   return undefined;
 }
 
-function toError(err: grpc.ServiceError): StatesealError {
-  const reason = reasonOf(err);
+function toError(err: CallError): StatesealError {
+  const reason = reasonOf(err.details);
   if (reason !== undefined) return new StatesealError(reason, err.code, true);
-  return new StatesealError(grpc.status[err.code] ?? 'UNKNOWN', err.code, false);
+  return new StatesealError(Status[err.code] ?? 'UNKNOWN', err.code, false);
 }
 
 export interface ClientOptions {
-  /** TLS or mTLS channel credentials (`grpc.credentials.createSsl(ca, key, cert)`);
-   * plaintext when absent. */
-  credentials?: grpc.ChannelCredentials;
+  /** TLS (`{ ca }`) or mTLS (`{ ca, key, cert }`, PEM); plaintext when
+   * absent. */
+  tls?: TlsOptions;
   /** Sent as `authorization: Bearer …` (use with TLS off loopback). */
   bearer?: string;
   /** Deadline of each call, in milliseconds (default 5000). */
@@ -213,36 +219,33 @@ function wireBinding(b: Binding) {
 
 /** The stateseal client. One channel, shared by every call. */
 export class RequestStateClient {
-  readonly #raw: RawClient;
-  readonly #metadata: grpc.Metadata;
+  readonly #channel: Channel;
   readonly #timeoutMs: number;
 
   constructor(address: string, options: ClientOptions = {}) {
-    const Ctor = proto().stateseal.v1.RequestState;
-    this.#raw = new Ctor(address, options.credentials ?? grpc.credentials.createInsecure());
-    this.#metadata = new grpc.Metadata();
-    if (options.bearer !== undefined) this.#metadata.set('authorization', `Bearer ${options.bearer}`);
+    const headers: Record<string, string> = {};
+    if (options.bearer !== undefined) headers.authorization = `Bearer ${options.bearer}`;
+    this.#channel = new Channel(address, { tls: options.tls, headers });
     this.#timeoutMs = options.timeoutMs ?? 5000;
+    codecs();
   }
 
-  #call<Req, Res>(
-    fn: (req: Req, md: grpc.Metadata, opts: grpc.CallOptions, cb: (e: grpc.ServiceError | null, r?: Res) => void) => unknown,
-    req: Req,
-    waitForReady = false,
-  ): Promise<Res> {
-    let md = this.#metadata;
-    if (waitForReady) {
-      // Wait (within the deadline) for a connection instead of failing at
-      // once while the channel reconnects.
-      md = md.clone();
-      md.setOptions({ waitForReady: true });
+  async #call<Res>(rpc: Rpc, req: object, waitForReady = false): Promise<Res> {
+    const c = codecs()[rpc];
+    const body = c.request.encode(c.request.fromObject(req)).finish();
+    let answer: Buffer;
+    try {
+      answer = await this.#channel.call(c.path, body, this.#timeoutMs, waitForReady);
+    } catch (e) {
+      throw e instanceof CallError ? toError(e) : e;
     }
-    return new Promise((resolve, reject) => {
-      fn.call(this.#raw, req, md, { deadline: Date.now() + this.#timeoutMs }, (e, r) => {
-        if (e) reject(toError(e));
-        else resolve(r as Res);
-      });
-    });
+    let decoded: protobuf.Message;
+    try {
+      decoded = c.response.decode(answer);
+    } catch {
+      throw new StatesealError('INTERNAL', Status.INTERNAL, false);
+    }
+    return c.response.toObject(decoded, AS_OBJECT) as Res;
   }
 
   async seal(req: {
@@ -254,7 +257,7 @@ export class RequestStateClient {
      * token's manifest. */
     inputRequestsJson?: string;
   }): Promise<Sealed> {
-    const r = await this.#call<object, SealResponse__Output>(this.#raw.Seal as never, {
+    const r = await this.#call<SealResponse__Output>('Seal', {
       binding: wireBinding(req.binding),
       state: req.state,
       ttl_seconds: req.ttlSeconds ?? 0,
@@ -280,7 +283,7 @@ export class RequestStateClient {
     const commit = req.commit ?? [];
     if (commit.length > MAX_CARRIED_COMMITS) throw new RangeError(`at most ${MAX_CARRIED_COMMITS} reservations per open`);
     if (commit.some((r) => r.includes(','))) throw new RangeError('a reservation never contains a comma');
-    const r = await this.#call<object, OpenResponse__Output>(this.#raw.Open as never, {
+    const r = await this.#call<OpenResponse__Output>('Open', {
       request_state: req.requestState,
       binding: wireBinding(req.binding),
       mode: req.reserve ? 'OPEN_MODE_RESERVE' : 'OPEN_MODE_CONSUME',
@@ -299,12 +302,12 @@ export class RequestStateClient {
       leaseSeconds: r.lease_seconds,
       inputResponsesJson: r.input_responses_json,
       dropped: r.dropped.map((d) => ({ key: d.key, reason: d.reason })),
-      commits: r.commits.map((o) => (o.reason ? new StatesealError(o.reason, o.code as grpc.status, true) : null)),
+      commits: r.commits.map((o) => (o.reason ? new StatesealError(o.reason, o.code as Status, true) : null)),
     };
   }
 
   async commit(reservation: string): Promise<void> {
-    await this.#call<object, object>(this.#raw.Commit as never, { reservation });
+    await this.#call('Commit', { reservation });
   }
 
   /** Extends a reservation's lease by `leaseSeconds` from now (0 = the
@@ -312,7 +315,7 @@ export class RequestStateClient {
    * another attempt took the token over, or the reservation was released or
    * collected. */
   async renew(reservation: string, leaseSeconds = 0): Promise<Lease> {
-    const r = await this.#call<object, RenewResponse__Output>(this.#raw.Renew as never, {
+    const r = await this.#call<RenewResponse__Output>('Renew', {
       reservation,
       lease_seconds: leaseSeconds,
     });
@@ -321,11 +324,11 @@ export class RequestStateClient {
 
   async release(reservation: string): Promise<void> {
     // Clean-up after a failure, which may have been the connection itself.
-    await this.#call<object, object>(this.#raw.Release as never, { reservation }, true);
+    await this.#call('Release', { reservation }, true);
   }
 
   close(): void {
-    this.#raw.close();
+    this.#channel.close();
   }
 
   toString(): string {

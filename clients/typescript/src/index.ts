@@ -1,5 +1,7 @@
 export { MAX_CARRIED_COMMITS, RequestStateClient, StatesealError } from './client.js';
 export type { Binding, ClientOptions, Lease, Opened, Sealed } from './client.js';
+export { Status } from './transport.js';
+export type { TlsOptions } from './transport.js';
 export {
   DEFAULT_COMMIT_DELAY_MS,
   DEFAULT_MAX_INPUT_RESPONSES_BYTES,

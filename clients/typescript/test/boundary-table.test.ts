@@ -5,7 +5,7 @@ import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { test } from 'node:test';
 
-import * as grpc from '@grpc/grpc-js';
+import { Status } from '../src/transport.js';
 
 import { StatesealError, callRefusal, openRefusal, renewalLost, resend, retryCommit } from '../src/index.js';
 import type { Refusal } from '../src/index.js';
@@ -32,7 +32,7 @@ const table = JSON.parse(readFileSync(new URL('clients/boundary.json', root), 'u
 const reasons = JSON.parse(readFileSync(new URL('proto/stateseal/v1/reasons.json', root), 'utf8')) as {
   reasons: { reason: string; code: string }[];
 };
-const codes = grpc.status as unknown as Record<string, grpc.status>;
+const codes = Status as unknown as Record<string, Status>;
 
 function asRow(r: Refusal): Row {
   if (r.kind === 'reask') return { kind: r.kind, log: r.log };

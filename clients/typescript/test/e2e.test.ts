@@ -5,7 +5,7 @@ import { type ChildProcess } from 'node:child_process';
 import { type Server as HttpServer } from 'node:http';
 import { after, before, test } from 'node:test';
 
-import { status } from '@grpc/grpc-js';
+import { Status as status } from '../src/transport.js';
 
 import { FAIL_ONCE, SEEN_ANSWERS, serveHttp, transferServer } from '../examples/transfer-server.js';
 import { RequestStateClient, StatesealBoundary, StatesealError } from '../src/index.js';

@@ -13,7 +13,7 @@ import { type ChildProcess } from 'node:child_process';
 import { type Server as HttpServer } from 'node:http';
 import { after, test } from 'node:test';
 
-import * as grpc from '@grpc/grpc-js';
+import { Status } from '../src/transport.js';
 
 import { serveHttp, transferServer } from '../examples/transfer-server.js';
 import { type Opened, RequestStateClient, StatesealBoundary, StatesealError } from '../src/index.js';
@@ -138,18 +138,18 @@ test('a requestState UTF-8 cannot carry (a lone surrogate) is -32602 before stat
 });
 
 test('transport statuses an end user can cause are classified as the error table says', () => {
-  const transport = (code: grpc.status) => new StatesealError(grpc.status[code], code, false);
-  const tooLarge = transport(grpc.status.OUT_OF_RANGE);
+  const transport = (code: Status) => new StatesealError(Status[code], code, false);
+  const tooLarge = transport(Status.OUT_OF_RANGE);
   assert.ok(tooLarge.clientFault && !tooLarge.retryable);
-  const exhausted = transport(grpc.status.RESOURCE_EXHAUSTED);
+  const exhausted = transport(Status.RESOURCE_EXHAUSTED);
   assert.ok(exhausted.retryable && !exhausted.clientFault);
-  for (const code of [grpc.status.UNAVAILABLE, grpc.status.DEADLINE_EXCEEDED]) {
+  for (const code of [Status.UNAVAILABLE, Status.DEADLINE_EXCEEDED]) {
     assert.ok(transport(code).retryable && !transport(code).clientFault);
   }
-  for (const code of [grpc.status.UNAUTHENTICATED, grpc.status.PERMISSION_DENIED, grpc.status.INTERNAL]) {
+  for (const code of [Status.UNAUTHENTICATED, Status.PERMISSION_DENIED, Status.INTERNAL]) {
     assert.ok(!transport(code).retryable && !transport(code).clientFault);
   }
   // A stateseal reason decides when there is one.
-  const overloaded = new StatesealError('OVERLOADED', grpc.status.RESOURCE_EXHAUSTED, true);
+  const overloaded = new StatesealError('OVERLOADED', Status.RESOURCE_EXHAUSTED, true);
   assert.ok(overloaded.retryable && !overloaded.clientFault);
 });

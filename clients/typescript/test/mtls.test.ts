@@ -8,8 +8,6 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
 
-import * as grpc from '@grpc/grpc-js';
-
 import { serveHttp, transferServer } from '../examples/transfer-server.js';
 import { RequestStateClient, StatesealBoundary } from '../src/index.js';
 import { call, connect, front, port, startStateseal, text } from './helpers.js';
@@ -49,8 +47,8 @@ test('mTLS: a tenant certificate works across the round trip; one naming no tena
   const quiet = { info() {}, warn() {}, error() {} };
   try {
     for (const [n, ok] of [[0, true], [1, false]] as const) {
-      const credentials = grpc.credentials.createSsl(read('ca.pem'), read(`client${n}.key`), read(`client${n}.pem`));
-      const rpc = new RequestStateClient(ss.addr, { credentials });
+      const tls = { ca: read('ca.pem'), key: read(`client${n}.key`), cert: read(`client${n}.pem`) };
+      const rpc = new RequestStateClient(ss.addr, { tls });
       const mcp = await serveHttp(() => transferServer(new StatesealBoundary(rpc, { audience: 'transfer-service', logger: quiet })), 0);
       const lb = await front([port(mcp)]);
       const client = await connect(`http://127.0.0.1:${port(lb)}/mcp`);
