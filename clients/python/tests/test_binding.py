@@ -53,3 +53,14 @@ def test_subject_matches_the_typescript_package():
     assert subject_for("transfer-service", None) == "mcp:b38d9b19dbcdf908b7b429ef9990b3ec09537f9b4cbb3b6c9b49862cd943c347"
     assert subject_for("transfer-service", '["c",null,"ü"]') == "mcp:10e5d7a890f146ff0ba8f1e469b5b1764095bdfe24853648c8983994d651e02b"
     assert subject_for("dienst-ü", '["c","i","s"]') == "mcp:90f8c4fccfea5bcaea6e89c7ba9d05c672ff3ffe232d5a77e3c0b8c4aa37c1ad"
+
+
+RFC8785 = Path(__file__).parents[3] / "tests" / "data" / "rfc8785"
+
+
+@pytest.mark.parametrize("name", ["arrays", "french", "structures", "unicode", "values", "weird"])
+def test_rfc8785_reference_vectors(name):
+    # Values as a handler holds them (floats are doubles): byte for byte the
+    # reference output, member order by UTF-16 code units included.
+    held = json.loads((RFC8785 / "input" / f"{name}.json").read_text(encoding="utf-8"))
+    assert canonical(held).encode("utf-8") == (RFC8785 / "output" / f"{name}.json").read_bytes()

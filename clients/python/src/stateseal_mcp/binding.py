@@ -19,6 +19,7 @@ import math
 import re
 from collections.abc import Mapping
 from decimal import Decimal
+from json.encoder import encode_basestring  # type: ignore[attr-defined]
 from typing import Any
 
 __all__ = ["BINDING_VERSION", "BindingError", "canonical", "params_digest", "params_digest_of_text", "subject_for"]
@@ -99,18 +100,40 @@ def _number(v: int | float | Decimal) -> str:
     return f"{'-' if neg else ''}{digits}E{exp}"
 
 
+def _lone_surrogate(s: str) -> bool:
+    # An ASCII string (most are) holds none: no regex scan.
+    return not s.isascii() and _LONE_SURROGATE.search(s) is not None
+
+
 def _string(s: str) -> str:
-    if _LONE_SURROGATE.search(s):
+    if _lone_surrogate(s):
         raise BindingError()
-    return json.dumps(s, ensure_ascii=False)
+    # What json.dumps(s, ensure_ascii=False) writes for a str, without
+    # building an encoder each time.
+    return encode_basestring(s)
 
 
 def _utf16_key(k: str) -> bytes:
     return k.encode("utf-16-be", "surrogatepass")
 
 
+def _sort_key(kv: tuple[str, str]) -> str:
+    return kv[0]
+
+
+def _utf16_sort_key(kv: tuple[str, str]) -> bytes:
+    return _utf16_key(kv[0])
+
+
 def canonical(v: Any, depth: int = 0) -> str:
     """RFC 8785 with exact numbers, of a JSON value as Python holds it."""
+    # The common types first, by exact type (no ABC checks); any other,
+    # subclasses included, takes the general path below.
+    t = type(v)
+    if t is str:
+        return _string(v)
+    if t is dict:
+        return _members(v, depth)
     if v is None:
         return "null"
     if v is True:
@@ -122,20 +145,28 @@ def canonical(v: Any, depth: int = 0) -> str:
     if isinstance(v, str):
         return _string(v)
     if isinstance(v, Mapping):
-        if depth >= MAX_DEPTH:
-            raise BindingError()
-        items = []
-        for k in v:
-            if not isinstance(k, str):
-                raise BindingError()
-            items.append((k, canonical(v[k], depth + 1)))
-        items.sort(key=lambda kv: _utf16_key(kv[0]))
-        return "{" + ",".join(f"{_string(k)}:{c}" for k, c in items) + "}"
+        return _members(v, depth)
     if isinstance(v, (list, tuple)):
         if depth >= MAX_DEPTH:
             raise BindingError()
         return "[" + ",".join(canonical(x, depth + 1) for x in v) + "]"
     raise BindingError()
+
+
+def _members(v: Mapping[Any, Any], depth: int) -> str:
+    if depth >= MAX_DEPTH:
+        raise BindingError()
+    items = []
+    ascii_keys = True
+    for k in v:
+        if not isinstance(k, str):
+            raise BindingError()
+        ascii_keys = ascii_keys and k.isascii()
+        items.append((k, canonical(v[k], depth + 1)))
+    # RFC 8785 orders members by UTF-16 code units; for ASCII keys that is
+    # the strings' own order.
+    items.sort(key=_sort_key if ascii_keys else _utf16_sort_key)
+    return "{" + ",".join(f"{_string(k)}:{c}" for k, c in items) + "}"
 
 
 def params_digest(method: str, params: Mapping[str, Any]) -> bytes:
@@ -170,11 +201,13 @@ def params_digest(method: str, params: Mapping[str, Any]) -> bytes:
 def _check(v: Any, depth: int) -> None:
     """Raises BindingError where `canonical` would, without writing the
     canonical form."""
-    if v is None or v is True or v is False:
-        return
     if isinstance(v, str):
-        if _LONE_SURROGATE.search(v):
+        if _lone_surrogate(v):
             raise BindingError()
+        return
+    if type(v) is int and -_EXACT_INT <= v <= _EXACT_INT:
+        return
+    if v is None or v is True or v is False:
         return
     if isinstance(v, (int, float, Decimal)):
         _number(v)
@@ -183,7 +216,7 @@ def _check(v: Any, depth: int) -> None:
         if depth >= MAX_DEPTH:
             raise BindingError()
         for k in v:
-            if not isinstance(k, str) or _LONE_SURROGATE.search(k):
+            if not isinstance(k, str) or _lone_surrogate(k):
                 raise BindingError()
             _check(v[k], depth + 1)
         return
