@@ -227,6 +227,9 @@ export class RequestStateClient {
     if (options.bearer !== undefined) headers.authorization = `Bearer ${options.bearer}`;
     this.#channel = new Channel(address, { tls: options.tls, headers });
     this.#timeoutMs = options.timeoutMs ?? 5000;
+    if (!(Number.isFinite(this.#timeoutMs) && this.#timeoutMs > 0)) {
+      throw new RangeError('timeoutMs must be a positive, finite number of milliseconds');
+    }
     codecs();
   }
 

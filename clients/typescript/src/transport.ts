@@ -5,6 +5,8 @@
 
 import http2 from 'node:http2';
 import type { ClientHttp2Session, ClientHttp2Stream, IncomingHttpHeaders } from 'node:http2';
+import net from 'node:net';
+import tls from 'node:tls';
 
 /** gRPC status codes. */
 export enum Status {
@@ -51,6 +53,12 @@ export class CallError extends Error {
 
 /** The largest response message accepted (as @grpc/grpc-js's default). */
 export const MAX_RESPONSE_BYTES = 4 * 1024 * 1024;
+/** How long a session that let a call run out its deadline has to answer a
+ * PING before it is dropped (a half-open connection would otherwise keep
+ * taking calls until TCP gives up on it). */
+export const PING_TIMEOUT_MS = 2000;
+/** The longest single timer (setTimeout's limit). */
+const MAX_TIMER_MS = 2 ** 31 - 1;
 
 const { NGHTTP2_CANCEL, NGHTTP2_REFUSED_STREAM, NGHTTP2_ENHANCE_YOUR_CALM, NGHTTP2_INADEQUATE_SECURITY } =
   http2.constants;
@@ -86,12 +94,60 @@ function one(v: string | string[] | undefined): string | undefined {
   return Array.isArray(v) ? v[0] : v;
 }
 
-/** The single message of a unary response body, or undefined when the body
- * is not exactly one uncompressed message. */
-function message(body: Buffer): Buffer | undefined {
-  if (body.length < 5 || body[0] !== 0) return undefined;
-  const len = body.readUInt32BE(1);
-  return body.length === 5 + len ? body.subarray(5) : undefined;
+const GRPC_TYPE = /^application\/grpc([+;]|$)/;
+
+/** A status code as the protocol writes it (decimal digits only). */
+function statusOf(v: string | undefined): Status {
+  if (v === undefined || !/^\d{1,3}$/.test(v)) return Status.UNKNOWN;
+  const code = Number(v);
+  return code <= Status.UNAUTHENTICATED ? code : Status.UNKNOWN;
+}
+
+/** Response headers of a gRPC answer: HTTP 200 and a gRPC content type. */
+function isGrpc(head: IncomingHttpHeaders | undefined): boolean {
+  return head !== undefined && Number(head[':status']) === 200 && GRPC_TYPE.test(one(head['content-type']) ?? '');
+}
+
+/** The one message of a unary response, read as it arrives: the 5-byte
+ * prefix first (uncompressed, at most MAX_RESPONSE_BYTES), then exactly
+ * that many bytes into one buffer. */
+class Reader {
+  #prefix = Buffer.alloc(5);
+  #have = 0;
+  #message?: Buffer;
+  #filled = 0;
+
+  /** undefined while all is well; else the status to fail with. */
+  push(chunk: Buffer): Status | undefined {
+    let at = 0;
+    while (at < chunk.length) {
+      if (this.#message && this.#filled === this.#message.length) return Status.INTERNAL; // a second message
+      if (this.#have < 5) {
+        const n = Math.min(5 - this.#have, chunk.length - at);
+        chunk.copy(this.#prefix, this.#have, at, at + n);
+        this.#have += n;
+        at += n;
+        if (this.#have === 5) {
+          if (this.#prefix[0] !== 0) return Status.INTERNAL; // compressed: never offered
+          const len = this.#prefix.readUInt32BE(1);
+          if (len > MAX_RESPONSE_BYTES) return Status.RESOURCE_EXHAUSTED;
+          this.#message = Buffer.allocUnsafe(len);
+        }
+        continue;
+      }
+      const m = this.#message!;
+      const n = Math.min(m.length - this.#filled, chunk.length - at);
+      chunk.copy(m, this.#filled, at, at + n);
+      this.#filled += n;
+      at += n;
+    }
+    return undefined;
+  }
+
+  /** The message, when exactly one arrived whole. */
+  done(): Buffer | undefined {
+    return this.#message && this.#filled === this.#message.length ? this.#message : undefined;
+  }
 }
 
 export interface ChannelOptions {
@@ -108,16 +164,38 @@ export class Channel {
   readonly #headers: Record<string, string>;
   #session?: ClientHttp2Session;
   #connecting?: Promise<ClientHttp2Session>;
+  /** The last GOAWAY's last stream id, per session. */
+  readonly #goaway = new WeakMap<ClientHttp2Session, number>();
+  readonly #pinging = new WeakSet<ClientHttp2Session>();
   #closed = false;
 
   constructor(address: string, options: ChannelOptions = {}) {
-    if (address.includes('://') || address.includes('/')) {
+    const colon = address.lastIndexOf(':');
+    const host = address.slice(0, colon).replace(/^\[(.*)\]$/, '$1');
+    const port = address.slice(colon + 1);
+    if (colon <= 0 || !/^\d{1,5}$/.test(port) || Number(port) > 65535 || host === '' || /[/\s@?#]/.test(host)) {
       throw new TypeError('the address is host:port (no scheme, no path)');
     }
-    this.#authority = `${options.tls ? 'https' : 'http'}://${address}`;
-    const tls = options.tls;
-    this.#connectOptions = tls
-      ? { ca: tls.ca, key: tls.key, cert: tls.cert, ...(tls.servername ? { servername: tls.servername } : {}) }
+    const t = options.tls;
+    if (t && (t.key === undefined) !== (t.cert === undefined)) {
+      throw new TypeError('tls: give both key and cert (mTLS), or neither');
+    }
+    this.#authority = `${t ? 'https' : 'http'}://${net.isIPv6(host) ? `[${host}]` : host}:${port}`;
+    this.#connectOptions = t
+      ? {
+          // SNI carries a host name, never an IP address (RFC 6066); the
+          // certificate is checked against the host either way.
+          createConnection: () =>
+            tls.connect({
+              host,
+              port: Number(port),
+              ca: t.ca,
+              key: t.key,
+              cert: t.cert,
+              ALPNProtocols: ['h2'],
+              servername: t.servername ?? (net.isIP(host) ? undefined : host),
+            }),
+        }
       : {};
     this.#headers = {
       'content-type': 'application/grpc',
@@ -136,14 +214,16 @@ export class Channel {
     frame[0] = 0;
     frame.writeUInt32BE(request.length, 1);
     frame.set(request, 5);
-    // A stream the server refused unprocessed (REFUSED_STREAM, or a session
-    // that was going away) is sent once more on a new session.
+    // A stream the server provably did not handle (refused, or above a
+    // GOAWAY's last stream id) is sent once more, on a new session.
     for (let attempt = 0; ; attempt++) {
       const session = this.#usable() ?? (await this.#connect(deadline, waitForReady));
+      if (Date.now() >= deadline) throw new CallError(Status.DEADLINE_EXCEEDED);
       try {
         return await this.#send(session, path, frame, deadline);
       } catch (e) {
-        if (!(e instanceof Unsent) || attempt > 0) throw e instanceof Unsent ? new CallError(Status.UNAVAILABLE) : e;
+        if (!(e instanceof Unsent)) throw e;
+        if (attempt > 0) throw new CallError(Status.UNAVAILABLE);
       }
     }
   }
@@ -156,36 +236,55 @@ export class Channel {
 
   #usable(): ClientHttp2Session | undefined {
     const s = this.#session;
-    return s && !s.closed && !s.destroyed ? s : undefined;
+    return s && !s.closed && !s.destroyed && !this.#goaway.has(s) ? s : undefined;
   }
 
+  /** A connected session, within the deadline: one attempt shared by every
+   * caller at a time. */
   async #connect(deadline: number, waitForReady: boolean): Promise<ClientHttp2Session> {
     for (let backoff = 20; ; backoff = Math.min(backoff * 2, 1000)) {
       if (this.#closed) throw new CallError(Status.CANCELLED);
-      this.#connecting ??= this.#open().finally(() => {
+      const left = deadline - Date.now();
+      if (left <= 0) throw new CallError(Status.DEADLINE_EXCEEDED);
+      this.#connecting ??= this.#open(left).finally(() => {
         this.#connecting = undefined;
       });
+      let timer: NodeJS.Timeout | undefined;
       try {
-        return await this.#connecting;
-      } catch {
-        const left = deadline - Date.now();
-        if (!waitForReady) throw new CallError(Status.UNAVAILABLE);
-        if (left <= 0) throw new CallError(Status.DEADLINE_EXCEEDED);
-        await new Promise((r) => setTimeout(r, Math.min(backoff, left)));
+        // A ref'd timer: the process waits for the call's outcome.
+        return await Promise.race([
+          this.#connecting,
+          new Promise<never>((_, reject) => {
+            timer = setTimeout(() => reject(new CallError(Status.DEADLINE_EXCEEDED)), Math.min(left, MAX_TIMER_MS));
+          }),
+        ]);
+      } catch (e) {
+        if (!(e instanceof CallError) || e.code !== Status.UNAVAILABLE || !waitForReady) throw e;
+        const wait = deadline - Date.now();
+        if (wait <= 0) throw new CallError(Status.DEADLINE_EXCEEDED);
+        await new Promise((r) => setTimeout(r, Math.min(backoff, wait)));
+      } finally {
+        clearTimeout(timer);
       }
     }
   }
 
-  #open(): Promise<ClientHttp2Session> {
+  /** Opens a session; gives up (and destroys it) after `timeoutMs`, or
+   * MAX_TIMER_MS, so that a stalled handshake never holds the attempt. */
+  #open(timeoutMs: number): Promise<ClientHttp2Session> {
     return new Promise((resolve, reject) => {
       const s = http2.connect(this.#authority, this.#connectOptions);
-      // A session keeps no process alive: each call's deadline timer does.
+      // A session keeps no process alive: each call's timers do.
       s.unref();
       const failed = () => reject(new CallError(Status.UNAVAILABLE));
+      const stall = setTimeout(() => s.destroy(), Math.min(Math.max(timeoutMs, 1000), MAX_TIMER_MS));
+      stall.unref();
       s.once('error', failed);
       // Later session errors end its streams, which report them.
       s.on('error', () => {});
+      s.on('goaway', (_code: number, last: number) => this.#goaway.set(s, last));
       s.once('connect', () => {
+        clearTimeout(stall);
         s.off('error', failed);
         if (this.#closed) {
           s.close();
@@ -196,10 +295,30 @@ export class Channel {
         resolve(s);
       });
       s.once('close', () => {
+        clearTimeout(stall);
         failed();
         if (this.#session === s) this.#session = undefined;
       });
     });
+  }
+
+  /** After a call ran out its deadline: a session that does not answer a
+   * PING within PING_TIMEOUT_MS is dropped, so the next call connects
+   * afresh. */
+  #check(session: ClientHttp2Session): void {
+    if (session.destroyed || this.#pinging.has(session)) return;
+    this.#pinging.add(session);
+    const timer = setTimeout(() => session.destroy(), PING_TIMEOUT_MS);
+    timer.unref();
+    const sent = session.ping((err) => {
+      clearTimeout(timer);
+      this.#pinging.delete(session);
+      if (err) session.destroy();
+    });
+    if (!sent) {
+      clearTimeout(timer);
+      this.#pinging.delete(session);
+    }
   }
 
   #send(session: ClientHttp2Session, path: string, frame: Buffer, deadline: number): Promise<Buffer> {
@@ -212,15 +331,21 @@ export class Channel {
           'grpc-timeout': timeoutHeader(deadline - Date.now()),
           ...this.#headers,
         });
-      } catch {
-        // The session closed between the check and the request.
-        reject(new Unsent());
+      } catch (e) {
+        // Only a session that closed between the check and the request
+        // means the call never left.
+        const code = (e as { code?: string }).code;
+        if (code === 'ERR_HTTP2_INVALID_SESSION' || code === 'ERR_HTTP2_GOAWAY_SESSION' || code === 'ERR_HTTP2_OUT_OF_STREAMS') {
+          reject(new Unsent());
+        } else {
+          reject(e);
+        }
         return;
       }
       let head: IncomingHttpHeaders | undefined;
+      let headEnded = false;
       let trailers: IncomingHttpHeaders | undefined;
-      const chunks: Buffer[] = [];
-      let size = 0;
+      const reader = new Reader();
       let done = false;
       const finish = (e: Error | undefined, m?: Buffer) => {
         if (done) return;
@@ -229,21 +354,24 @@ export class Channel {
         if (e) reject(e);
         else resolve(m!);
       };
-      const timer = setTimeout(() => {
-        finish(new CallError(Status.DEADLINE_EXCEEDED));
+      const abandon = (code: Status) => {
+        finish(new CallError(code));
         stream.close(NGHTTP2_CANCEL);
-      }, Math.max(0, deadline - Date.now()));
-      stream.on('response', (h) => {
+      };
+      const timer = setTimeout(() => {
+        abandon(Status.DEADLINE_EXCEEDED);
+        this.#check(session);
+      }, Math.min(Math.max(0, deadline - Date.now()), MAX_TIMER_MS));
+      stream.on('response', (h, flags: number) => {
         head = h;
+        headEnded = (flags & http2.constants.NGHTTP2_FLAG_END_STREAM) !== 0;
       });
       stream.on('data', (c: Buffer) => {
-        size += c.length;
-        if (size > MAX_RESPONSE_BYTES + 5) {
-          finish(new CallError(Status.RESOURCE_EXHAUSTED));
-          stream.close(NGHTTP2_CANCEL);
-        } else {
-          chunks.push(c);
-        }
+        // The body of an answer that is not gRPC is not read as messages:
+        // its status decides, at 'close'.
+        if (done || !isGrpc(head)) return;
+        const bad = reader.push(c);
+        if (bad !== undefined) abandon(bad);
       });
       stream.on('trailers', (t) => {
         trailers = t;
@@ -252,62 +380,63 @@ export class Channel {
       stream.on('error', () => {});
       stream.on('close', () => {
         if (done) return;
-        const type = one(head?.['content-type']);
-        if (head && !type?.startsWith('application/grpc')) {
-          // Not a gRPC answer (a proxy's page, say).
-          const http = Number(head[':status']);
-          finish(new CallError(http === 200 ? Status.UNKNOWN : fromHttp(http)));
-          return;
-        }
-        // The status is in the trailers, or in the headers of a
-        // trailers-only response.
-        const meta = trailers ?? (head && head['grpc-status'] !== undefined ? head : undefined);
-        if (meta) {
-          const code = Number(one(meta['grpc-status']));
-          if (code === Status.OK) {
-            const m = message(Buffer.concat(chunks));
-            finish(m ? undefined : new CallError(Status.INTERNAL), m);
-            return;
-          }
-          const bin = one(meta['grpc-status-details-bin']);
-          const known = Number.isInteger(code) && code > 0 && code <= Status.UNAUTHENTICATED;
-          finish(new CallError(known ? code : Status.UNKNOWN, bin ? Buffer.from(bin, 'base64') : undefined));
-          return;
-        }
-        if (head) {
-          const http = Number(head[':status']);
-          finish(new CallError(http === 200 ? Status.INTERNAL : fromHttp(http)));
-          return;
-        }
-        if (stream.rstCode === NGHTTP2_REFUSED_STREAM) {
-          finish(new Unsent());
-          return;
-        }
-        if (session.destroyed || session.closed) {
-          // The connection went before any answer (node ends its streams
-          // with CANCEL): whether the server handled the call is unknown.
-          finish(new CallError(Status.UNAVAILABLE));
-          return;
-        }
-        switch (stream.rstCode) {
-          case NGHTTP2_CANCEL:
-            finish(new CallError(Status.CANCELLED));
-            return;
-          case NGHTTP2_ENHANCE_YOUR_CALM:
-            finish(new CallError(Status.RESOURCE_EXHAUSTED));
-            return;
-          case NGHTTP2_INADEQUATE_SECURITY:
-            finish(new CallError(Status.PERMISSION_DENIED));
-            return;
-          default:
-            // Reset by the server, or ended with no status.
-            finish(new CallError(Status.INTERNAL));
-        }
+        finish(this.#outcome(session, stream, head, headEnded, trailers, reader), reader.done());
       });
       stream.end(frame);
     });
   }
+
+  /** What a closed stream's call came to: undefined for its message, else
+   * the error. */
+  #outcome(
+    session: ClientHttp2Session,
+    stream: ClientHttp2Stream,
+    head: IncomingHttpHeaders | undefined,
+    headEnded: boolean,
+    trailers: IncomingHttpHeaders | undefined,
+    reader: Reader,
+  ): Error | undefined {
+    const http = head ? Number(head[':status']) : undefined;
+    if (head && !isGrpc(head)) {
+      // Not a gRPC answer (a proxy's page, say).
+      return new CallError(http === 200 ? Status.UNKNOWN : fromHttp(http ?? 0));
+    }
+    // The status is in the trailers, or in headers that end the stream
+    // (trailers-only).
+    const meta = trailers ?? (headEnded ? head : undefined);
+    if (meta && meta['grpc-status'] !== undefined) {
+      const code = statusOf(one(meta['grpc-status']));
+      if (code === Status.OK) return reader.done() ? undefined : new CallError(Status.INTERNAL);
+      const bin = one(meta['grpc-status-details-bin']);
+      return new CallError(code, bin ? Buffer.from(bin, 'base64') : undefined);
+    }
+    // No status: the stream was reset, or its connection went.
+    const last = this.#goaway.get(session);
+    const id = stream.id;
+    if (!head && (id === undefined || (last !== undefined && id > last))) return new Unsent();
+    if (!head && last === undefined && !session.destroyed && stream.rstCode === NGHTTP2_REFUSED_STREAM) {
+      return new Unsent();
+    }
+    if (session.destroyed || session.closed || last !== undefined) {
+      // The connection went before the whole answer (node ends its streams
+      // with CANCEL, or the GOAWAY's code): whether the server handled the
+      // call is unknown.
+      return new CallError(Status.UNAVAILABLE);
+    }
+    switch (stream.rstCode) {
+      case NGHTTP2_CANCEL:
+        return new CallError(Status.CANCELLED);
+      case NGHTTP2_ENHANCE_YOUR_CALM:
+        return new CallError(Status.RESOURCE_EXHAUSTED);
+      case NGHTTP2_INADEQUATE_SECURITY:
+        return new CallError(Status.PERMISSION_DENIED);
+      default:
+        // Reset by the server, or ended with no status.
+        return new CallError(Status.INTERNAL);
+    }
+  }
 }
 
-/** The server refused the stream before handling it: safe to send again. */
+/** The server did not handle the call (a refused stream, or one above a
+ * GOAWAY's last stream id): safe to send again. */
 class Unsent extends Error {}
