@@ -60,6 +60,11 @@ export const PING_TIMEOUT_MS = 2000;
 /** The longest single timer (setTimeout's limit). */
 const MAX_TIMER_MS = 2 ** 31 - 1;
 
+/** Milliseconds on a clock that never steps (deadlines are not wall time). */
+function now(): number {
+  return performance.now();
+}
+
 const { NGHTTP2_CANCEL, NGHTTP2_REFUSED_STREAM, NGHTTP2_ENHANCE_YOUR_CALM, NGHTTP2_INADEQUATE_SECURITY } =
   http2.constants;
 
@@ -110,18 +115,19 @@ function isGrpc(head: IncomingHttpHeaders | undefined): boolean {
 
 /** The one message of a unary response, read as it arrives: the 5-byte
  * prefix first (uncompressed, at most MAX_RESPONSE_BYTES), then exactly
- * that many bytes into one buffer. */
+ * that many bytes, into a buffer that grows as they come (a prefix alone
+ * reserves nothing). */
 class Reader {
   #prefix = Buffer.alloc(5);
   #have = 0;
-  #message?: Buffer;
+  #length = -1;
+  #message = Buffer.alloc(0);
   #filled = 0;
 
   /** undefined while all is well; else the status to fail with. */
   push(chunk: Buffer): Status | undefined {
     let at = 0;
     while (at < chunk.length) {
-      if (this.#message && this.#filled === this.#message.length) return Status.INTERNAL; // a second message
       if (this.#have < 5) {
         const n = Math.min(5 - this.#have, chunk.length - at);
         chunk.copy(this.#prefix, this.#have, at, at + n);
@@ -129,15 +135,19 @@ class Reader {
         at += n;
         if (this.#have === 5) {
           if (this.#prefix[0] !== 0) return Status.INTERNAL; // compressed: never offered
-          const len = this.#prefix.readUInt32BE(1);
-          if (len > MAX_RESPONSE_BYTES) return Status.RESOURCE_EXHAUSTED;
-          this.#message = Buffer.allocUnsafe(len);
+          this.#length = this.#prefix.readUInt32BE(1);
+          if (this.#length > MAX_RESPONSE_BYTES) return Status.RESOURCE_EXHAUSTED;
         }
         continue;
       }
-      const m = this.#message!;
-      const n = Math.min(m.length - this.#filled, chunk.length - at);
-      chunk.copy(m, this.#filled, at, at + n);
+      const n = chunk.length - at;
+      if (this.#filled + n > this.#length) return Status.INTERNAL; // bytes after the message
+      if (this.#filled + n > this.#message.length) {
+        const grown = Buffer.allocUnsafe(Math.min(this.#length, Math.max(this.#filled + n, 2 * this.#message.length, 16 * 1024)));
+        this.#message.copy(grown, 0, 0, this.#filled);
+        this.#message = grown;
+      }
+      chunk.copy(this.#message, this.#filled, at);
       this.#filled += n;
       at += n;
     }
@@ -146,7 +156,7 @@ class Reader {
 
   /** The message, when exactly one arrived whole. */
   done(): Buffer | undefined {
-    return this.#message && this.#filled === this.#message.length ? this.#message : undefined;
+    return this.#length >= 0 && this.#filled === this.#length ? this.#message.subarray(0, this.#length) : undefined;
   }
 }
 
@@ -163,7 +173,9 @@ export class Channel {
   readonly #connectOptions: http2.SecureClientSessionOptions;
   readonly #headers: Record<string, string>;
   #session?: ClientHttp2Session;
-  #connecting?: Promise<ClientHttp2Session>;
+  /** The connection attempt under way, shared by every call waiting for
+   * it; it gives up at the latest deadline among them. */
+  #connecting?: Attempt;
   /** The last GOAWAY's last stream id, per session. */
   readonly #goaway = new WeakMap<ClientHttp2Session, number>();
   readonly #pinging = new WeakSet<ClientHttp2Session>();
@@ -209,7 +221,7 @@ export class Channel {
    * message. `waitForReady`: while no connection can be made, keep trying
    * until the deadline instead of failing with UNAVAILABLE at once. */
   async call(path: string, request: Uint8Array, timeoutMs: number, waitForReady = false): Promise<Buffer> {
-    const deadline = Date.now() + timeoutMs;
+    const deadline = now() + timeoutMs;
     const frame = Buffer.allocUnsafe(5 + request.length);
     frame[0] = 0;
     frame.writeUInt32BE(request.length, 1);
@@ -218,11 +230,15 @@ export class Channel {
     // GOAWAY's last stream id) is sent once more, on a new session.
     for (let attempt = 0; ; attempt++) {
       const session = this.#usable() ?? (await this.#connect(deadline, waitForReady));
-      if (Date.now() >= deadline) throw new CallError(Status.DEADLINE_EXCEEDED);
+      if (now() >= deadline) throw new CallError(Status.DEADLINE_EXCEEDED);
       try {
         return await this.#send(session, path, frame, deadline);
       } catch (e) {
         if (!(e instanceof Unsent)) throw e;
+        // Not on that session again (it refused, is going away, or is out
+        // of stream ids).
+        session.close();
+        if (this.#session === session) this.#session = undefined;
         if (attempt > 0) throw new CallError(Status.UNAVAILABLE);
       }
     }
@@ -230,13 +246,16 @@ export class Channel {
 
   close(): void {
     this.#closed = true;
+    this.#connecting?.abort();
     this.#session?.close();
     this.#session = undefined;
   }
 
+  /** The session for a new call: not closing, not told to go away, and not
+   * under suspicion (a PING after a call ran out its deadline). */
   #usable(): ClientHttp2Session | undefined {
     const s = this.#session;
-    return s && !s.closed && !s.destroyed && !this.#goaway.has(s) ? s : undefined;
+    return s && !s.closed && !s.destroyed && !this.#goaway.has(s) && !this.#pinging.has(s) ? s : undefined;
   }
 
   /** A connected session, within the deadline: one attempt shared by every
@@ -244,23 +263,31 @@ export class Channel {
   async #connect(deadline: number, waitForReady: boolean): Promise<ClientHttp2Session> {
     for (let backoff = 20; ; backoff = Math.min(backoff * 2, 1000)) {
       if (this.#closed) throw new CallError(Status.CANCELLED);
-      const left = deadline - Date.now();
+      const left = deadline - now();
       if (left <= 0) throw new CallError(Status.DEADLINE_EXCEEDED);
-      this.#connecting ??= this.#open(left).finally(() => {
-        this.#connecting = undefined;
-      });
+      let attempt = this.#connecting;
+      if (attempt) attempt.until(deadline);
+      else {
+        const started = this.#open(deadline);
+        attempt = this.#connecting = started;
+        const over = () => {
+          if (this.#connecting === started) this.#connecting = undefined;
+        };
+        started.session.then(over, over);
+      }
       let timer: NodeJS.Timeout | undefined;
       try {
         // A ref'd timer: the process waits for the call's outcome.
         return await Promise.race([
-          this.#connecting,
+          attempt.session,
           new Promise<never>((_, reject) => {
             timer = setTimeout(() => reject(new CallError(Status.DEADLINE_EXCEEDED)), Math.min(left, MAX_TIMER_MS));
           }),
         ]);
       } catch (e) {
+        if (this.#closed) throw new CallError(Status.CANCELLED);
         if (!(e instanceof CallError) || e.code !== Status.UNAVAILABLE || !waitForReady) throw e;
-        const wait = deadline - Date.now();
+        const wait = deadline - now();
         if (wait <= 0) throw new CallError(Status.DEADLINE_EXCEEDED);
         await new Promise((r) => setTimeout(r, Math.min(backoff, wait)));
       } finally {
@@ -269,16 +296,23 @@ export class Channel {
     }
   }
 
-  /** Opens a session; gives up (and destroys it) after `timeoutMs`, or
-   * MAX_TIMER_MS, so that a stalled handshake never holds the attempt. */
-  #open(timeoutMs: number): Promise<ClientHttp2Session> {
-    return new Promise((resolve, reject) => {
-      const s = http2.connect(this.#authority, this.#connectOptions);
-      // A session keeps no process alive: each call's timers do.
-      s.unref();
-      const failed = () => reject(new CallError(Status.UNAVAILABLE));
-      const stall = setTimeout(() => s.destroy(), Math.min(Math.max(timeoutMs, 1000), MAX_TIMER_MS));
+  /** Opens a session; gives up (and destroys it) at the latest deadline of
+   * the calls waiting for it, at least 1 s from now, so that a stalled
+   * handshake never holds the attempt. */
+  #open(deadline: number): Attempt {
+    const s = http2.connect(this.#authority, this.#connectOptions);
+    // A session keeps no process alive: each call's timers do.
+    s.unref();
+    let giveUpAt = Math.max(deadline, now() + 1000);
+    let stall: NodeJS.Timeout;
+    const arm = () => {
+      clearTimeout(stall);
+      stall = setTimeout(() => s.destroy(), Math.min(Math.max(0, giveUpAt - now()), MAX_TIMER_MS));
       stall.unref();
+    };
+    arm();
+    const session = new Promise<ClientHttp2Session>((resolve, reject) => {
+      const failed = () => reject(new CallError(Status.UNAVAILABLE));
       s.once('error', failed);
       // Later session errors end its streams, which report them.
       s.on('error', () => {});
@@ -291,6 +325,9 @@ export class Channel {
           reject(new CallError(Status.CANCELLED));
           return;
         }
+        // A session this one replaces (gone away, or under suspicion)
+        // finishes what it carries, then closes.
+        if (this.#session && this.#session !== s) this.#session.close();
         this.#session = s;
         resolve(s);
       });
@@ -300,20 +337,35 @@ export class Channel {
         if (this.#session === s) this.#session = undefined;
       });
     });
+    return {
+      session,
+      until: (later: number) => {
+        if (later > giveUpAt) {
+          giveUpAt = later;
+          if (s.destroyed) return;
+          arm();
+        }
+      },
+      abort: () => s.destroy(),
+    };
   }
 
-  /** After a call ran out its deadline: a session that does not answer a
-   * PING within PING_TIMEOUT_MS is dropped, so the next call connects
-   * afresh. */
+  /** After a call ran out its deadline: a session that neither answers a
+   * PING nor delivers a byte within PING_TIMEOUT_MS is dropped. New calls
+   * go to a fresh session meanwhile. */
   #check(session: ClientHttp2Session): void {
     if (session.destroyed || this.#pinging.has(session)) return;
     this.#pinging.add(session);
-    const timer = setTimeout(() => session.destroy(), PING_TIMEOUT_MS);
+    const read = session.socket?.bytesRead ?? 0;
+    const timer = setTimeout(() => {
+      if ((session.socket?.bytesRead ?? 0) > read) this.#pinging.delete(session);
+      else session.destroy();
+    }, PING_TIMEOUT_MS);
     timer.unref();
     const sent = session.ping((err) => {
       clearTimeout(timer);
-      this.#pinging.delete(session);
       if (err) session.destroy();
+      else this.#pinging.delete(session);
     });
     if (!sent) {
       clearTimeout(timer);
@@ -328,7 +380,7 @@ export class Channel {
         stream = session.request({
           ':method': 'POST',
           ':path': path,
-          'grpc-timeout': timeoutHeader(deadline - Date.now()),
+          'grpc-timeout': timeoutHeader(deadline - now()),
           ...this.#headers,
         });
       } catch (e) {
@@ -361,17 +413,33 @@ export class Channel {
       const timer = setTimeout(() => {
         abandon(Status.DEADLINE_EXCEEDED);
         this.#check(session);
-      }, Math.min(Math.max(0, deadline - Date.now()), MAX_TIMER_MS));
+      }, Math.min(Math.max(0, deadline - now()), MAX_TIMER_MS));
+      // Data can come before the 'response' event: it waits (bounded) for
+      // the headers that say whether it is a gRPC message.
+      let early: Buffer[] | undefined = [];
+      let earlyBytes = 0;
+      const read = (c: Buffer) => {
+        const bad = reader.push(c);
+        if (bad !== undefined) abandon(bad);
+      };
       stream.on('response', (h, flags: number) => {
         head = h;
         headEnded = (flags & http2.constants.NGHTTP2_FLAG_END_STREAM) !== 0;
-      });
-      stream.on('data', (c: Buffer) => {
+        const waiting = early ?? [];
+        early = undefined;
         // The body of an answer that is not gRPC is not read as messages:
         // its status decides, at 'close'.
-        if (done || !isGrpc(head)) return;
-        const bad = reader.push(c);
-        if (bad !== undefined) abandon(bad);
+        if (isGrpc(h)) for (const c of waiting) if (!done) read(c);
+      });
+      stream.on('data', (c: Buffer) => {
+        if (done) return;
+        if (early) {
+          earlyBytes += c.length;
+          if (earlyBytes > MAX_RESPONSE_BYTES + 5) abandon(Status.RESOURCE_EXHAUSTED);
+          else early.push(c);
+        } else if (isGrpc(head)) {
+          read(c);
+        }
       });
       stream.on('trailers', (t) => {
         trailers = t;
@@ -435,6 +503,14 @@ export class Channel {
         return new CallError(Status.INTERNAL);
     }
   }
+}
+
+/** A connection attempt: its session once connected; `until` moves its
+ * give-up time later (a call with a later deadline joined); `abort` ends it. */
+interface Attempt {
+  session: Promise<ClientHttp2Session>;
+  until: (deadline: number) => void;
+  abort: () => void;
 }
 
 /** The server did not handle the call (a refused stream, or one above a

@@ -153,6 +153,30 @@ test('a body that is not exactly one uncompressed message is INTERNAL', LIMIT, a
   for (let n = 0; n < bodies.length; n++) await fails(ch.call('/p.S/M', Buffer.alloc(0), 3000), Status.INTERNAL);
 });
 
+test('a message in one-byte writes (its prefix split too), and an empty one, arrive whole', LIMIT, async () => {
+  const message = Buffer.from('a message that comes a byte at a time');
+  let empty = false;
+  const p = await peer((stream) => {
+    stream.respond({ ':status': 200, 'content-type': 'application/grpc' }, { waitForTrailers: true });
+    stream.on('wantTrailers', () => stream.sendTrailers({ 'grpc-status': '0' }));
+    if (empty) {
+      stream.end(frame(Buffer.alloc(0)));
+      return;
+    }
+    const bytes = frame(message);
+    let i = 0;
+    const next = () => {
+      if (i === bytes.length) stream.end();
+      else stream.write(bytes.subarray(i, ++i), () => setImmediate(next));
+    };
+    next();
+  });
+  const ch = channel(p.addr);
+  assert.deepEqual(await ch.call('/p.S/M', Buffer.alloc(0), 10_000), message);
+  empty = true;
+  assert.equal((await ch.call('/p.S/M', Buffer.alloc(0), 10_000)).length, 0);
+});
+
 test('a message announced over the size limit is RESOURCE_EXHAUSTED at its prefix, not after its bytes', LIMIT, async () => {
   const prefix = Buffer.alloc(5);
   prefix.writeUInt32BE(MAX_RESPONSE_BYTES + 1, 1);
@@ -249,27 +273,35 @@ test('nothing listening is UNAVAILABLE at once; waitForReady waits for the serve
 });
 
 /** A TCP server that accepts and never writes a byte. */
-async function silent(): Promise<string> {
+async function silent(): Promise<{ addr: string; sockets: Socket[] }> {
   const sockets: Socket[] = [];
   const server = createServer((s) => {
     sockets.push(s);
     s.on('error', () => {});
+    s.resume(); // read (and drop) what comes, so that its end is seen
   });
   closers.push(() => {
     for (const s of sockets) s.destroy();
     server.close();
   });
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
-  return `127.0.0.1:${(server.address() as AddressInfo).port}`;
+  return { addr: `127.0.0.1:${(server.address() as AddressInfo).port}`, sockets };
 }
 
-test('a TLS handshake that never completes ends each call at its deadline, waitForReady too', LIMIT, async () => {
-  const ch = channel(await silent(), { tls: {} });
+test('a TLS handshake that never completes ends each call at its deadline, waitForReady too, and the attempt is dropped', LIMIT, async () => {
+  const { addr, sockets } = await silent();
+  const ch = channel(addr, { tls: {} });
   for (const ready of [false, true]) {
     const started = Date.now();
     await fails(ch.call('/p.S/M', Buffer.alloc(0), 500, ready), Status.DEADLINE_EXCEEDED);
     assert.ok(Date.now() - started < 10_000);
   }
+  assert.equal(sockets.length, 1, 'one attempt, shared');
+  // The stalled attempt is given up (its socket closed), and the next call
+  // connects afresh.
+  await until(() => sockets[0].readableEnded, 10_000, 'the stalled attempt dropped');
+  await fails(ch.call('/p.S/M', Buffer.alloc(0), 500), Status.DEADLINE_EXCEEDED);
+  assert.equal(sockets.length, 2);
 });
 
 test('a session that stops answering is dropped after a call runs out its deadline; the next call connects afresh', LIMIT, async () => {
@@ -277,8 +309,11 @@ test('a session that stops answering is dropped after a call runs out its deadli
   const port = Number(p.addr.split(':')[1]);
   // A relay whose connections, once `cut`, forward nothing either way
   // (a half-open path); connections made after stay whole.
+  const ends: boolean[] = [];
   const relay: TcpServer = createServer((down) => {
     const born = cutAt;
+    const at = ends.push(false) - 1;
+    down.on('close', () => (ends[at] = true));
     const up = createConnection({ host: '127.0.0.1', port });
     const open = () => cutAt === born;
     down.on('data', (d) => open() && up.write(d));
@@ -294,7 +329,8 @@ test('a session that stops answering is dropped after a call runs out its deadli
   assert.equal((await ch.call('/p.S/M', Buffer.alloc(0), 5000)).toString(), 'm');
   cutAt++;
   await fails(ch.call('/p.S/M', Buffer.alloc(0), 300), Status.DEADLINE_EXCEEDED);
-  await new Promise((r) => setTimeout(r, PING_TIMEOUT_MS + 500));
+  // Unanswered for PING_TIMEOUT_MS, the session is dropped.
+  await until(() => ends[0], PING_TIMEOUT_MS + 10_000, 'the silent session dropped');
   assert.equal((await ch.call('/p.S/M', Buffer.alloc(0), 5000)).toString(), 'm');
   assert.equal(p.sessions(), 2);
 });
