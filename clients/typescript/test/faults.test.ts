@@ -113,7 +113,7 @@ test('an OUT_OF_RANGE from stateseal (its limits below the package\'s) is -32602
 });
 
 test('a requestState UTF-8 cannot carry (a lone surrogate) is -32602 before stateseal, not an internal error', async () => {
-  // JSON.parse takes "\ud800"; grpc-js would send it as bytes that are not
+  // JSON.parse takes "\ud800"; protobufjs would send it as bytes that are not
   // UTF-8, and stateseal's transport would answer INTERNAL.
   const ss = await startStateseal();
   cleanup.push(() => ss.proc.kill('SIGTERM'));
