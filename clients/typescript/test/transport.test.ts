@@ -3,7 +3,11 @@
 // fixed gRPC status within the call's deadline, and a call the server may
 // have handled is never sent twice.
 import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import { mkdtempSync, readFileSync } from 'node:fs';
 import http2 from 'node:http2';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { createConnection, createServer, type AddressInfo, type Server as TcpServer, type Socket } from 'node:net';
 import { after, test } from 'node:test';
 
@@ -302,6 +306,48 @@ test('a TLS handshake that never completes ends each call at its deadline, waitF
   await until(() => sockets[0].readableEnded, 10_000, 'the stalled attempt dropped');
   await fails(ch.call('/p.S/M', Buffer.alloc(0), 500), Status.DEADLINE_EXCEEDED);
   assert.equal(sockets.length, 2);
+});
+
+test('a call that joins a slow connection attempt extends it to its own deadline', LIMIT, async () => {
+  // A TLS HTTP/2 server for 127.0.0.1 (a self-signed certificate made by
+  // the openssl CLI), behind a relay that holds each connection's bytes
+  // for 1.5 s: the handshake completes after the first call's deadline.
+  const dir = mkdtempSync(join(tmpdir(), 'stateseal-transport-'));
+  execFileSync('openssl', ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes', '-days', '1',
+    '-subj', '/CN=127.0.0.1', '-addext', 'subjectAltName=IP:127.0.0.1', '-keyout', 'key.pem', '-out', 'cert.pem'],
+    { cwd: dir, stdio: ['ignore', 'ignore', 'pipe'] });
+  const cert = readFileSync(join(dir, 'cert.pem'));
+  const server = http2.createSecureServer({ key: readFileSync(join(dir, 'key.pem')), cert });
+  closers.push(() => server.close());
+  server.on('stream', (stream, headers) => {
+    stream.on('error', () => {});
+    stream.resume();
+    stream.on('end', () => ok(frame(Buffer.from('late')))(stream as http2.ServerHttp2Stream, headers, stream.session as never));
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  const port = (server.address() as AddressInfo).port;
+  const relay: TcpServer = createServer((down) => {
+    const up = createConnection({ host: '127.0.0.1', port });
+    const held: Buffer[] = [];
+    let open = false;
+    down.on('data', (d: Buffer) => (open ? up.write(d) : held.push(d)));
+    setTimeout(() => {
+      open = true;
+      for (const d of held) up.write(d);
+    }, 1500);
+    up.on('data', (d) => down.write(d));
+    for (const s of [up, down]) s.on('error', () => {});
+    up.on('close', () => down.destroy());
+    down.on('close', () => up.destroy());
+  });
+  closers.push(() => relay.close());
+  await new Promise<void>((r) => relay.listen(0, '127.0.0.1', r));
+  const ch = channel(`127.0.0.1:${(relay.address() as AddressInfo).port}`, { tls: { ca: cert } });
+  const first = ch.call('/p.S/M', Buffer.alloc(0), 1000);
+  await new Promise((r) => setTimeout(r, 300));
+  const second = ch.call('/p.S/M', Buffer.alloc(0), 15_000);
+  await fails(first, Status.DEADLINE_EXCEEDED);
+  assert.equal((await second).toString(), 'late');
 });
 
 test('a session that stops answering is dropped after a call runs out its deadline; the next call connects afresh', LIMIT, async () => {
