@@ -237,8 +237,8 @@ export class Channel {
         if (!(e instanceof Unsent)) throw e;
         // Not on that session again (it refused, is going away, or is out
         // of stream ids).
+        // (#usable skips a closed session; its 'close' clears #session.)
         session.close();
-        if (this.#session === session) this.#session = undefined;
         if (attempt > 0) throw new CallError(Status.UNAVAILABLE);
       }
     }
@@ -448,14 +448,15 @@ export class Channel {
       stream.on('error', () => {});
       stream.on('close', () => {
         if (done) return;
-        finish(this.#outcome(session, stream, head, headEnded, trailers, reader), reader.done());
+        const outcome = this.#outcome(session, stream, head, headEnded, trailers, reader);
+        if (outcome instanceof Error) finish(outcome);
+        else finish(undefined, outcome);
       });
       stream.end(frame);
     });
   }
 
-  /** What a closed stream's call came to: undefined for its message, else
-   * the error. */
+  /** What a closed stream's call came to: its message, or the error. */
   #outcome(
     session: ClientHttp2Session,
     stream: ClientHttp2Stream,
@@ -463,18 +464,18 @@ export class Channel {
     headEnded: boolean,
     trailers: IncomingHttpHeaders | undefined,
     reader: Reader,
-  ): Error | undefined {
-    const http = head ? Number(head[':status']) : undefined;
+  ): Buffer | Error {
     if (head && !isGrpc(head)) {
       // Not a gRPC answer (a proxy's page, say).
-      return new CallError(http === 200 ? Status.UNKNOWN : fromHttp(http ?? 0));
+      const http = Number(head[':status']);
+      return new CallError(http === 200 ? Status.UNKNOWN : fromHttp(http));
     }
     // The status is in the trailers, or in headers that end the stream
     // (trailers-only).
     const meta = trailers ?? (headEnded ? head : undefined);
     if (meta && meta['grpc-status'] !== undefined) {
       const code = statusOf(one(meta['grpc-status']));
-      if (code === Status.OK) return reader.done() ? undefined : new CallError(Status.INTERNAL);
+      if (code === Status.OK) return reader.done() ?? new CallError(Status.INTERNAL);
       const bin = one(meta['grpc-status-details-bin']);
       return new CallError(code, bin ? Buffer.from(bin, 'base64') : undefined);
     }

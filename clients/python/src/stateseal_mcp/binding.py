@@ -113,16 +113,12 @@ def _string(s: str) -> str:
     return encode_basestring(s)
 
 
-def _utf16_key(k: str) -> bytes:
-    return k.encode("utf-16-be", "surrogatepass")
-
-
 def _sort_key(kv: tuple[str, str]) -> str:
     return kv[0]
 
 
 def _utf16_sort_key(kv: tuple[str, str]) -> bytes:
-    return _utf16_key(kv[0])
+    return kv[0].encode("utf-16-be", "surrogatepass")
 
 
 def canonical(v: Any, depth: int = 0) -> str:
