@@ -3,6 +3,7 @@
 //! connections wait in the kernel's backlog instead of costing memory here,
 //! or evict a connection still in its handshake, or the idlest one.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -24,7 +25,20 @@ pub struct Counted<IO, P = ()> {
     peer: P,
     conn: Arc<Conn>,
     _permit: OwnedSemaphorePermit,
+    /// Set when bytes arrive after the connection was marked to close:
+    /// until it fires, the reads wait for a stream those bytes may open
+    /// instead of answering end-of-stream (see [`CROSSING_GRACE`]).
+    grace: Option<Pin<Box<tokio::time::Sleep>>>,
 }
+
+/// How long a connection marked to close (idle too long, or evicted) waits,
+/// once bytes arrive, for a stream they open. HTTP/2 drops a request read
+/// in the same poll as end-of-stream, and the stream is counted only when
+/// its task first runs: without this wait, a request that crossed the close
+/// was read and then lost, and its caller saw the connection reset. A
+/// stream that opens calls the close off; after the wait, the connection
+/// closes whatever arrives.
+pub const CROSSING_GRACE: Duration = Duration::from_secs(1);
 
 impl<IO> Counted<IO> {
     /// An established connection (its handshake is over).
@@ -35,6 +49,7 @@ impl<IO> Counted<IO> {
             peer: (),
             conn,
             _permit: permit,
+            grace: None,
         }
     }
 }
@@ -46,6 +61,7 @@ impl<IO, P> Counted<IO, P> {
             peer,
             conn: self.conn,
             _permit: self._permit,
+            grace: self.grace,
         }
     }
     pub fn peer(&self) -> &P {
@@ -71,19 +87,43 @@ impl<IO: AsyncRead + Unpin, P: Unpin> AsyncRead for Counted<IO, P> {
     /// long, evicted, or unauthenticated): the HTTP/2 server then drops it.
     /// An idle or evicted connection is closed only when nothing waits to
     /// be read: bytes already sent (a request that crossed the close) are
-    /// read and served first, and a stream they open calls the close off.
+    /// read, the reads then wait up to [`CROSSING_GRACE`] for the stream
+    /// they open, and that stream is served.
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        match self.conn.poll_closing(cx) {
-            Closing::No => Pin::new(&mut self.inner).poll_read(cx, buf),
+        let this = &mut *self;
+        match this.conn.poll_closing(cx) {
+            Closing::No => {
+                this.grace = None;
+                Pin::new(&mut this.inner).poll_read(cx, buf)
+            }
             Closing::Now => Poll::Ready(Ok(())),
-            Closing::WhenQuiet => match Pin::new(&mut self.inner).poll_read(cx, buf) {
-                Poll::Pending => Poll::Ready(Ok(())),
-                other => other,
-            },
+            Closing::WhenQuiet => {
+                if this
+                    .grace
+                    .as_mut()
+                    .is_some_and(|g| g.as_mut().poll(cx).is_ready())
+                {
+                    return Poll::Ready(Ok(()));
+                }
+                let before = buf.filled().len();
+                match Pin::new(&mut this.inner).poll_read(cx, buf) {
+                    Poll::Ready(Ok(())) if buf.filled().len() > before => {
+                        if this.grace.is_none() {
+                            this.grace = Some(Box::pin(tokio::time::sleep(CROSSING_GRACE)));
+                        }
+                        Poll::Ready(Ok(()))
+                    }
+                    // The grace's timer, the socket and the connection's
+                    // waker each wake this read.
+                    Poll::Pending if this.grace.is_some() => Poll::Pending,
+                    Poll::Pending => Poll::Ready(Ok(())),
+                    other => other,
+                }
+            }
         }
     }
 }
@@ -150,7 +190,7 @@ pub async fn accept_limited(
             Err(tokio::sync::TryAcquireError::Closed) => return None,
             Err(tokio::sync::TryAcquireError::NoPermits) => {}
         }
-        if handshakes.is_some_and(|h| h.evict_oldest()) || conns.evict_idlest(None) {
+        if handshakes.is_some_and(|h| h.evict_oldest()) || conns.evict_idlest() {
             // The evicted connection's task drops it (and its permit) soon.
             let waited =
                 tokio::time::timeout(Duration::from_millis(200), permits.clone().acquire_owned())
@@ -360,5 +400,91 @@ mod tests {
         drop(conn);
         let got = client.await.unwrap();
         assert_eq!(got, [a, b].concat());
+    }
+
+    /// A connection marked to close, over an in-memory pipe: its far end,
+    /// its registry and the connection itself.
+    fn marked() -> (
+        tokio::io::DuplexStream,
+        Arc<Conns>,
+        Counted<tokio::io::DuplexStream>,
+    ) {
+        let (near, far) = tokio::io::duplex(1024);
+        let permit = Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap();
+        let registry = Conns::new(
+            TransportLimits::default().conn_policy(4, false),
+            Arc::default(),
+        );
+        let conn = Counted::new(
+            near,
+            permit,
+            registry.register([127, 0, 0, 1].into()).unwrap(),
+        );
+        assert!(registry.evict_idlest(), "the idle connection is evicted");
+        (far, registry, conn)
+    }
+
+    /// An evicted connection with nothing sent closes at once.
+    #[tokio::test(start_paused = true)]
+    async fn a_quiet_connection_marked_to_close_ends_at_once() {
+        let (_far, _registry, mut conn) = marked();
+        let mut buf = [0u8; 64];
+        assert_eq!(conn.read(&mut buf).await.unwrap(), 0);
+    }
+
+    /// A request that crossed the close: its bytes are read, and the read
+    /// after them waits for the stream they open instead of answering
+    /// end-of-stream (h2 drops a request read in the same poll as the end
+    /// of its connection). The stream calls the close off.
+    #[tokio::test(start_paused = true)]
+    async fn a_request_that_crossed_the_close_is_waited_for() {
+        let (mut far, _registry, mut conn) = marked();
+        far.write_all(b"HEADERS").await.unwrap();
+        let mut buf = [0u8; 64];
+        assert_eq!(conn.read(&mut buf).await.unwrap(), 7);
+        let waited = tokio::time::timeout(CROSSING_GRACE / 2, conn.read(&mut buf)).await;
+        assert!(
+            waited.is_err(),
+            "the read after the request ended the connection"
+        );
+        let stream = crate::net::conns::StreamGuard::enter(Some(conn.conn().clone()));
+        let waited = tokio::time::timeout(CROSSING_GRACE * 4, conn.read(&mut buf)).await;
+        assert!(
+            waited.is_err(),
+            "a connection with a stream open was closed"
+        );
+        assert!(!conn.conn().is_closing(), "the stream called the close off");
+        drop(stream);
+        far.write_all(b"more").await.unwrap();
+        assert_eq!(conn.read(&mut buf).await.unwrap(), 4);
+    }
+
+    /// The wait is bounded: bytes that open no stream (a PING answer, or a
+    /// peer that keeps writing) hold the close off for the grace, no more.
+    #[tokio::test(start_paused = true)]
+    async fn bytes_that_open_no_stream_hold_the_close_for_the_grace_only() {
+        let (mut far, _registry, mut conn) = marked();
+        far.write_all(b"PING").await.unwrap();
+        let writer = tokio::spawn(async move {
+            loop {
+                if far.write_all(b"PING").await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        let start = tokio::time::Instant::now();
+        let mut buf = [0u8; 64];
+        while conn.read(&mut buf).await.unwrap() > 0 {}
+        let held = start.elapsed();
+        assert!(
+            held >= CROSSING_GRACE,
+            "closed after {held:?}, within the grace"
+        );
+        assert!(
+            held < CROSSING_GRACE * 2,
+            "held open {held:?} by bytes alone"
+        );
+        writer.abort();
     }
 }

@@ -7,9 +7,13 @@
 //! - When the listener is at its cap, a new connection evicts the
 //!   established connection that has been idle (no open stream) longest;
 //!   only when every connection has a stream open does it wait.
-//! - At most `per_ip` connections per source address: over it, the new
-//!   connection evicts that address's idlest connection, or is refused when
-//!   all of them are busy.
+//! - At most `per_ip` connections per source address, counting those still
+//!   in their handshake and not those already closing: over it, the new
+//!   connection evicts that address's idlest connection (one still in its
+//!   handshake counts as idle since it opened), or is refused when all of
+//!   them are busy. The newest connection wins, so a burst from one address
+//!   cannot get its last arrival refused while older ones are on their way
+//!   out.
 //! - With `auth_deadline` (bearer authentication): a connection that has
 //!   not sent a request with a valid credential within the deadline is
 //!   closed, and so is one with `max_auth_failures` failed requests and no
@@ -74,7 +78,9 @@ pub struct Conn {
     /// When the last stream ended (or the connection opened), in
     /// milliseconds since the registry's epoch.
     idle_since_ms: AtomicU64,
-    /// Past its handshake and served (only such a connection is evicted).
+    /// Past its handshake and served (only such a connection is evicted to
+    /// make room on the listener; its address's cap also evicts one still
+    /// in its handshake).
     established: AtomicBool,
     authenticated: AtomicBool,
     auth_failures: AtomicU32,
@@ -124,23 +130,17 @@ impl Conn {
         }
     }
 
-    fn is_closing(&self) -> bool {
+    pub(crate) fn is_closing(&self) -> bool {
         self.closing.load(Ordering::SeqCst) != OPEN
     }
 
-    /// The handshake is over: the connection is served (and may be
-    /// evicted), and counts against its address's cap.
+    /// The handshake is over: the connection is served, and may be evicted
+    /// to make room on the listener. (It counts against its address's cap
+    /// from the moment it was registered.)
     pub fn established(&self) {
         self.idle_since_ms
             .store(self.registry.now_ms(), Ordering::Relaxed);
-        if !self.established.swap(true, Ordering::SeqCst) {
-            let mut inner = self
-                .registry
-                .inner
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            *inner.per_ip.entry(self.ip).or_default() += 1;
-        }
+        self.established.store(true, Ordering::SeqCst);
     }
 
     /// A request passed caller authentication.
@@ -164,9 +164,12 @@ impl Conn {
         }
     }
 
-    fn idle_for_ms(&self, now_ms: u64) -> Option<u64> {
-        (self.active.load(Ordering::SeqCst) == 0 && self.established.load(Ordering::Relaxed))
-            .then(|| now_ms.saturating_sub(self.idle_since_ms.load(Ordering::Relaxed)))
+    /// How long it has had no open stream; `None` while a stream is open,
+    /// or while it is still in its handshake unless `handshaking` counts.
+    fn idle_for_ms(&self, now_ms: u64, handshaking: bool) -> Option<u64> {
+        (self.active.load(Ordering::SeqCst) == 0
+            && (handshaking || self.established.load(Ordering::Relaxed)))
+        .then(|| now_ms.saturating_sub(self.idle_since_ms.load(Ordering::Relaxed)))
     }
 }
 
@@ -178,9 +181,6 @@ impl Drop for Conn {
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         inner.by_id.remove(&self.id);
-        if !self.established.load(Ordering::SeqCst) {
-            return;
-        }
         if let Some(n) = inner.per_ip.get_mut(&self.ip) {
             *n -= 1;
             if *n == 0 {
@@ -265,7 +265,7 @@ impl Conns {
             if c.closing.load(Ordering::Relaxed) == HARD {
                 continue;
             }
-            if c.idle_for_ms(now).is_some_and(|ms| ms >= idle) {
+            if c.idle_for_ms(now, false).is_some_and(|ms| ms >= idle) {
                 if !c.is_closing() {
                     self.stats.closed_idle.fetch_add(1, Ordering::Relaxed);
                 }
@@ -284,22 +284,31 @@ impl Conns {
         }
     }
 
-    /// Marks the established connection idle longest (among those of `ip`,
-    /// if given) to be closed; in bearer mode, when none is idle, the oldest
-    /// that has not authenticated (busy or not: a held stream, a health
-    /// check on the gRPC port, buys an unauthenticated peer nothing). False
-    /// if there is no such connection.
-    pub fn evict_idlest(&self, ip: Option<IpAddr>) -> bool {
-        let now = self.now_ms();
+    /// Marks the established connection idle longest to be closed; in
+    /// bearer mode, when none is idle, the oldest that has not
+    /// authenticated (busy or not: a held stream, a health check on the
+    /// gRPC port, buys an unauthenticated peer nothing). False if there is
+    /// no such connection.
+    pub fn evict_idlest(&self) -> bool {
         let live: Vec<_> = self
             .live()
             .into_iter()
-            .filter(|c| !c.is_closing() && ip.is_none_or(|ip| c.ip == ip))
+            .filter(|c| !c.is_closing())
             .collect();
+        self.evict_among(&live, false)
+    }
+
+    /// [`Self::evict_idlest`] among `live` (none of them closing); with
+    /// `handshaking`, a connection still in its handshake is a candidate,
+    /// idle since it opened.
+    fn evict_among(&self, live: &[Arc<Conn>], handshaking: bool) -> bool {
+        let now = self.now_ms();
+        // Idle longest; of those idle as long (to the millisecond), the
+        // oldest.
         let idle = live
             .iter()
-            .filter_map(|c| c.idle_for_ms(now).map(|ms| (ms, c)))
-            .max_by_key(|(ms, _)| *ms);
+            .filter_map(|c| c.idle_for_ms(now, handshaking).map(|ms| (ms, c)))
+            .max_by_key(|(ms, c)| (*ms, std::cmp::Reverse(c.id)));
         if let Some((_, c)) = idle {
             self.stats.evicted.fetch_add(1, Ordering::Relaxed);
             c.close(SOFT);
@@ -322,19 +331,29 @@ impl Conns {
         false
     }
 
-    /// Registers a connection just accepted from `ip`; `None` when `ip` is
-    /// at its cap of established connections and none of them is idle (the
-    /// connection is to be refused). Over the cap with an idle one, that
-    /// one is evicted. (Connections still in their handshake are bounded by
-    /// the handshake slots and timeout, not here.)
+    /// Registers a connection just accepted from `ip`; `None` when `ip` has
+    /// `per_ip` connections not closing and every one of them is busy (the
+    /// connection is to be refused). At the cap with one idle or still in
+    /// its handshake, the idlest is evicted. Connections already closing do
+    /// not count: they leave as soon as their reads next run, and counting
+    /// them refused the newest arrival of a burst (a probe behind a flood
+    /// from its own address) while the ones it would replace were on their
+    /// way out.
     pub fn register(self: &Arc<Self>, ip: IpAddr) -> Option<Arc<Conn>> {
-        let over = {
+        let registered = {
             let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-            inner.per_ip.get(&ip).copied().unwrap_or(0) >= self.policy.per_ip
+            inner.per_ip.get(&ip).copied().unwrap_or(0)
         };
-        if over && !self.evict_idlest(Some(ip)) {
-            self.stats.refused_per_ip.fetch_add(1, Ordering::Relaxed);
-            return None;
+        if registered >= self.policy.per_ip {
+            let open: Vec<_> = self
+                .live()
+                .into_iter()
+                .filter(|c| c.ip == ip && !c.is_closing())
+                .collect();
+            if open.len() >= self.policy.per_ip && !self.evict_among(&open, true) {
+                self.stats.refused_per_ip.fetch_add(1, Ordering::Relaxed);
+                return None;
+            }
         }
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         inner.next += 1;
@@ -354,6 +373,7 @@ impl Conns {
             waker: AtomicWaker::new(),
         });
         inner.by_id.insert(id, Arc::downgrade(&conn));
+        *inner.per_ip.entry(ip).or_default() += 1;
         Some(conn)
     }
 }
@@ -415,7 +435,7 @@ pub struct ConnActivity<S> {
 pub struct StreamGuard(Option<Arc<Conn>>);
 
 impl StreamGuard {
-    fn enter(conn: Option<Arc<Conn>>) -> Self {
+    pub(crate) fn enter(conn: Option<Arc<Conn>>) -> Self {
         if let Some(c) = &conn {
             c.active.fetch_add(1, Ordering::SeqCst);
         }
@@ -520,5 +540,106 @@ impl<B: http_body::Body> http_body::Body for GuardedBody<B> {
         self.body
             .as_ref()
             .map_or_else(|| http_body::SizeHint::with_exact(0), |b| b.size_hint())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const IP: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+
+    fn registry(per_ip: usize) -> Arc<Conns> {
+        Conns::new(
+            ConnPolicy {
+                idle_timeout: Duration::from_secs(300),
+                per_ip,
+                auth_deadline: None,
+                max_auth_failures: 3,
+            },
+            Arc::default(),
+        )
+    }
+
+    /// The CI failure of stop 54, in miniature: a burst from one address
+    /// (the accept loop ahead of the handshakes) marked every established
+    /// connection of that address to close, and the next arrival, a probe,
+    /// was refused although the connections it would replace were leaving.
+    /// Now the arrival is admitted and the oldest of the address's open
+    /// connections, established or in its handshake, makes room.
+    #[tokio::test]
+    async fn an_arrival_behind_a_burst_is_admitted_and_the_oldest_makes_room() {
+        let conns = registry(2);
+        let a = conns.register(IP).unwrap();
+        a.established();
+        let b = conns.register(IP).unwrap();
+        b.established();
+        // Two arrivals whose handshakes have not run yet.
+        let c = conns.register(IP).unwrap();
+        let d = conns.register(IP).unwrap();
+        assert!(a.is_closing() && b.is_closing());
+        let e = conns.register(IP).expect("the newest arrival is admitted");
+        assert!(
+            c.is_closing(),
+            "the oldest open one (in its handshake) makes room"
+        );
+        assert!(!d.is_closing() && !e.is_closing());
+        assert_eq!(conns.stats.refused_per_ip.load(Ordering::Relaxed), 0);
+    }
+
+    /// Connections already closing leave room: an arrival under the cap of
+    /// open ones evicts nothing.
+    #[tokio::test]
+    async fn closing_connections_do_not_count_against_the_address() {
+        let conns = registry(2);
+        let a = conns.register(IP).unwrap();
+        a.established();
+        let b = conns.register(IP).unwrap();
+        b.established();
+        a.close(SOFT);
+        let _c = conns.register(IP).unwrap();
+        assert!(!b.is_closing(), "room was there: nothing evicted");
+        assert_eq!(conns.stats.evicted.load(Ordering::Relaxed), 0);
+    }
+
+    /// The cap still holds against busy connections: with every open
+    /// connection of the address in a stream, the arrival is refused.
+    #[tokio::test]
+    async fn an_address_whose_connections_are_all_busy_is_refused() {
+        let conns = registry(2);
+        let a = conns.register(IP).unwrap();
+        a.established();
+        let b = conns.register(IP).unwrap();
+        b.established();
+        let _streams = (
+            StreamGuard::enter(Some(a.clone())),
+            StreamGuard::enter(Some(b.clone())),
+        );
+        assert!(conns.register(IP).is_none());
+        assert!(!a.is_closing() && !b.is_closing());
+        assert_eq!(conns.stats.refused_per_ip.load(Ordering::Relaxed), 1);
+        // Another address is not affected.
+        assert!(conns
+            .register(IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 1)))
+            .is_some());
+    }
+
+    /// A dropped connection gives its place back, whether or not its
+    /// handshake finished.
+    #[tokio::test]
+    async fn a_dropped_connection_gives_its_place_back() {
+        let conns = registry(1);
+        let a = conns.register(IP).unwrap();
+        let _s = StreamGuard::enter(Some(a.clone()));
+        drop(_s);
+        a.established();
+        let guard = StreamGuard::enter(Some(a.clone()));
+        assert!(conns.register(IP).is_none(), "a is busy");
+        drop(guard);
+        drop(a);
+        let b = conns.register(IP).expect("a's place is free");
+        drop(b); // never established
+        assert!(conns.register(IP).is_some(), "b's place is free");
+        assert_eq!(conns.stats.evicted.load(Ordering::Relaxed), 0);
     }
 }
