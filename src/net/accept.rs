@@ -36,8 +36,8 @@ pub struct Counted<IO, P = ()> {
 /// in the same poll as end-of-stream, and the stream is counted only when
 /// its task first runs: without this wait, a request that crossed the close
 /// was read and then lost, and its caller saw the connection reset. A
-/// stream that opens calls the close off; after the wait, the connection
-/// closes whatever arrives.
+/// stream that opens is served, and the connection closes once no stream
+/// is open on it; after the wait, bytes alone no longer hold it.
 pub const CROSSING_GRACE: Duration = Duration::from_secs(1);
 
 impl<IO> Counted<IO> {
@@ -96,10 +96,7 @@ impl<IO: AsyncRead + Unpin, P: Unpin> AsyncRead for Counted<IO, P> {
     ) -> Poll<std::io::Result<()>> {
         let this = &mut *self;
         match this.conn.poll_closing(cx) {
-            Closing::No => {
-                this.grace = None;
-                Pin::new(&mut this.inner).poll_read(cx, buf)
-            }
+            Closing::No | Closing::AfterStreams => Pin::new(&mut this.inner).poll_read(cx, buf),
             Closing::Now => Poll::Ready(Ok(())),
             Closing::WhenQuiet => {
                 if this
@@ -128,16 +125,32 @@ impl<IO: AsyncRead + Unpin, P: Unpin> AsyncRead for Counted<IO, P> {
     }
 }
 
+/// What a write that its peer did not take at once becomes on a connection
+/// marked to close with no stream open ([`Conn::ending`]): an error, which
+/// ends the connection. Its peer may be one that stopped reading to keep
+/// the connection, and its permit, after its eviction.
+fn unless_ending<T>(conn: &Conn, p: Poll<std::io::Result<T>>) -> Poll<std::io::Result<T>> {
+    match p {
+        Poll::Pending if conn.ending() => Poll::Ready(Err(std::io::Error::new(
+            std::io::ErrorKind::ConnectionAborted,
+            "connection closed by the server",
+        ))),
+        p => p,
+    }
+}
+
 impl<IO: AsyncWrite + Unpin, P: Unpin> AsyncWrite for Counted<IO, P> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
+        let p = Pin::new(&mut self.inner).poll_write(cx, buf);
+        unless_ending(&self.conn, p)
     }
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
+        let p = Pin::new(&mut self.inner).poll_flush(cx);
+        unless_ending(&self.conn, p)
     }
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
@@ -147,7 +160,8 @@ impl<IO: AsyncWrite + Unpin, P: Unpin> AsyncWrite for Counted<IO, P> {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+        let p = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        unless_ending(&self.conn, p)
     }
     /// Reported as not vectored, whatever the socket can do. h2 then
     /// copies a DATA frame under 1 KiB into its write buffer with the
@@ -345,6 +359,8 @@ pub fn limited_incoming(
                 let ok = tokio::select! {
                     ok = preface_within(&tcp, handshake_timeout) => ok,
                     _ = &mut ticket.evicted => false,
+                    // Evicted at its address's cap: never served.
+                    () = conn.marked() => false,
                 };
                 drop(ticket);
                 if ok {
@@ -435,9 +451,10 @@ mod tests {
     /// A request that crossed the close: its bytes are read, and the read
     /// after them waits for the stream they open instead of answering
     /// end-of-stream (h2 drops a request read in the same poll as the end
-    /// of its connection). The stream calls the close off.
+    /// of its connection). The stream is served; the close stays: once no
+    /// stream is open and the grace is over, the connection ends.
     #[tokio::test(start_paused = true)]
-    async fn a_request_that_crossed_the_close_is_waited_for() {
+    async fn a_request_that_crossed_the_close_is_served_and_the_close_stays() {
         let (mut far, _registry, mut conn) = marked();
         far.write_all(b"HEADERS").await.unwrap();
         let mut buf = [0u8; 64];
@@ -453,10 +470,82 @@ mod tests {
             waited.is_err(),
             "a connection with a stream open was closed"
         );
-        assert!(!conn.conn().is_closing(), "the stream called the close off");
+        far.write_all(b"DATA").await.unwrap();
+        assert_eq!(
+            conn.read(&mut buf).await.unwrap(),
+            4,
+            "the stream is served"
+        );
+        conn.write_all(b"answer").await.unwrap();
         drop(stream);
-        far.write_all(b"more").await.unwrap();
-        assert_eq!(conn.read(&mut buf).await.unwrap(), 4);
+        assert!(
+            conn.conn().is_closing(),
+            "a stream served does not call the close off"
+        );
+        let end = tokio::time::timeout(CROSSING_GRACE * 4, conn.read(&mut buf)).await;
+        assert_eq!(end.expect("ends once the stream is done").unwrap(), 0);
+    }
+
+    /// A connection marked to close whose peer does not take its bytes
+    /// ends at the write that would wait (a peer that stops reading keeps
+    /// h2 from reading, so the end of its reads alone would never come);
+    /// one whose peer reads writes as usual, and so does an unmarked one
+    /// whose peer is slow.
+    #[tokio::test(start_paused = true)]
+    async fn a_write_that_would_wait_ends_a_marked_connection() {
+        let (_far, _registry, mut conn) = marked();
+        conn.write_all(&[0u8; 1024]).await.unwrap(); // the pipe's buffer
+        let ended = tokio::time::timeout(Duration::from_secs(60), conn.write_all(b"PONG")).await;
+        let e = ended.expect("the write waits").unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::ConnectionAborted);
+
+        let (mut far, _registry, mut conn) = marked();
+        let reader = tokio::spawn(async move {
+            let mut sink = Vec::new();
+            far.read_to_end(&mut sink).await.map(|_| sink.len())
+        });
+        conn.write_all(&[0u8; 512]).await.unwrap();
+        conn.shutdown().await.unwrap();
+        assert_eq!(reader.await.unwrap().unwrap(), 512);
+
+        let (near, _far) = tokio::io::duplex(1024);
+        let permit = Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap();
+        let registry = Conns::new(
+            TransportLimits::default().conn_policy(4, false),
+            Arc::default(),
+        );
+        let mut conn = Counted::new(
+            near,
+            permit,
+            registry.register([127, 0, 0, 1].into()).unwrap(),
+        );
+        conn.write_all(&[0u8; 1024]).await.unwrap();
+        let waited = tokio::time::timeout(Duration::from_secs(60), conn.write_all(b"PONG")).await;
+        assert!(waited.is_err(), "an unmarked connection's write waits");
+    }
+
+    /// A connection evicted at its address's cap while still in its
+    /// handshake is dropped then, not served when its handshake ends (and
+    /// not after the handshake timeout, a minute here).
+    #[tokio::test]
+    async fn a_connection_evicted_in_its_handshake_is_dropped_at_once() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        // A cap of 4: one connection per address.
+        let registry = Conns::new(
+            TransportLimits::default().conn_policy(4, false),
+            Arc::default(),
+        );
+        let _incoming = limited_incoming(listener, 4, 8, Duration::from_secs(60), registry.clone());
+        let mut first = TcpStream::connect(addr).await.unwrap();
+        let _second = TcpStream::connect(addr).await.unwrap();
+        let mut buf = [0u8; 1];
+        let ended = tokio::time::timeout(Duration::from_secs(20), first.read(&mut buf)).await;
+        assert!(
+            matches!(ended, Ok(Ok(0) | Err(_))),
+            "the evicted handshake is still open: {ended:?}"
+        );
+        assert_eq!(registry.stats().evicted.load(Ordering::Relaxed), 1);
     }
 
     /// The wait is bounded: bytes that open no stream (a PING answer, or a
@@ -475,7 +564,11 @@ mod tests {
         });
         let start = tokio::time::Instant::now();
         let mut buf = [0u8; 64];
-        while conn.read(&mut buf).await.unwrap() > 0 {}
+        let drained = tokio::time::timeout(CROSSING_GRACE * 10, async {
+            while conn.read(&mut buf).await.unwrap() > 0 {}
+        })
+        .await;
+        assert!(drained.is_ok(), "bytes alone held the connection open");
         let held = start.elapsed();
         assert!(
             held >= CROSSING_GRACE,

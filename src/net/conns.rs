@@ -91,15 +91,19 @@ pub struct Conn {
 
 const OPEN: u8 = 0;
 /// Idle too long, or evicted: closed once no stream is open and nothing is
-/// waiting to be read (a request already sent is served first).
+/// waiting to be read (a request already sent is served first). Final: a
+/// stream served meanwhile does not call it off.
 const SOFT: u8 = 1;
 /// Unauthenticated in bearer mode: closed at once.
 const HARD: u8 = 2;
 
-/// What a connection's reads are to do.
+/// What a connection's I/O is to do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Closing {
     No,
+    /// Marked to close, with a stream open: served as usual until no stream
+    /// is open.
+    AfterStreams,
     /// Close when nothing is buffered and no stream is open.
     WhenQuiet,
     Now,
@@ -113,21 +117,43 @@ impl Conn {
         }
     }
 
+    /// Marked to close, with no stream open: a write its peer does not take
+    /// at once ends it (a peer that stops reading keeps h2 from reading
+    /// too, so the end of its reads alone would never come).
+    pub fn ending(&self) -> bool {
+        self.closing.load(Ordering::SeqCst) != OPEN && self.active.load(Ordering::SeqCst) == 0
+    }
+
     /// For the connection's reads: registers the reader and tells what to
-    /// do. A soft close is called off when a stream has opened meanwhile.
+    /// do.
     pub fn poll_closing(&self, cx: &Context<'_>) -> Closing {
         self.waker.register(cx.waker());
+        self.closing_now()
+    }
+
+    /// What the connection's I/O is to do, without registering a waker.
+    pub fn closing_now(&self) -> Closing {
         match self.closing.load(Ordering::SeqCst) {
             OPEN => Closing::No,
-            SOFT if self.active.load(Ordering::SeqCst) > 0 => {
-                let _ =
-                    self.closing
-                        .compare_exchange(SOFT, OPEN, Ordering::SeqCst, Ordering::SeqCst);
-                Closing::No
-            }
+            SOFT if self.active.load(Ordering::SeqCst) > 0 => Closing::AfterStreams,
             SOFT => Closing::WhenQuiet,
             _ => Closing::Now,
         }
+    }
+
+    /// Completes once the connection is marked to be closed (for its
+    /// handshake, which then gives up: a connection evicted before it was
+    /// served is never served).
+    pub async fn marked(&self) {
+        std::future::poll_fn(|cx| {
+            self.waker.register(cx.waker());
+            if self.is_closing() {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+        .await;
     }
 
     pub(crate) fn is_closing(&self) -> bool {
@@ -139,7 +165,7 @@ impl Conn {
     /// from the moment it was registered.)
     pub fn established(&self) {
         self.idle_since_ms
-            .store(self.registry.now_ms(), Ordering::Relaxed);
+            .store(self.registry.now_ms(), Ordering::SeqCst);
         self.established.store(true, Ordering::SeqCst);
     }
 
@@ -331,26 +357,28 @@ impl Conns {
         false
     }
 
-    /// Registers a connection just accepted from `ip`; `None` when `ip` has
-    /// `per_ip` connections not closing and every one of them is busy (the
+    /// Registers a connection just accepted from `ip`; `None` when `ip`
+    /// holds `per_ip` connections and every one of them is busy (the
     /// connection is to be refused). At the cap with one idle or still in
-    /// its handshake, the idlest is evicted. Connections already closing do
-    /// not count: they leave as soon as their reads next run, and counting
-    /// them refused the newest arrival of a burst (a probe behind a flood
-    /// from its own address) while the ones it would replace were on their
-    /// way out.
+    /// its handshake, the idlest is evicted. A connection already closing
+    /// is held only while a stream is open on it: one with none leaves as
+    /// soon as its task runs (its handshake gives up, its reads end, a
+    /// write its peer does not take ends it). Counting those refused the
+    /// newest arrival of a burst (a probe behind a flood from its own
+    /// address) while the ones it would replace were on their way out.
     pub fn register(self: &Arc<Self>, ip: IpAddr) -> Option<Arc<Conn>> {
         let registered = {
             let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
             inner.per_ip.get(&ip).copied().unwrap_or(0)
         };
         if registered >= self.policy.per_ip {
-            let open: Vec<_> = self
-                .live()
-                .into_iter()
-                .filter(|c| c.ip == ip && !c.is_closing())
-                .collect();
-            if open.len() >= self.policy.per_ip && !self.evict_among(&open, true) {
+            let mine: Vec<_> = self.live().into_iter().filter(|c| c.ip == ip).collect();
+            let held = mine
+                .iter()
+                .filter(|c| !c.is_closing() || c.active.load(Ordering::SeqCst) > 0)
+                .count();
+            let open: Vec<_> = mine.into_iter().filter(|c| !c.is_closing()).collect();
+            if held >= self.policy.per_ip && !self.evict_among(&open, true) {
                 self.stats.refused_per_ip.fetch_add(1, Ordering::Relaxed);
                 return None;
             }
@@ -446,8 +474,7 @@ impl StreamGuard {
 impl Drop for StreamGuard {
     fn drop(&mut self) {
         if let Some(c) = self.0.take() {
-            c.idle_since_ms
-                .store(c.registry.now_ms(), Ordering::Relaxed);
+            c.idle_since_ms.store(c.registry.now_ms(), Ordering::SeqCst);
             c.active.fetch_sub(1, Ordering::SeqCst);
         }
     }
@@ -639,7 +666,32 @@ mod tests {
         drop(a);
         let b = conns.register(IP).expect("a's place is free");
         drop(b); // never established
-        assert!(conns.register(IP).is_some(), "b's place is free");
+        let c = conns.register(IP).expect("b's place is free");
         assert_eq!(conns.stats.evicted.load(Ordering::Relaxed), 0);
+        let counted = |conns: &Conns| {
+            let inner = conns.inner.lock().unwrap();
+            inner.per_ip.get(&IP).copied()
+        };
+        assert_eq!(counted(&conns), Some(1));
+        drop(c);
+        assert_eq!(counted(&conns), None, "the address's count is gone");
+    }
+
+    /// A closing connection with a stream open is still held: with it and
+    /// the address's other connections busy, the arrival is refused.
+    #[tokio::test]
+    async fn a_closing_connection_with_a_stream_open_still_counts() {
+        let conns = registry(2);
+        let a = conns.register(IP).unwrap();
+        a.established();
+        let b = conns.register(IP).unwrap();
+        b.established();
+        let _streams = (
+            StreamGuard::enter(Some(a.clone())),
+            StreamGuard::enter(Some(b.clone())),
+        );
+        a.close(SOFT);
+        assert!(conns.register(IP).is_none());
+        assert_eq!(conns.stats.refused_per_ip.load(Ordering::Relaxed), 1);
     }
 }

@@ -277,6 +277,8 @@ pub fn incoming(
                 let handshake = tokio::select! {
                     r = tokio::time::timeout(timeout, acceptor.accept(tcp)) => r,
                     _ = &mut ticket.evicted => return,
+                    // Evicted at its address's cap: never served.
+                    () = conn.marked() => return,
                 };
                 drop(ticket);
                 let stream = match handshake {
