@@ -1205,6 +1205,7 @@ impl tower_service::Service<http::Uri> for Coalescing {
                     per_ip: usize::MAX,
                     auth_deadline: None,
                     max_auth_failures: u32::MAX,
+                    max_stream_age: std::time::Duration::from_secs(86_400),
                 },
                 Arc::default(),
             );

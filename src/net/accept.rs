@@ -1,7 +1,8 @@
-//! Accepting connections under the limits: each listener takes a permit
-//! *before* `accept`, so at most `max_connections` are open; over that, new
-//! connections wait in the kernel's backlog instead of costing memory here,
-//! or evict a connection still in its handshake, or the idlest one.
+//! Accepting connections under the limits: each accepted connection takes
+//! a permit before it is served, so at most `max_connections` are open (and
+//! one more waits for its permit); over that, new connections wait in the
+//! kernel's backlog instead of costing memory here, or an arrival evicts a
+//! connection still in its handshake, or the idlest one.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -25,10 +26,12 @@ pub struct Counted<IO, P = ()> {
     peer: P,
     conn: Arc<Conn>,
     _permit: OwnedSemaphorePermit,
-    /// Set when bytes arrive after the connection was marked to close:
-    /// until it fires, the reads wait for a stream those bytes may open
+    /// Set when bytes first arrive after the connection was marked to
+    /// close: until then, the reads wait for a stream those bytes may open
     /// instead of answering end-of-stream (see [`CROSSING_GRACE`]).
-    grace: Option<Pin<Box<tokio::time::Sleep>>>,
+    grace: Option<tokio::time::Instant>,
+    /// Wakes the reads at the end of the grace or of the drain.
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 /// How long a connection marked to close (idle too long, or evicted) waits,
@@ -50,6 +53,7 @@ impl<IO> Counted<IO> {
             conn,
             _permit: permit,
             grace: None,
+            timer: None,
         }
     }
 }
@@ -62,6 +66,7 @@ impl<IO, P> Counted<IO, P> {
             conn: self.conn,
             _permit: self._permit,
             grace: self.grace,
+            timer: self.timer,
         }
     }
     pub fn peer(&self) -> &P {
@@ -99,26 +104,34 @@ impl<IO: AsyncRead + Unpin, P: Unpin> AsyncRead for Counted<IO, P> {
             Closing::No | Closing::AfterStreams => Pin::new(&mut this.inner).poll_read(cx, buf),
             Closing::Now => Poll::Ready(Ok(())),
             Closing::WhenQuiet => {
-                if this
-                    .grace
-                    .as_mut()
-                    .is_some_and(|g| g.as_mut().poll(cx).is_ready())
-                {
-                    return Poll::Ready(Ok(()));
-                }
-                let before = buf.filled().len();
-                match Pin::new(&mut this.inner).poll_read(cx, buf) {
-                    Poll::Ready(Ok(())) if buf.filled().len() > before => {
-                        if this.grace.is_none() {
-                            this.grace = Some(Box::pin(tokio::time::sleep(CROSSING_GRACE)));
+                let now = tokio::time::Instant::now();
+                let grace_over = this.grace.is_some_and(|g| g <= now);
+                if !grace_over {
+                    let before = buf.filled().len();
+                    match Pin::new(&mut this.inner).poll_read(cx, buf) {
+                        Poll::Ready(Ok(())) if buf.filled().len() > before => {
+                            this.grace.get_or_insert(now + CROSSING_GRACE);
+                            return Poll::Ready(Ok(()));
                         }
-                        Poll::Ready(Ok(()))
+                        Poll::Pending => {}
+                        other => return other,
                     }
-                    // The grace's timer, the socket and the connection's
-                    // waker each wake this read.
-                    Poll::Pending if this.grace.is_some() => Poll::Pending,
-                    Poll::Pending => Poll::Ready(Ok(())),
-                    other => other,
+                }
+                // Nothing more to read: wait out the grace (bytes came) and
+                // the drain (a stream just ended), then end.
+                let grace = this.grace.filter(|_| !grace_over);
+                match grace.into_iter().chain(this.conn.draining_until()).max() {
+                    Some(until) if until > now => {
+                        let timer = this
+                            .timer
+                            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(until)));
+                        timer.as_mut().reset(until);
+                        match timer.as_mut().poll(cx) {
+                            Poll::Ready(()) => Poll::Ready(Ok(())),
+                            Poll::Pending => Poll::Pending,
+                        }
+                    }
+                    _ => Poll::Ready(Ok(())),
                 }
             }
         }
@@ -153,7 +166,8 @@ impl<IO: AsyncWrite + Unpin, P: Unpin> AsyncWrite for Counted<IO, P> {
         unless_ending(&self.conn, p)
     }
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
+        let p = Pin::new(&mut self.inner).poll_shutdown(cx);
+        unless_ending(&self.conn, p)
     }
     fn poll_write_vectored(
         mut self: Pin<&mut Self>,
@@ -176,15 +190,18 @@ impl<IO: AsyncWrite + Unpin, P: Unpin> AsyncWrite for Counted<IO, P> {
     }
 }
 
-/// Accepts one connection once a permit is free (the permit is taken
-/// first: a full listener stops accepting). Sets TCP_NODELAY: without it, a
-/// response written in more than one segment waits for the peer's delayed
-/// ACK (~40 ms).
+/// Accepts one connection and takes a permit for it: a full listener holds
+/// that one connection until a permit is free, and accepts no other (the
+/// rest wait in the kernel's backlog). Eviction happens for an arrival,
+/// never ahead of one: evicting ahead of it took the handshake of the
+/// connection accepted last, often the only one in its handshake. Sets
+/// TCP_NODELAY: without it, a response written in more than one segment
+/// waits for the peer's delayed ACK (~40 ms).
 ///
 /// With `handshakes`: when every permit is taken, the oldest connection
 /// still in its handshake is evicted to make room, so connections that say
 /// nothing cannot keep the listener from accepting; then the established
-/// connection idle longest. Only when every connection has a stream open
+/// connection idle longest. Only while every connection has a stream open
 /// does the listener wait. A connection from an address at its cap
 /// evicts that address's idlest connection, or is refused.
 pub async fn accept_limited(
@@ -198,45 +215,62 @@ pub async fn accept_limited(
     OwnedSemaphorePermit,
     Arc<Conn>,
 )> {
-    let permit = loop {
-        match permits.clone().try_acquire_owned() {
-            Ok(p) => break p,
-            Err(tokio::sync::TryAcquireError::Closed) => return None,
-            Err(tokio::sync::TryAcquireError::NoPermits) => {}
-        }
-        if handshakes.is_some_and(|h| h.evict_oldest()) || conns.evict_idlest() {
-            // The evicted connection's task drops it (and its permit) soon.
-            let waited =
-                tokio::time::timeout(Duration::from_millis(200), permits.clone().acquire_owned())
-                    .await;
-            match waited {
-                Ok(Ok(p)) => break p,
-                Ok(Err(_)) => return None,
-                Err(_) => continue,
-            }
-        }
-        // Every permit belongs to a connection with a stream open: wait.
-        break permits.clone().acquire_owned().await.ok()?;
-    };
     loop {
-        match listener.accept().await {
-            Ok((tcp, addr)) => {
-                let Some(conn) = conns.register(addr.ip()) else {
-                    // Its address is at its cap with every connection busy.
-                    drop(tcp);
-                    continue;
-                };
-                let _ = tcp.set_nodelay(true);
-                return Some((tcp, addr, permit, conn));
-            }
+        let (tcp, addr) = match listener.accept().await {
+            Ok(accepted) => accepted,
             Err(e) => {
                 // EMFILE and friends: back off instead of spinning.
                 tracing::warn!(error = %e, "accept failed");
                 tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
             }
+        };
+        let Some(conn) = conns.register(addr.ip()) else {
+            // Its address is at its cap with every connection busy.
+            drop(tcp);
+            continue;
+        };
+        let permit = permit_for_arrival(permits, handshakes, conns).await?;
+        let _ = tcp.set_nodelay(true);
+        return Some((tcp, addr, permit, conn));
+    }
+}
+
+/// A permit for a connection that has arrived (and is not yet among the
+/// handshakes, so it cannot be the one evicted): free, or made free by
+/// evicting the oldest handshake, else the idlest connection; when every
+/// connection has a stream open, waits, looking again every
+/// [`EVICT_AGAIN`] (streams end, and the connections they leave idle are
+/// evicted, not kept until their idle timeout).
+async fn permit_for_arrival(
+    permits: &Arc<Semaphore>,
+    handshakes: Option<&Arc<HandshakeSlots>>,
+    conns: &Arc<Conns>,
+) -> Option<OwnedSemaphorePermit> {
+    loop {
+        match permits.clone().try_acquire_owned() {
+            Ok(p) => return Some(p),
+            Err(tokio::sync::TryAcquireError::Closed) => return None,
+            Err(tokio::sync::TryAcquireError::NoPermits) => {}
+        }
+        // The evicted connection's task drops it (and its permit) soon.
+        let evicted = handshakes.is_some_and(|h| h.evict_oldest()) || conns.evict_idlest();
+        let wait = if evicted {
+            Duration::from_millis(200)
+        } else {
+            EVICT_AGAIN
+        };
+        match tokio::time::timeout(wait, permits.clone().acquire_owned()).await {
+            Ok(Ok(p)) => return Some(p),
+            Ok(Err(_)) => return None,
+            Err(_) => {}
         }
     }
 }
+
+/// How long a full listener whose connections all have a stream open waits
+/// for a permit before it looks again for a connection to evict.
+const EVICT_AGAIN: Duration = Duration::from_millis(500);
 
 /// The HTTP/2 client connection preface (RFC 9113 §3.4).
 const PREFACE_LEN: usize = 24;
@@ -522,6 +556,90 @@ mod tests {
         conn.write_all(&[0u8; 1024]).await.unwrap();
         let waited = tokio::time::timeout(Duration::from_secs(60), conn.write_all(b"PONG")).await;
         assert!(waited.is_err(), "an unmarked connection's write waits");
+    }
+
+    /// A stream that outlasts the grace: when it ends, its answer is still
+    /// queued in h2, which reads before it writes and discards what is
+    /// queued at an end of stream. The connection waits the drain before it
+    /// ends, and a write its peer is slow to take waits too; after the
+    /// drain, such a write ends it.
+    #[tokio::test(start_paused = true)]
+    async fn the_answer_of_a_stream_that_outlasts_the_grace_drains_before_the_end() {
+        let (mut far, _registry, mut conn) = marked();
+        far.write_all(b"HEADERS").await.unwrap();
+        let mut buf = [0u8; 64];
+        assert_eq!(conn.read(&mut buf).await.unwrap(), 7);
+        let stream = crate::net::conns::StreamGuard::enter(Some(conn.conn().clone()));
+        tokio::time::sleep(CROSSING_GRACE * 3).await; // the handler runs
+        drop(stream); // its answer is queued
+        let waited = tokio::time::timeout(crate::net::conns::DRAIN / 2, conn.read(&mut buf)).await;
+        assert!(
+            waited.is_err(),
+            "the connection ended with the answer queued"
+        );
+        conn.write_all(&[0u8; 1024]).await.unwrap(); // the answer fills the pipe
+        let waited =
+            tokio::time::timeout(crate::net::conns::DRAIN / 4, conn.write_all(b"trailers")).await;
+        assert!(waited.is_err(), "a write was cut during the drain");
+        let ended =
+            tokio::time::timeout(crate::net::conns::DRAIN * 4, conn.write_all(b"trailers")).await;
+        assert_eq!(
+            ended.expect("ends after the drain").unwrap_err().kind(),
+            std::io::ErrorKind::ConnectionAborted
+        );
+        let end = tokio::time::timeout(crate::net::conns::DRAIN * 4, conn.read(&mut buf)).await;
+        assert_eq!(end.expect("ends after the drain").unwrap(), 0);
+    }
+
+    /// A full listener whose only connection has a stream open waits; when
+    /// the stream ends, the now idle connection is evicted for the waiting
+    /// arrival (before, the listener waited for a permit until that
+    /// connection closed on its own: its idle timeout, 300 s).
+    #[tokio::test]
+    async fn a_full_listener_evicts_a_connection_once_its_stream_ends() {
+        use tokio_stream::StreamExt;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let registry = Conns::new(
+            TransportLimits::default().conn_policy(64, false),
+            Arc::default(),
+        );
+        let mut incoming =
+            limited_incoming(listener, 1, 8, Duration::from_secs(60), registry.clone());
+        let preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+        let mut a_peer = TcpStream::connect(addr).await.unwrap();
+        a_peer.write_all(preface).await.unwrap();
+        let bound = Duration::from_secs(20);
+        let a = tokio::time::timeout(bound, incoming.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        let stream = crate::net::conns::StreamGuard::enter(Some(a.conn().clone()));
+        let mut b_peer = TcpStream::connect(addr).await.unwrap();
+        b_peer.write_all(preface).await.unwrap();
+        tokio::time::sleep(EVICT_AGAIN * 2).await;
+        assert!(
+            !a.conn().is_closing(),
+            "a connection with a stream open was evicted"
+        );
+        drop(stream);
+        let evicted = tokio::time::timeout(bound, async {
+            while !a.conn().is_closing() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        assert!(
+            evicted.is_ok(),
+            "the idle connection was not evicted for the waiting one"
+        );
+        drop(a); // its reads would end it; its permit goes back
+        let b = tokio::time::timeout(bound, incoming.next()).await;
+        assert!(
+            matches!(b, Ok(Some(Ok(_)))),
+            "the waiting connection was not served"
+        );
     }
 
     /// A connection evicted at its address's cap while still in its

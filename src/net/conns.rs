@@ -4,25 +4,33 @@
 //! out probes and callers.
 //!
 //! - A connection with no open stream for `idle_timeout` is closed.
-//! - When the listener is at its cap, a new connection evicts the
-//!   established connection that has been idle (no open stream) longest;
-//!   only when every connection has a stream open does it wait.
-//! - At most `per_ip` connections per source address, counting those still
-//!   in their handshake and not those already closing: over it, the new
-//!   connection evicts that address's idlest connection (one still in its
-//!   handshake counts as idle since it opened), or is refused when all of
-//!   them are busy. The newest connection wins, so a burst from one address
-//!   cannot get its last arrival refused while older ones are on their way
-//!   out.
+//! - When the listener is at its cap, an arriving connection evicts the
+//!   oldest connection still in its handshake, else the established one
+//!   idle (no open stream) longest; while every connection has a stream
+//!   open it waits, looking again every half second.
+//! - At most `per_ip` connections per source address (IPv6: per /64),
+//!   counting those still in their handshake, and closing ones only while
+//!   a stream is open on them: over it, the new connection evicts that
+//!   address's idlest connection (one still in its handshake counts as
+//!   idle since it opened, and gives its handshake up), or is refused when
+//!   all of them are busy. The newest connection wins, so a burst from one
+//!   address cannot get its last arrival refused while older ones are on
+//!   their way out.
+//! - A stream open longer than `max_stream_age` (up to twice that) closes
+//!   its connection at once: every call is unary, so its peer is holding
+//!   the answer back (a zero flow-control window) to keep the connection
+//!   busy.
 //! - With `auth_deadline` (bearer authentication): a connection that has
 //!   not sent a request with a valid credential within the deadline is
 //!   closed, and so is one with `max_auth_failures` failed requests and no
 //!   successful one.
 //!
-//! Closing is done by the connection's own reads: its I/O (`limits::Counted`)
-//! answers end-of-stream once its [`Conn`] is marked, and the HTTP/2 server
-//! drops it (only idle connections are closed this way, so no request is
-//! cut in the middle). Which streams are open is counted by
+//! Closing is done by the connection's own I/O (`accept::Counted`): once
+//! its [`Conn`] is marked, its reads end (the HTTP/2 server then drops it)
+//! when no stream is open, nothing new is waiting to be read, and the
+//! answer of its last stream has had [`DRAIN`] to leave; and a write its
+//! peer does not take at once ends it. A close is final: streams that
+//! opened meanwhile are served first. Which streams are open is counted by
 //! [`ConnActivityLayer`], around every request.
 
 use std::collections::HashMap;
@@ -31,7 +39,9 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use atomic_waker::AtomicWaker;
 
@@ -48,6 +58,12 @@ pub struct ConnPolicy {
     /// Bearer mode: closed after this many failed requests and none that
     /// passed.
     pub max_auth_failures: u32,
+    /// A connection with a stream open this long (up to twice this long)
+    /// is closed at once: every call is unary and bounded by the request
+    /// timeout, so such a stream is held by a peer that does not take its
+    /// answer (a zero flow-control window), keeping its connection busy
+    /// and never evicted.
+    pub max_stream_age: Duration,
 }
 
 /// Counters for the metrics endpoint, shared by the listeners that report
@@ -63,6 +79,23 @@ pub struct ConnStats {
     pub evicted: AtomicU64,
     pub refused_per_ip: AtomicU64,
     pub closed_unauthenticated: AtomicU64,
+    /// Closed with a stream open past `max_stream_age`.
+    pub closed_stalled: AtomicU64,
+}
+
+/// The address a connection counts against: IPv4 as it is (an IPv4-mapped
+/// IPv6 address as its IPv4 address), IPv6 by its /64, the block one host
+/// is usually given, so that one host cannot take a connection per address.
+pub fn address_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(std::net::Ipv6Addr::from(
+                u128::from(v6) & !u128::from(u64::MAX),
+            )),
+        },
+    }
 }
 
 /// One open connection.
@@ -75,6 +108,11 @@ pub struct Conn {
     registry: Arc<Conns>,
     /// Streams open now.
     active: AtomicUsize,
+    /// Streams open now, by the parity of the registry's stream epoch they
+    /// opened in (see [`Conns::age_streams`]).
+    by_epoch: [AtomicUsize; 2],
+    /// When its last stream ended (0: none has), registry milliseconds.
+    last_stream_end_ms: AtomicU64,
     /// When the last stream ended (or the connection opened), in
     /// milliseconds since the registry's epoch.
     idle_since_ms: AtomicU64,
@@ -88,6 +126,10 @@ pub struct Conn {
     closing: AtomicU8,
     waker: AtomicWaker,
 }
+
+/// How long a closing connection waits after its last stream ended, for
+/// h2 to write that stream's answer (see [`Conn::draining_until`]).
+pub const DRAIN: Duration = Duration::from_millis(500);
 
 const OPEN: u8 = 0;
 /// Idle too long, or evicted: closed once no stream is open and nothing is
@@ -121,7 +163,19 @@ impl Conn {
     /// at once ends it (a peer that stops reading keeps h2 from reading
     /// too, so the end of its reads alone would never come).
     pub fn ending(&self) -> bool {
-        self.closing.load(Ordering::SeqCst) != OPEN && self.active.load(Ordering::SeqCst) == 0
+        self.closing.load(Ordering::SeqCst) != OPEN
+            && self.active.load(Ordering::SeqCst) == 0
+            && self.draining_until().is_none()
+    }
+
+    /// Until when a stream that ended lately is still being answered: h2
+    /// reads before it writes, and an end of stream read first discards
+    /// the answer it has queued, so a closing connection waits [`DRAIN`]
+    /// after its last stream before it ends. `None` once that is over.
+    pub fn draining_until(&self) -> Option<Instant> {
+        let ended = self.last_stream_end_ms.load(Ordering::SeqCst);
+        let until = self.registry.instant(ended).checked_add(DRAIN)?;
+        (ended > 0 && until > Instant::now()).then_some(until)
     }
 
     /// For the connection's reads: registers the reader and tells what to
@@ -230,6 +284,9 @@ pub struct Conns {
     policy: ConnPolicy,
     stats: Arc<ConnStats>,
     epoch: Instant,
+    /// The parity of the stream epoch: a stream opening now counts under
+    /// it (see [`Conns::age_streams`]).
+    stream_epoch: AtomicU8,
     inner: Mutex<Inner>,
 }
 
@@ -246,27 +303,61 @@ impl Conns {
             policy,
             stats,
             epoch: Instant::now(),
+            stream_epoch: AtomicU8::new(0),
             inner: Mutex::default(),
         });
-        let weak = Arc::downgrade(&conns);
         let every = (conns.policy.idle_timeout / 4)
             .clamp(Duration::from_millis(50), Duration::from_secs(1));
+        Self::every(&conns, every, Conns::sweep);
+        Self::every(&conns, conns.policy.max_stream_age, Conns::age_streams);
+        conns
+    }
+
+    /// Runs `f` on the registry every `period` until the registry is
+    /// dropped.
+    fn every(conns: &Arc<Self>, period: Duration, f: fn(&Conns)) {
+        let weak = Arc::downgrade(conns);
+        let period = period.max(Duration::from_millis(50));
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
+            let mut tick = tokio::time::interval_at(Instant::now() + period, period);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
                 match weak.upgrade() {
-                    Some(c) => c.sweep(),
+                    Some(c) => f(&c),
                     None => return,
                 }
             }
         });
-        conns
     }
 
     fn now_ms(&self) -> u64 {
         u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// The instant `ms` registry milliseconds name.
+    fn instant(&self, ms: u64) -> Instant {
+        self.epoch + Duration::from_millis(ms)
+    }
+
+    /// Ends one stream epoch (every `max_stream_age`). A stream counts
+    /// under the parity of the epoch it opened in; the parity about to be
+    /// reused can only hold streams opened an epoch ago or more, so a
+    /// connection with one is closed at once (`HARD`): its peer holds a
+    /// stream it does not finish, which keeps the connection busy, never
+    /// idle and never evicted. Two counters per connection, nothing per
+    /// stream.
+    fn age_streams(&self) {
+        let next = self.stream_epoch.load(Ordering::SeqCst) ^ 1;
+        for c in self.live() {
+            if c.by_epoch[usize::from(next)].load(Ordering::SeqCst) > 0
+                && c.closing.load(Ordering::SeqCst) != HARD
+            {
+                self.stats.closed_stalled.fetch_add(1, Ordering::Relaxed);
+                c.close(HARD);
+            }
+        }
+        self.stream_epoch.store(next, Ordering::SeqCst);
     }
 
     fn live(&self) -> Vec<Arc<Conn>> {
@@ -288,6 +379,11 @@ impl Conns {
             .auth_deadline
             .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         for c in self.live() {
+            if c.is_closing() && c.active.load(Ordering::SeqCst) == 0 {
+                // Its task may be waiting on a write its peer does not
+                // take: woken, the write that still waits ends it.
+                c.waker.wake();
+            }
             if c.closing.load(Ordering::Relaxed) == HARD {
                 continue;
             }
@@ -367,6 +463,7 @@ impl Conns {
     /// newest arrival of a burst (a probe behind a flood from its own
     /// address) while the ones it would replace were on their way out.
     pub fn register(self: &Arc<Self>, ip: IpAddr) -> Option<Arc<Conn>> {
+        let ip = address_key(ip);
         let registered = {
             let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
             inner.per_ip.get(&ip).copied().unwrap_or(0)
@@ -393,6 +490,8 @@ impl Conns {
             opened_ms: now,
             registry: self.clone(),
             active: AtomicUsize::new(0),
+            by_epoch: [AtomicUsize::new(0), AtomicUsize::new(0)],
+            last_stream_end_ms: AtomicU64::new(0),
             idle_since_ms: AtomicU64::new(now),
             established: AtomicBool::new(false),
             authenticated: AtomicBool::new(false),
@@ -460,22 +559,31 @@ pub struct ConnActivity<S> {
 /// A stream's place on its connection; leaves (and starts the idle clock)
 /// on drop.
 #[derive(Debug)]
-pub struct StreamGuard(Option<Arc<Conn>>);
+pub struct StreamGuard(Option<(Arc<Conn>, u8)>);
 
 impl StreamGuard {
     pub(crate) fn enter(conn: Option<Arc<Conn>>) -> Self {
-        if let Some(c) = &conn {
+        StreamGuard(conn.map(|c| {
+            let parity = c.registry.stream_epoch.load(Ordering::SeqCst);
+            c.by_epoch[usize::from(parity)].fetch_add(1, Ordering::SeqCst);
             c.active.fetch_add(1, Ordering::SeqCst);
-        }
-        StreamGuard(conn)
+            (c, parity)
+        }))
     }
 }
 
 impl Drop for StreamGuard {
     fn drop(&mut self) {
-        if let Some(c) = self.0.take() {
-            c.idle_since_ms.store(c.registry.now_ms(), Ordering::SeqCst);
-            c.active.fetch_sub(1, Ordering::SeqCst);
+        if let Some((c, parity)) = self.0.take() {
+            let now = c.registry.now_ms();
+            c.idle_since_ms.store(now, Ordering::SeqCst);
+            c.last_stream_end_ms.store(now.max(1), Ordering::SeqCst);
+            c.by_epoch[usize::from(parity)].fetch_sub(1, Ordering::SeqCst);
+            if c.active.fetch_sub(1, Ordering::SeqCst) == 1 && c.is_closing() {
+                // The last stream of a closing connection: its reads
+                // decide when it ends.
+                c.waker.wake();
+            }
         }
     }
 }
@@ -576,6 +684,17 @@ mod tests {
 
     const IP: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
 
+    /// `n` established connections from [`IP`].
+    fn established(conns: &Arc<Conns>, n: usize) -> Vec<Arc<Conn>> {
+        (0..n)
+            .map(|_| {
+                let c = conns.register(IP).unwrap();
+                c.established();
+                c
+            })
+            .collect()
+    }
+
     fn registry(per_ip: usize) -> Arc<Conns> {
         Conns::new(
             ConnPolicy {
@@ -583,6 +702,7 @@ mod tests {
                 per_ip,
                 auth_deadline: None,
                 max_auth_failures: 3,
+                max_stream_age: Duration::from_secs(15),
             },
             Arc::default(),
         )
@@ -597,10 +717,7 @@ mod tests {
     #[tokio::test]
     async fn an_arrival_behind_a_burst_is_admitted_and_the_oldest_makes_room() {
         let conns = registry(2);
-        let a = conns.register(IP).unwrap();
-        a.established();
-        let b = conns.register(IP).unwrap();
-        b.established();
+        let [a, b] = <[_; 2]>::try_from(established(&conns, 2)).unwrap();
         // Two arrivals whose handshakes have not run yet.
         let c = conns.register(IP).unwrap();
         let d = conns.register(IP).unwrap();
@@ -619,10 +736,7 @@ mod tests {
     #[tokio::test]
     async fn closing_connections_do_not_count_against_the_address() {
         let conns = registry(2);
-        let a = conns.register(IP).unwrap();
-        a.established();
-        let b = conns.register(IP).unwrap();
-        b.established();
+        let [a, b] = <[_; 2]>::try_from(established(&conns, 2)).unwrap();
         a.close(SOFT);
         let _c = conns.register(IP).unwrap();
         assert!(!b.is_closing(), "room was there: nothing evicted");
@@ -634,10 +748,7 @@ mod tests {
     #[tokio::test]
     async fn an_address_whose_connections_are_all_busy_is_refused() {
         let conns = registry(2);
-        let a = conns.register(IP).unwrap();
-        a.established();
-        let b = conns.register(IP).unwrap();
-        b.established();
+        let [a, b] = <[_; 2]>::try_from(established(&conns, 2)).unwrap();
         let _streams = (
             StreamGuard::enter(Some(a.clone())),
             StreamGuard::enter(Some(b.clone())),
@@ -682,10 +793,7 @@ mod tests {
     #[tokio::test]
     async fn a_closing_connection_with_a_stream_open_still_counts() {
         let conns = registry(2);
-        let a = conns.register(IP).unwrap();
-        a.established();
-        let b = conns.register(IP).unwrap();
-        b.established();
+        let [a, b] = <[_; 2]>::try_from(established(&conns, 2)).unwrap();
         let _streams = (
             StreamGuard::enter(Some(a.clone())),
             StreamGuard::enter(Some(b.clone())),
@@ -693,5 +801,60 @@ mod tests {
         a.close(SOFT);
         assert!(conns.register(IP).is_none());
         assert_eq!(conns.stats.refused_per_ip.load(Ordering::Relaxed), 1);
+    }
+
+    /// A stream held open past the stream age (a peer that does not take
+    /// its answer keeps its connection busy, never evicted) closes its
+    /// connection at once; a connection whose streams each end in time is
+    /// kept, however long it stays busy with overlapping ones.
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_held_past_its_age_closes_its_connection() {
+        let conns = registry(4);
+        let [stalled, busy] = <[_; 2]>::try_from(established(&conns, 2)).unwrap();
+        let _held = StreamGuard::enter(Some(stalled.clone()));
+        let mut overlapping = std::collections::VecDeque::new();
+        // 40 s in steps of 1 s; each of busy's streams lasts 3 s.
+        for _ in 0..40 {
+            overlapping.push_back(StreamGuard::enter(Some(busy.clone())));
+            if overlapping.len() > 3 {
+                overlapping.pop_front();
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        assert_eq!(
+            stalled.closing_now(),
+            Closing::Now,
+            "the stalled stream's connection is open"
+        );
+        assert!(
+            !busy.is_closing(),
+            "a busy connection with short streams was closed"
+        );
+        assert_eq!(conns.stats.closed_stalled.load(Ordering::Relaxed), 1);
+    }
+
+    /// IPv6 addresses count by their /64, IPv4-mapped ones as IPv4.
+    #[tokio::test]
+    async fn an_ipv6_host_counts_by_its_64() {
+        let conns = registry(1);
+        let v6 = |s: &str| IpAddr::V6(s.parse().unwrap());
+        let a = conns.register(v6("2001:db8:1:2::1")).unwrap();
+        a.established();
+        let _busy = StreamGuard::enter(Some(a.clone()));
+        assert!(
+            conns.register(v6("2001:db8:1:2:ffff::9")).is_none(),
+            "same /64"
+        );
+        assert!(
+            conns.register(v6("2001:db8:1:3::1")).is_some(),
+            "another /64"
+        );
+        let m = conns.register(v6("::ffff:127.0.0.1")).unwrap();
+        m.established();
+        let _busy_m = StreamGuard::enter(Some(m.clone()));
+        assert!(
+            conns.register(IP).is_none(),
+            "an IPv4-mapped address is its IPv4"
+        );
     }
 }

@@ -88,6 +88,11 @@ impl Default for TransportLimits {
     }
 }
 
+/// How much longer than the request timeout a stream may stay open before
+/// its connection is closed (see `ConnPolicy::max_stream_age`): a unary
+/// answer leaves within the timeout unless its peer does not take it.
+pub const STREAM_AGE_MARGIN: Duration = Duration::from_secs(5);
+
 impl TransportLimits {
     /// The connection policy of a listener capped at `cap` connections;
     /// `bearer`: callers authenticate per request with a bearer secret.
@@ -100,6 +105,7 @@ impl TransportLimits {
             },
             auth_deadline: bearer.then_some(self.auth_deadline),
             max_auth_failures: 16,
+            max_stream_age: self.request_timeout + STREAM_AGE_MARGIN,
         }
     }
 

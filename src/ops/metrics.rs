@@ -382,6 +382,12 @@ impl Collector for Owned {
             "Idle connections closed to make room for a new one (listener or address at its cap).",
             load(&c.evicted),
         )?;
+        counter(
+            &mut enc,
+            "stateseal_connections_closed_stalled",
+            "Connections closed with a stream open past the request timeout and its margin (a peer that does not take its answer).",
+            load(&c.closed_stalled),
+        )?;
         counter(&mut enc, "stateseal_connections_refused_per_ip", "Connections refused because their address held --max-connections-per-ip busy connections.", load(&c.refused_per_ip))?;
         counter(&mut enc, "stateseal_connections_closed_unauthenticated", "Bearer mode: connections closed without a request with a valid credential within --auth-deadline-ms, or after 16 failed ones.", load(&c.closed_unauthenticated))?;
         if let Some(a) = &src.audit {
@@ -531,6 +537,7 @@ pub async fn serve(listener: TcpListener, max_connections: usize, src: Sources) 
             per_ip: usize::MAX,
             auth_deadline: None,
             max_auth_failures: u32::MAX,
+            max_stream_age: Duration::from_secs(3600),
         },
         Arc::default(),
     );

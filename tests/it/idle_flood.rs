@@ -428,3 +428,72 @@ async fn idle_tls_connections_without_credentials_cannot_lock_out_the_bearer_por
     let port = Port::Tls { ca_pem: ca.pem() };
     flooded(&s, s.addr, (200, 128), 20, Some("the-secret"), &port).await;
 }
+
+/// Streams a peer never lets finish: four addresses (127.0.0.2–5, on
+/// loopback) × 16 connections take every one of the health port's 64
+/// permits, each with a `Health/Check` whose answer its zero flow-control
+/// window never takes, so every connection is busy, never idle, never
+/// evicted (found by review: probes were locked out until the connections'
+/// maximum age, 630 s). A stream open past the request timeout and its
+/// margin (here 3 + 5 s) closes its connection: probes answer again
+/// within two such periods.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn streams_held_open_by_a_zero_window_cannot_lock_out_probes() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = spawn(
+        &dir.path().join("data"),
+        &[
+            "--health-listen",
+            "127.0.0.1:0",
+            "--request-timeout-ms",
+            "3000",
+        ],
+        &[],
+    );
+    let haddr = health_addr(&s);
+    let mut held = Vec::new();
+    for host in 2..=5u8 {
+        for _ in 0..16 {
+            let sock = tokio::net::TcpSocket::new_v4().unwrap();
+            sock.bind(SocketAddr::from(([127, 0, 0, host], 0))).unwrap();
+            let tcp = sock.connect(haddr).await.unwrap();
+            let (mut client, conn) = h2::client::Builder::new()
+                .initial_window_size(0)
+                .handshake::<_, bytes::Bytes>(tcp)
+                .await
+                .unwrap();
+            let closed = tokio::spawn(async move {
+                let _ = conn.await;
+            });
+            let req = http::Request::post(format!("http://{haddr}/grpc.health.v1.Health/Check"))
+                .header("content-type", "application/grpc")
+                .header("te", "trailers")
+                .body(())
+                .unwrap();
+            let (resp, mut body) = client.send_request(req, false).unwrap();
+            // An empty HealthCheckRequest: flag 0, length 0.
+            body.send_data(bytes::Bytes::from_static(&[0, 0, 0, 0, 0]), true)
+                .unwrap();
+            held.push((client, resp, body, closed));
+        }
+    }
+    // The attack landed: every permit is busy, a fresh probe gets nothing.
+    let locked = tokio::time::timeout(Duration::from_millis(1500), probe(haddr)).await;
+    assert!(
+        !matches!(locked, Ok(true)),
+        "a probe answered while 64 streams held every permit: the attack did not land"
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        if probe(haddr).await {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "probes still locked out after 60 s"
+        );
+    }
+    let closed = held.iter().filter(|h| h.3.is_finished()).count();
+    eprintln!("zero-window streams: {closed} of 64 connections closed by the server");
+    assert!(closed > 0);
+}
