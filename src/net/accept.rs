@@ -255,11 +255,7 @@ async fn permit_for_arrival(
         }
         // The evicted connection's task drops it (and its permit) soon.
         let evicted = handshakes.is_some_and(|h| h.evict_oldest()) || conns.evict_idlest();
-        let wait = if evicted {
-            Duration::from_millis(200)
-        } else {
-            EVICT_AGAIN
-        };
+        let wait = if evicted { EVICTED_LEAVES } else { EVICT_AGAIN };
         match tokio::time::timeout(wait, permits.clone().acquire_owned()).await {
             Ok(Ok(p)) => return Some(p),
             Ok(Err(_)) => return None,
@@ -271,6 +267,12 @@ async fn permit_for_arrival(
 /// How long a full listener whose connections all have a stream open waits
 /// for a permit before it looks again for a connection to evict.
 const EVICT_AGAIN: Duration = Duration::from_millis(500);
+
+/// How long an arrival waits for the connection it evicted to leave before
+/// it evicts another: an evicted connection may first serve a request that
+/// crossed its close (up to the grace, its stream, the drain). Shorter, one
+/// arrival evicted several idle connections.
+const EVICTED_LEAVES: Duration = Duration::from_secs(2);
 
 /// The HTTP/2 client connection preface (RFC 9113 §3.4).
 const PREFACE_LEN: usize = 24;

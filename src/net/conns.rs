@@ -8,7 +8,8 @@
 //!   oldest connection still in its handshake, else the established one
 //!   idle (no open stream) longest; while every connection has a stream
 //!   open it waits, looking again every half second.
-//! - At most `per_ip` connections per source address (IPv6: per /64),
+//! - At most `per_ip` connections per source address (an IPv4-mapped IPv6
+//!   address as its IPv4 address),
 //!   counting those still in their handshake, and closing ones only while
 //!   a stream is open on them: over it, the new connection evicts that
 //!   address's idlest connection (one still in its handshake counts as
@@ -83,18 +84,13 @@ pub struct ConnStats {
     pub closed_stalled: AtomicU64,
 }
 
-/// The address a connection counts against: IPv4 as it is (an IPv4-mapped
-/// IPv6 address as its IPv4 address), IPv6 by its /64, the block one host
-/// is usually given, so that one host cannot take a connection per address.
+/// The address a connection counts against: an IPv4-mapped IPv6 address
+/// as its IPv4 address, any other as it is. (Not an IPv6 /64: Kubernetes
+/// gives each node's pods one /64, and they would share one cap.)
 pub fn address_key(ip: IpAddr) -> IpAddr {
     match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
         IpAddr::V4(_) => ip,
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => IpAddr::V6(std::net::Ipv6Addr::from(
-                u128::from(v6) & !u128::from(u64::MAX),
-            )),
-        },
     }
 }
 
@@ -163,9 +159,13 @@ impl Conn {
     /// at once ends it (a peer that stops reading keeps h2 from reading
     /// too, so the end of its reads alone would never come).
     pub fn ending(&self) -> bool {
-        self.closing.load(Ordering::SeqCst) != OPEN
-            && self.active.load(Ordering::SeqCst) == 0
-            && self.draining_until().is_none()
+        match self.closing.load(Ordering::SeqCst) {
+            OPEN => false,
+            SOFT => self.active.load(Ordering::SeqCst) == 0 && self.draining_until().is_none(),
+            // Closed at once (unauthenticated, or a stream held past its
+            // age): its streams go with it.
+            _ => true,
+        }
     }
 
     /// Until when a stream that ended lately is still being answered: h2
@@ -317,7 +317,7 @@ impl Conns {
     /// dropped.
     fn every(conns: &Arc<Self>, period: Duration, f: fn(&Conns)) {
         let weak = Arc::downgrade(conns);
-        let period = period.max(Duration::from_millis(50));
+        let period = period.clamp(Duration::from_millis(50), Duration::from_secs(86_400));
         tokio::spawn(async move {
             let mut tick = tokio::time::interval_at(Instant::now() + period, period);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -379,7 +379,7 @@ impl Conns {
             .auth_deadline
             .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         for c in self.live() {
-            if c.is_closing() && c.active.load(Ordering::SeqCst) == 0 {
+            if c.ending() {
                 // Its task may be waiting on a write its peer does not
                 // take: woken, the write that still waits ends it.
                 c.waker.wake();
@@ -833,28 +833,33 @@ mod tests {
         assert_eq!(conns.stats.closed_stalled.load(Ordering::Relaxed), 1);
     }
 
-    /// IPv6 addresses count by their /64, IPv4-mapped ones as IPv4.
+    /// An IPv4-mapped IPv6 address counts as its IPv4 address.
     #[tokio::test]
-    async fn an_ipv6_host_counts_by_its_64() {
+    async fn an_ipv4_mapped_address_counts_as_its_ipv4() {
         let conns = registry(1);
-        let v6 = |s: &str| IpAddr::V6(s.parse().unwrap());
-        let a = conns.register(v6("2001:db8:1:2::1")).unwrap();
-        a.established();
-        let _busy = StreamGuard::enter(Some(a.clone()));
-        assert!(
-            conns.register(v6("2001:db8:1:2:ffff::9")).is_none(),
-            "same /64"
-        );
-        assert!(
-            conns.register(v6("2001:db8:1:3::1")).is_some(),
-            "another /64"
-        );
-        let m = conns.register(v6("::ffff:127.0.0.1")).unwrap();
+        let m = conns
+            .register(IpAddr::V6("::ffff:127.0.0.1".parse().unwrap()))
+            .unwrap();
         m.established();
-        let _busy_m = StreamGuard::enter(Some(m.clone()));
-        assert!(
-            conns.register(IP).is_none(),
-            "an IPv4-mapped address is its IPv4"
+        let _busy = StreamGuard::enter(Some(m.clone()));
+        assert!(conns.register(IP).is_none(), "the same address, busy");
+        let other = IpAddr::V6("::ffff:127.0.0.2".parse().unwrap());
+        assert!(conns.register(other).is_some());
+    }
+
+    /// A connection closed at once ends on a write that would wait, even
+    /// with a stream open (the stream held past its age is why it closes).
+    #[tokio::test]
+    async fn a_hard_close_ends_a_connection_with_a_stream_open() {
+        let conns = registry(2);
+        let [a, b] = <[_; 2]>::try_from(established(&conns, 2)).unwrap();
+        let _streams = (
+            StreamGuard::enter(Some(a.clone())),
+            StreamGuard::enter(Some(b.clone())),
         );
+        a.close(HARD);
+        b.close(SOFT);
+        assert!(a.ending(), "closed at once, yet its writes may wait");
+        assert!(!b.ending(), "a soft close waits for its stream");
     }
 }

@@ -105,7 +105,7 @@ impl TransportLimits {
             },
             auth_deadline: bearer.then_some(self.auth_deadline),
             max_auth_failures: 16,
-            max_stream_age: self.request_timeout + STREAM_AGE_MARGIN,
+            max_stream_age: self.request_timeout.saturating_add(STREAM_AGE_MARGIN),
         }
     }
 

@@ -474,8 +474,18 @@ async fn streams_held_open_by_a_zero_window_cannot_lock_out_probes() {
             // An empty HealthCheckRequest: flag 0, length 0.
             body.send_data(bytes::Bytes::from_static(&[0, 0, 0, 0, 0]), true)
                 .unwrap();
-            held.push((client, resp, body, closed));
+            held.push((client, Some(resp), body, closed));
         }
+    }
+    // Every stream is counted before the probe: its answer's headers came
+    // (only its DATA waits for a window that never opens).
+    for h in &mut held {
+        let resp = h.1.take().unwrap();
+        let headers = tokio::time::timeout(Duration::from_secs(20), resp).await;
+        assert!(
+            matches!(headers, Ok(Ok(_))),
+            "no answer headers: {headers:?}"
+        );
     }
     // The attack landed: every permit is busy, a fresh probe gets nothing.
     let locked = tokio::time::timeout(Duration::from_millis(1500), probe(haddr)).await;
