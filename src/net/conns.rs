@@ -125,7 +125,7 @@ pub struct Conn {
 
 /// How long a closing connection waits after its last stream ended, for
 /// h2 to write that stream's answer (see [`Conn::draining_until`]).
-pub const DRAIN: Duration = Duration::from_millis(500);
+pub const DRAIN: Duration = Duration::from_millis(50);
 
 const OPEN: u8 = 0;
 /// Idle too long, or evicted: closed once no stream is open and nothing is
