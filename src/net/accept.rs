@@ -126,10 +126,7 @@ impl<IO: AsyncRead + Unpin, P: Unpin> AsyncRead for Counted<IO, P> {
                             .timer
                             .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(until)));
                         timer.as_mut().reset(until);
-                        match timer.as_mut().poll(cx) {
-                            Poll::Ready(()) => Poll::Ready(Ok(())),
-                            Poll::Pending => Poll::Pending,
-                        }
+                        timer.as_mut().poll(cx).map(Ok)
                     }
                     _ => Poll::Ready(Ok(())),
                 }
@@ -270,8 +267,8 @@ const EVICT_AGAIN: Duration = Duration::from_millis(500);
 
 /// How long an arrival waits for the connection it evicted to leave before
 /// it evicts another: an evicted connection may first serve a request that
-/// crossed its close (up to the grace, its stream, the drain). Shorter, one
-/// arrival evicted several idle connections.
+/// crossed its close (up to the grace, its stream, the drain); a shorter
+/// wait lets one arrival evict several idle connections.
 const EVICTED_LEAVES: Duration = Duration::from_secs(2);
 
 /// The HTTP/2 client connection preface (RFC 9113 §3.4).
@@ -454,13 +451,15 @@ mod tests {
         assert_eq!(got, [a, b].concat());
     }
 
-    /// A connection marked to close, over an in-memory pipe: its far end,
-    /// its registry and the connection itself.
-    fn marked() -> (
+    type Piped = (
         tokio::io::DuplexStream,
         Arc<Conns>,
         Counted<tokio::io::DuplexStream>,
-    ) {
+    );
+
+    /// An established connection over an in-memory pipe of 1 KiB: its far
+    /// end, its registry and the connection itself.
+    fn piped() -> Piped {
         let (near, far) = tokio::io::duplex(1024);
         let permit = Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap();
         let registry = Conns::new(
@@ -472,8 +471,14 @@ mod tests {
             permit,
             registry.register([127, 0, 0, 1].into()).unwrap(),
         );
-        assert!(registry.evict_idlest(), "the idle connection is evicted");
         (far, registry, conn)
+    }
+
+    /// [`piped`], marked to close (evicted while idle).
+    fn marked() -> Piped {
+        let piped = piped();
+        assert!(piped.1.evict_idlest(), "the idle connection is evicted");
+        piped
     }
 
     /// An evicted connection with nothing sent closes at once.
@@ -544,17 +549,7 @@ mod tests {
         conn.shutdown().await.unwrap();
         assert_eq!(reader.await.unwrap().unwrap(), 512);
 
-        let (near, _far) = tokio::io::duplex(1024);
-        let permit = Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap();
-        let registry = Conns::new(
-            TransportLimits::default().conn_policy(4, false),
-            Arc::default(),
-        );
-        let mut conn = Counted::new(
-            near,
-            permit,
-            registry.register([127, 0, 0, 1].into()).unwrap(),
-        );
+        let (_far, _registry, mut conn) = piped();
         conn.write_all(&[0u8; 1024]).await.unwrap();
         let waited = tokio::time::timeout(Duration::from_secs(60), conn.write_all(b"PONG")).await;
         assert!(waited.is_err(), "an unmarked connection's write waits");
@@ -593,21 +588,36 @@ mod tests {
         assert_eq!(end.expect("ends after the drain").unwrap(), 0);
     }
 
-    /// A full listener whose only connection has a stream open waits; when
-    /// the stream ends, the now idle connection is evicted for the waiting
-    /// arrival (before, the listener waited for a permit until that
-    /// connection closed on its own: its idle timeout, 300 s).
-    #[tokio::test]
-    async fn a_full_listener_evicts_a_connection_once_its_stream_ends() {
-        use tokio_stream::StreamExt;
+    /// A plaintext listener on loopback of `max` connections, with the
+    /// connection policy of a `cap` (a quarter of it per address) and a
+    /// handshake timeout of a minute: its address, registry and stream.
+    async fn listening(
+        max: usize,
+        cap: usize,
+    ) -> (
+        std::net::SocketAddr,
+        Arc<Conns>,
+        tokio_stream::wrappers::ReceiverStream<std::io::Result<Counted<TcpStream>>>,
+    ) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let registry = Conns::new(
-            TransportLimits::default().conn_policy(64, false),
+            TransportLimits::default().conn_policy(cap, false),
             Arc::default(),
         );
-        let mut incoming =
-            limited_incoming(listener, 1, 8, Duration::from_secs(60), registry.clone());
+        let incoming =
+            limited_incoming(listener, max, 8, Duration::from_secs(60), registry.clone());
+        (addr, registry, incoming)
+    }
+
+    /// A full listener whose only connection has a stream open waits; when
+    /// the stream ends, the now idle connection is evicted for the waiting
+    /// arrival, instead of keeping its permit until it closes on its own
+    /// (its idle timeout, 300 s).
+    #[tokio::test]
+    async fn a_full_listener_evicts_a_connection_once_its_stream_ends() {
+        use tokio_stream::StreamExt;
+        let (addr, _registry, mut incoming) = listening(1, 64).await;
         let preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
         let mut a_peer = TcpStream::connect(addr).await.unwrap();
         a_peer.write_all(preface).await.unwrap();
@@ -649,14 +659,8 @@ mod tests {
     /// not after the handshake timeout, a minute here).
     #[tokio::test]
     async fn a_connection_evicted_in_its_handshake_is_dropped_at_once() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
         // A cap of 4: one connection per address.
-        let registry = Conns::new(
-            TransportLimits::default().conn_policy(4, false),
-            Arc::default(),
-        );
-        let _incoming = limited_incoming(listener, 4, 8, Duration::from_secs(60), registry.clone());
+        let (addr, registry, _incoming) = listening(4, 4).await;
         let mut first = TcpStream::connect(addr).await.unwrap();
         let _second = TcpStream::connect(addr).await.unwrap();
         let mut buf = [0u8; 1];

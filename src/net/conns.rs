@@ -9,14 +9,13 @@
 //!   idle (no open stream) longest; while every connection has a stream
 //!   open it waits, looking again every half second.
 //! - At most `per_ip` connections per source address (an IPv4-mapped IPv6
-//!   address as its IPv4 address),
-//!   counting those still in their handshake, and closing ones only while
-//!   a stream is open on them: over it, the new connection evicts that
-//!   address's idlest connection (one still in its handshake counts as
-//!   idle since it opened, and gives its handshake up), or is refused when
-//!   all of them are busy. The newest connection wins, so a burst from one
-//!   address cannot get its last arrival refused while older ones are on
-//!   their way out.
+//!   address counts as its IPv4 address), counting those still in their
+//!   handshake, and closing ones only while a stream is open on them: over
+//!   it, the new connection evicts that address's idlest connection (one
+//!   still in its handshake counts as idle since it opened, and gives its
+//!   handshake up), or is refused when all of them are busy. The newest
+//!   connection wins, so a burst from one address cannot get its last
+//!   arrival refused while older ones are on their way out.
 //! - A stream open longer than `max_stream_age` (up to twice that) closes
 //!   its connection at once: every call is unary, so its peer is holding
 //!   the answer back (a zero flow-control window) to keep the connection
@@ -30,8 +29,8 @@
 //! its [`Conn`] is marked, its reads end (the HTTP/2 server then drops it)
 //! when no stream is open, nothing new is waiting to be read, and the
 //! answer of its last stream has had [`DRAIN`] to leave; and a write its
-//! peer does not take at once ends it. A close is final: streams that
-//! opened meanwhile are served first. Which streams are open is counted by
+//! peer does not take at once ends it. A close is never called off:
+//! streams that opened meanwhile are served first. Which streams are open is counted by
 //! [`ConnActivityLayer`], around every request.
 
 use std::collections::HashMap;
@@ -186,7 +185,7 @@ impl Conn {
     }
 
     /// What the connection's I/O is to do, without registering a waker.
-    pub fn closing_now(&self) -> Closing {
+    fn closing_now(&self) -> Closing {
         match self.closing.load(Ordering::SeqCst) {
             OPEN => Closing::No,
             SOFT if self.active.load(Ordering::SeqCst) > 0 => Closing::AfterStreams,
@@ -459,9 +458,9 @@ impl Conns {
     /// its handshake, the idlest is evicted. A connection already closing
     /// is held only while a stream is open on it: one with none leaves as
     /// soon as its task runs (its handshake gives up, its reads end, a
-    /// write its peer does not take ends it). Counting those refused the
+    /// write its peer does not take ends it): counting them would refuse the
     /// newest arrival of a burst (a probe behind a flood from its own
-    /// address) while the ones it would replace were on their way out.
+    /// address) while the ones it would replace are on their way out.
     pub fn register(self: &Arc<Self>, ip: IpAddr) -> Option<Arc<Conn>> {
         let ip = address_key(ip);
         let registered = {
@@ -684,15 +683,13 @@ mod tests {
 
     const IP: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
 
-    /// `n` established connections from [`IP`].
-    fn established(conns: &Arc<Conns>, n: usize) -> Vec<Arc<Conn>> {
-        (0..n)
-            .map(|_| {
-                let c = conns.register(IP).unwrap();
-                c.established();
-                c
-            })
-            .collect()
+    /// `N` established connections from [`IP`].
+    fn established<const N: usize>(conns: &Arc<Conns>) -> [Arc<Conn>; N] {
+        std::array::from_fn(|_| {
+            let c = conns.register(IP).unwrap();
+            c.established();
+            c
+        })
     }
 
     fn registry(per_ip: usize) -> Arc<Conns> {
@@ -708,16 +705,15 @@ mod tests {
         )
     }
 
-    /// The CI failure of stop 54, in miniature: a burst from one address
-    /// (the accept loop ahead of the handshakes) marked every established
-    /// connection of that address to close, and the next arrival, a probe,
-    /// was refused although the connections it would replace were leaving.
-    /// Now the arrival is admitted and the oldest of the address's open
-    /// connections, established or in its handshake, makes room.
+    /// A burst from one address, the accept loop ahead of the handshakes:
+    /// every established connection of that address is marked to close,
+    /// and the next arrival (a probe behind a flood from its own address)
+    /// is still admitted; the oldest of the address's open connections,
+    /// established or in its handshake, makes room.
     #[tokio::test]
     async fn an_arrival_behind_a_burst_is_admitted_and_the_oldest_makes_room() {
         let conns = registry(2);
-        let [a, b] = <[_; 2]>::try_from(established(&conns, 2)).unwrap();
+        let [a, b] = established(&conns);
         // Two arrivals whose handshakes have not run yet.
         let c = conns.register(IP).unwrap();
         let d = conns.register(IP).unwrap();
@@ -736,7 +732,7 @@ mod tests {
     #[tokio::test]
     async fn closing_connections_do_not_count_against_the_address() {
         let conns = registry(2);
-        let [a, b] = <[_; 2]>::try_from(established(&conns, 2)).unwrap();
+        let [a, b] = established(&conns);
         a.close(SOFT);
         let _c = conns.register(IP).unwrap();
         assert!(!b.is_closing(), "room was there: nothing evicted");
@@ -748,7 +744,7 @@ mod tests {
     #[tokio::test]
     async fn an_address_whose_connections_are_all_busy_is_refused() {
         let conns = registry(2);
-        let [a, b] = <[_; 2]>::try_from(established(&conns, 2)).unwrap();
+        let [a, b] = established(&conns);
         let _streams = (
             StreamGuard::enter(Some(a.clone())),
             StreamGuard::enter(Some(b.clone())),
@@ -793,7 +789,7 @@ mod tests {
     #[tokio::test]
     async fn a_closing_connection_with_a_stream_open_still_counts() {
         let conns = registry(2);
-        let [a, b] = <[_; 2]>::try_from(established(&conns, 2)).unwrap();
+        let [a, b] = established(&conns);
         let _streams = (
             StreamGuard::enter(Some(a.clone())),
             StreamGuard::enter(Some(b.clone())),
@@ -810,7 +806,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_stream_held_past_its_age_closes_its_connection() {
         let conns = registry(4);
-        let [stalled, busy] = <[_; 2]>::try_from(established(&conns, 2)).unwrap();
+        let [stalled, busy] = established(&conns);
         let _held = StreamGuard::enter(Some(stalled.clone()));
         let mut overlapping = std::collections::VecDeque::new();
         // 40 s in steps of 1 s; each of busy's streams lasts 3 s.
@@ -852,7 +848,7 @@ mod tests {
     #[tokio::test]
     async fn a_hard_close_ends_a_connection_with_a_stream_open() {
         let conns = registry(2);
-        let [a, b] = <[_; 2]>::try_from(established(&conns, 2)).unwrap();
+        let [a, b] = established(&conns);
         let _streams = (
             StreamGuard::enter(Some(a.clone())),
             StreamGuard::enter(Some(b.clone())),
