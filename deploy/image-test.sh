@@ -21,14 +21,19 @@ cd "$(dirname "$0")/.."
 
 : "${PYTHON:?set PYTHON to a python with stateseal-mcp installed}"
 BASE=rust:1.95-bookworm
-IMAGE=stateseal:ci
-NAME=stateseal-image-test
+# Names of this run's own: another run on the same docker daemon (a second
+# checkout's CI) must neither collide with nor remove this one's container.
+run_id="$$-$(od -An -N4 -tx4 /dev/urandom | tr -d ' ')"
+IMAGE="stateseal:ci-$run_id"
+NAME="stateseal-image-test-$run_id"
 work=$(mktemp -d)
 started_dockerd=""
 
 cleanup() {
   docker rm -f -v "$NAME" >/dev/null 2>&1 || true
-  if [ -n "$started_dockerd" ]; then
+  docker image rm "$IMAGE" >/dev/null 2>&1 || true
+  # Stop the daemon this run started, unless another run's container is on it.
+  if [ -n "$started_dockerd" ] && [ -z "$(docker ps -q 2>/dev/null)" ]; then
     kill "$started_dockerd" 2>/dev/null || true
     for _ in $(seq 30); do kill -0 "$started_dockerd" 2>/dev/null || break; sleep 1; done
   fi
