@@ -32,7 +32,8 @@ It then prints where the stateseal variant's time goes, per round trip
 and, last, the same three calls (Seal, Open RESERVE, Commit) one after
 another on an otherwise idle event loop: what the two calls on the response
 path cost by themselves, against what they cost beside the MCP client and
-server on one loop.
+server on one loop; then Seal and Open RESERVE 2 ms apart, beside a no-op
+RPC spaced the same (the floor of any call from here).
 The SDK's and uvicorn's per-request logs are turned off: they would cost
 both variants alike.
 """
@@ -55,6 +56,7 @@ from pathlib import Path
 from typing import Annotated
 
 import anyio
+import grpc
 import uvicorn
 from mcp import Client
 from mcp.server.mcpserver import MCPServer
@@ -289,6 +291,7 @@ async def main(n: int) -> None:
         # The same calls from the same client on an otherwise idle event
         # loop: what the two calls on the response path cost by themselves.
         idle = await idle_calls(addr, n)
+        spaced = await spaced_calls(addr, n)
         for p in (proc, proc2, proc3):
             p.terminate()
             p.wait(timeout=20)
@@ -296,6 +299,7 @@ async def main(n: int) -> None:
     report_times(variants, times)
     report_steps(steps, before, after, len(times[1]))
     report_idle(idle)
+    report_spaced(spaced)
 
 
 async def idle_calls(addr: str, n: int) -> dict[str, list[float]]:
@@ -331,6 +335,54 @@ def report_idle(idle: dict[str, list[float]]) -> None:
         print(f"{name} | {statistics.median(t):.3f} | {q(t, 0.99):.3f}")
     floor = statistics.median(idle["Seal"]) + statistics.median(idle["Open RESERVE"])
     print(f"the response path's two calls at their idle p50 (Seal + Open RESERVE) | {floor:.3f}")
+
+
+async def spaced_calls(addr: str, n: int) -> dict[str, list[float]]:
+    """The same calls 2 ms apart, as on the response path (where the MCP
+    work of the round trip separates them): each leaves an event loop that
+    was waiting in the kernel for a server whose threads were parked.
+    Beside them a no-op RPC (grpc.health.v1 Health/Check: no ledger, no
+    crypto) on a grpc.aio channel of its own, spaced the same: what any
+    call from this process costs on this machine."""
+    client = RequestStateClient(addr)
+    channel = grpc.aio.insecure_channel(addr)
+    check = channel.unary_unary("/grpc.health.v1.Health/Check")
+    out: dict[str, list[float]] = {"no-op (Health/Check)": [], "Seal": [], "Open RESERVE": []}
+    digest = bytes(32)
+    for i in range(n + 20):
+        await anyio.sleep(0.002)
+        t0 = time.perf_counter()
+        await check(b"", timeout=5)
+        t1 = time.perf_counter()
+        await anyio.sleep(0.002)
+        t2 = time.perf_counter()
+        sealed = await client.seal(
+            subject="bench", method="tools/call", state=b"x" * 64, params_digest=digest, single_use=True
+        )
+        t3 = time.perf_counter()
+        await anyio.sleep(0.002)
+        t4 = time.perf_counter()
+        opened = await client.open(
+            sealed.request_state, subject="bench", method="tools/call", params_digest=digest, reserve=True
+        )
+        t5 = time.perf_counter()
+        await client.commit(opened.reservation)
+        if i >= 20:  # after a warm-up
+            for name, dt in (("no-op (Health/Check)", t1 - t0), ("Seal", t3 - t2), ("Open RESERVE", t5 - t4)):
+                out[name].append(dt * 1000)
+    await channel.close()
+    await client.close()
+    return out
+
+
+def report_spaced(spaced: dict[str, list[float]]) -> None:
+    print(f"the same calls 2 ms apart, each from an idle event loop to an idle server ({len(spaced['Seal'])} each):")
+    print("call | p50 ms | p99 ms")
+    for name, t in spaced.items():
+        print(f"{name} | {statistics.median(t):.3f} | {q(t, 0.99):.3f}")
+    two = statistics.median(spaced["Seal"]) + statistics.median(spaced["Open RESERVE"])
+    print(f"the response path's two calls 2 ms apart, at p50 (Seal + Open RESERVE) | {two:.3f}")
+    print(f"two no-op calls 2 ms apart, at p50: the floor of any two calls | {2 * statistics.median(spaced['no-op (Health/Check)']):.3f}")
 
 
 async def settle(metrics: str) -> None:

@@ -26,7 +26,8 @@
 // and, last, the same three calls (Seal, Open RESERVE, Commit) one after
 // another on an otherwise idle event loop: what the two calls on the
 // response path cost by themselves, against what they cost beside the MCP
-// client and server on one loop.
+// client and server on one loop; then Seal and Open RESERVE 2 ms apart,
+// beside a no-op RPC spaced the same (the floor of any call from here).
 import { randomBytes } from 'node:crypto';
 import { createServer as createNetServer } from 'node:net';
 import { type Server as HttpServer } from 'node:http';
@@ -37,6 +38,7 @@ import * as z from 'zod';
 
 import { serveHttp } from '../examples/transfer-server.js';
 import { install, paramsDigestOf, RequestStateClient, StatesealBoundary, subjectFor } from '../src/index.js';
+import { Channel } from '../src/transport.js';
 import { port, startStateseal } from '../test/helpers.js';
 
 const confirmSchema = z.object({ confirm: z.boolean() });
@@ -287,11 +289,46 @@ for (let i = 0; i < n + 20; i++) {
   idleMs['Open RESERVE'].push(t2 - t1);
   idleMs.Commit.push(t3 - t2);
 }
-idle.close();
 console.log(`the same calls on an idle event loop, one after another (${n} each):`);
 console.log('call | p50 ms | p99 ms');
 for (const [name, t] of Object.entries(idleMs)) console.log(`${name} | ${quantile(t, 0.5).toFixed(3)} | ${quantile(t, 0.99).toFixed(3)}`);
 console.log(`the response path's two calls at their idle p50 (Seal + Open RESERVE) | ${(quantile(idleMs.Seal, 0.5) + quantile(idleMs['Open RESERVE'], 0.5)).toFixed(3)}`);
+// The same calls 2 ms apart, as on the response path (where the MCP work
+// of the round trip separates them): each leaves an event loop that was
+// waiting in the kernel for a server whose threads were parked. Beside
+// them, a no-op RPC (grpc.health.v1 Health/Check, no ledger, no crypto)
+// on the package's transport, spaced the same: what any call from this
+// process costs on this machine, the floor under the two calls.
+const noop = new Channel(stateseal.addr);
+const spacedMs: Record<string, number[]> = { 'no-op (Health/Check)': [], Seal: [], 'Open RESERVE': [] };
+const pause = () => new Promise((resolve) => setTimeout(resolve, 2));
+for (let i = 0; i < n + 20; i++) {
+  await pause();
+  const t0 = performance.now();
+  await noop.call('/grpc.health.v1.Health/Check', new Uint8Array(0), 5000);
+  const t1 = performance.now();
+  await pause();
+  const t2 = performance.now();
+  const sealed = await idle.seal({ binding, state: Buffer.alloc(64, 0x78), singleUse: true });
+  const t3 = performance.now();
+  await pause();
+  const t4 = performance.now();
+  const opened = await idle.open({ requestState: sealed.requestState, binding, reserve: true });
+  const t5 = performance.now();
+  await idle.commit(opened.reservation);
+  if (i < 20) continue; // a warm-up
+  spacedMs['no-op (Health/Check)'].push(t1 - t0);
+  spacedMs.Seal.push(t3 - t2);
+  spacedMs['Open RESERVE'].push(t5 - t4);
+}
+idle.close();
+noop.close();
+console.log(`the same calls 2 ms apart, each from an idle event loop to an idle server (${n} each):`);
+console.log('call | p50 ms | p99 ms');
+for (const [name, t] of Object.entries(spacedMs)) console.log(`${name} | ${quantile(t, 0.5).toFixed(3)} | ${quantile(t, 0.99).toFixed(3)}`);
+const p50 = (name: string) => quantile(spacedMs[name], 0.5);
+console.log(`the response path's two calls 2 ms apart, at p50 (Seal + Open RESERVE) | ${(p50('Seal') + p50('Open RESERVE')).toFixed(3)}`);
+console.log(`two no-op calls 2 ms apart, at p50: the floor of any two calls | ${(2 * p50('no-op (Health/Check)')).toFixed(3)}`);
 for (const c of clients) await c.close();
 for (const [, h] of variants) h.close();
 grpc.close();
