@@ -328,11 +328,15 @@ async def idle_calls(addr: str, n: int) -> dict[str, list[float]]:
     return out
 
 
-def report_idle(idle: dict[str, list[float]]) -> None:
-    print(f"the same calls on an idle event loop, one after another ({len(idle['Seal'])} each):")
+def report_calls(heading: str, calls: dict[str, list[float]]) -> None:
+    print(f"{heading} ({len(calls['Seal'])} each):")
     print("call | p50 ms | p99 ms")
-    for name, t in idle.items():
+    for name, t in calls.items():
         print(f"{name} | {statistics.median(t):.3f} | {q(t, 0.99):.3f}")
+
+
+def report_idle(idle: dict[str, list[float]]) -> None:
+    report_calls("the same calls on an idle event loop, one after another", idle)
     floor = statistics.median(idle["Seal"]) + statistics.median(idle["Open RESERVE"])
     print(f"the response path's two calls at their idle p50 (Seal + Open RESERVE) | {floor:.3f}")
 
@@ -376,10 +380,7 @@ async def spaced_calls(addr: str, n: int) -> dict[str, list[float]]:
 
 
 def report_spaced(spaced: dict[str, list[float]]) -> None:
-    print(f"the same calls 2 ms apart, each from an idle event loop to an idle server ({len(spaced['Seal'])} each):")
-    print("call | p50 ms | p99 ms")
-    for name, t in spaced.items():
-        print(f"{name} | {statistics.median(t):.3f} | {q(t, 0.99):.3f}")
+    report_calls("the same calls 2 ms apart, each from an idle event loop to an idle server", spaced)
     two = statistics.median(spaced["Seal"]) + statistics.median(spaced["Open RESERVE"])
     print(f"the response path's two calls 2 ms apart, at p50 (Seal + Open RESERVE) | {two:.3f}")
     print(f"two no-op calls 2 ms apart, at p50: the floor of any two calls | {2 * statistics.median(spaced['no-op (Health/Check)']):.3f}")
