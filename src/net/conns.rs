@@ -30,8 +30,8 @@
 //! when no stream is open, nothing new is waiting to be read, and the
 //! answer of its last stream has had [`DRAIN`] to leave; and a write its
 //! peer does not take at once ends it. A close is never called off:
-//! streams that opened meanwhile are served first. Which streams are open is counted by
-//! [`ConnActivityLayer`], around every request.
+//! streams that opened meanwhile are served first. Which streams are open
+//! is counted by [`ConnActivityLayer`], around every request.
 
 use std::collections::HashMap;
 use std::net::IpAddr;

@@ -289,9 +289,13 @@ for (let i = 0; i < n + 20; i++) {
   idleMs['Open RESERVE'].push(t2 - t1);
   idleMs.Commit.push(t3 - t2);
 }
-console.log(`the same calls on an idle event loop, one after another (${n} each):`);
-console.log('call | p50 ms | p99 ms');
-for (const [name, t] of Object.entries(idleMs)) console.log(`${name} | ${quantile(t, 0.5).toFixed(3)} | ${quantile(t, 0.99).toFixed(3)}`);
+/** A table of calls: p50 and p99 of each, in ms. */
+const reportCalls = (heading: string, calls: Record<string, number[]>) => {
+  console.log(`${heading} (${n} each):`);
+  console.log('call | p50 ms | p99 ms');
+  for (const [name, t] of Object.entries(calls)) console.log(`${name} | ${quantile(t, 0.5).toFixed(3)} | ${quantile(t, 0.99).toFixed(3)}`);
+};
+reportCalls('the same calls on an idle event loop, one after another', idleMs);
 console.log(`the response path's two calls at their idle p50 (Seal + Open RESERVE) | ${(quantile(idleMs.Seal, 0.5) + quantile(idleMs['Open RESERVE'], 0.5)).toFixed(3)}`);
 // The same calls 2 ms apart, as on the response path (where the MCP work
 // of the round trip separates them): each leaves an event loop that was
@@ -323,9 +327,7 @@ for (let i = 0; i < n + 20; i++) {
 }
 idle.close();
 noop.close();
-console.log(`the same calls 2 ms apart, each from an idle event loop to an idle server (${n} each):`);
-console.log('call | p50 ms | p99 ms');
-for (const [name, t] of Object.entries(spacedMs)) console.log(`${name} | ${quantile(t, 0.5).toFixed(3)} | ${quantile(t, 0.99).toFixed(3)}`);
+reportCalls('the same calls 2 ms apart, each from an idle event loop to an idle server', spacedMs);
 const p50 = (name: string) => quantile(spacedMs[name], 0.5);
 console.log(`the response path's two calls 2 ms apart, at p50 (Seal + Open RESERVE) | ${(p50('Seal') + p50('Open RESERVE')).toFixed(3)}`);
 console.log(`two no-op calls 2 ms apart, at p50: the floor of any two calls | ${(2 * p50('no-op (Health/Check)')).toFixed(3)}`);
