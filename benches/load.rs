@@ -5,7 +5,7 @@
 //!
 //!     cargo bench --bench load -- [--addr HOST:PORT]
 //!         [--scenarios noop,echo,seal,seal_json,open,consume,flow,reserve,
-//!                      reserve_carried,open_reserve,commit,echo_fsync,fdatasync,redis]
+//!                      reserve_carried,open_reserve,commit,echo_fsync,fdatasync,handoff,redis]
 //!         [--client-io coalesced|vectored]
 //!         [--concurrency 64] [--connections 4] [--duration 3] [--requests N]
 //!         [--state-size 256] [--warmup 1] [--rounds 2] [--json FILE] [--plot FILE.svg]
@@ -53,6 +53,11 @@
 //!   zero-filled file beside echo_fsync's journal, then `fdatasync`, in
 //!   the bench's own process — what one durable write costs the disk, the
 //!   floor a durable call at concurrency 1 is measured against;
+//! - handoff: no call and no disk: a job sent to a thread of its own over
+//!   a std channel and answered by a oneshot, the way every durable call
+//!   reaches the sled ledger's writer and comes back — what the two thread
+//!   wake-ups cost; paced with `--rate`, what they cost when both threads
+//!   were idle (not in the default list);
 //! - redis: durable `SET key 1 NX EX 600` against a private `redis-server`
 //!   started in a temporary directory with `appendonly yes` and
 //!   `appendfsync always`, at the same concurrency over as many
@@ -193,6 +198,7 @@ enum Scenario {
     Commit,
     EchoFsync,
     Fdatasync,
+    Handoff,
     Redis,
 }
 
@@ -210,6 +216,7 @@ impl Scenario {
             Scenario::OpenReserve => "open_reserve",
             Scenario::Commit => "commit",
             Scenario::Fdatasync => "fdatasync",
+            Scenario::Handoff => "handoff",
             Scenario::Echo => "echo",
             Scenario::EchoFsync => "echo_fsync",
             Scenario::Redis => "redis",
@@ -220,7 +227,11 @@ impl Scenario {
     fn on_stateseal(self) -> bool {
         !matches!(
             self,
-            Scenario::Echo | Scenario::EchoFsync | Scenario::Fdatasync | Scenario::Redis
+            Scenario::Echo
+                | Scenario::EchoFsync
+                | Scenario::Fdatasync
+                | Scenario::Handoff
+                | Scenario::Redis
         )
     }
     /// Whether every answer waits for an `fdatasync` of its own store.
@@ -258,6 +269,7 @@ impl Scenario {
             "open_reserve" => Scenario::OpenReserve,
             "commit" => Scenario::Commit,
             "fdatasync" => Scenario::Fdatasync,
+            "handoff" => Scenario::Handoff,
             "echo" => Scenario::Echo,
             "echo_fsync" => Scenario::EchoFsync,
             "redis" => Scenario::Redis,
@@ -789,6 +801,37 @@ impl FloorFile {
     }
 }
 
+/// The handoff scenario's thread: fed by a std channel and answering by
+/// oneshot, as the sled ledger's writer is, and doing nothing else.
+struct Handoff {
+    tx: std::sync::mpsc::Sender<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Handoff {
+    fn start() -> std::io::Result<Self> {
+        let (tx, rx) = std::sync::mpsc::channel::<tokio::sync::oneshot::Sender<()>>();
+        std::thread::Builder::new()
+            .name("handoff".into())
+            .spawn(move || {
+                for reply in rx {
+                    let _ = reply.send(());
+                }
+            })?;
+        Ok(Handoff { tx })
+    }
+
+    /// Returns once the thread has answered.
+    async fn call(&self) -> Result<(), tonic::Status> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.tx
+            .send(reply)
+            .map_err(|_| tonic::Status::unavailable("handoff thread stopped"))?;
+        answer
+            .await
+            .map_err(|_| tonic::Status::unavailable("handoff thread stopped"))
+    }
+}
+
 /// Starts the echo server on 127.0.0.1 with stateseal's transport settings
 /// (with `journal`, it answers Open too: `echo_fsync`).
 async fn start_echo(journal: Option<Journal>) -> String {
@@ -1292,6 +1335,8 @@ struct Ctx {
     echo_token: String,
     /// The fdatasync scenario's file.
     floor: Option<FloorFile>,
+    /// The handoff scenario's thread.
+    handoff: Option<Handoff>,
 }
 
 impl Ctx {
@@ -1601,6 +1646,13 @@ async fn run(
                             ctx.commit(w, token.expect("pre-made reservation")).await
                         }
                         Scenario::Fdatasync => ctx.fdatasync(),
+                        Scenario::Handoff => {
+                            ctx.handoff
+                                .as_ref()
+                                .expect("the handoff scenario's thread")
+                                .call()
+                                .await
+                        }
                     };
                     let us = t0.elapsed().as_micros().max(1) as u64;
                     hist.saturating_record(us);
@@ -1830,6 +1882,9 @@ fn main() {
             redis: redis_cons,
             state: vec![0x5a; args.state_size],
             floor: floor_file,
+            handoff: scenarios
+                .contains(&Scenario::Handoff)
+                .then(|| Handoff::start().expect("start the handoff scenario's thread")),
             echo_token: "A".repeat(stateseal::internals::token::encoded_len(
                 stateseal::internals::token::OVERHEAD + args.state_size,
             )),
