@@ -2,7 +2,7 @@
 // front, and the real SDK client.
 import assert from 'node:assert/strict';
 import { type ChildProcess, spawn } from 'node:child_process';
-import { mkdtempSync } from 'node:fs';
+import { mkdtempSync, readFileSync } from 'node:fs';
 import { createServer, request as httpRequest, type Server as HttpServer } from 'node:http';
 import { type AddressInfo, createConnection } from 'node:net';
 import { tmpdir } from 'node:os';
@@ -93,12 +93,37 @@ export async function front(
   return out;
 }
 
-/** A port nothing listens on now. */
+/** A port nothing listens on now, chosen below the kernel's ephemeral
+ * range (`net.ipv4.ip_local_port_range`), where no `listen(0)` and no
+ * outgoing connection of another test is given a port: so nothing else
+ * takes it before it is used, and no connection to it can connect to
+ * itself. Where that range starts too low to leave room, any free port. */
 export async function freePort(): Promise<number> {
-  const s = createServer();
-  await new Promise<void>((resolve) => s.listen(0, '127.0.0.1', resolve));
-  const p = (s.address() as AddressInfo).port;
-  await new Promise((r) => s.close(r));
+  let low = 0;
+  try {
+    low = Number.parseInt(readFileSync('/proc/sys/net/ipv4/ip_local_port_range', 'utf8').trim().split(/\s+/)[0], 10) || 0;
+  } catch {
+    low = 0;
+  }
+  const bound = async (port: number): Promise<number | undefined> => {
+    const s = createServer();
+    const ok = await new Promise<boolean>((resolve) => {
+      s.once('error', () => resolve(false));
+      s.listen(port, '127.0.0.1', () => resolve(true));
+    });
+    if (!ok) return undefined;
+    const p = (s.address() as AddressInfo).port;
+    await new Promise((r) => s.close(r));
+    return p;
+  };
+  if (low > 11_024) {
+    for (let i = 0; i < 100; i++) {
+      const p = await bound(low - 10_000 + Math.floor(Math.random() * 10_000));
+      if (p !== undefined) return p;
+    }
+  }
+  const p = await bound(0);
+  if (p === undefined) throw new Error('no free port');
   return p;
 }
 
