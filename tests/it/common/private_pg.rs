@@ -41,30 +41,10 @@ pub fn as_postgres(bin: &Path, tool: &str) -> Command {
     c
 }
 
-/// A port nothing listens on now, chosen below the kernel's ephemeral
-/// range (`net.ipv4.ip_local_port_range`), where no `listen(0)` and no
-/// outgoing connection of another test is given a port: so nothing else
-/// takes it before it is used, and no connection to it can connect to
-/// itself. Where that range starts too low to leave room, any free port.
-pub fn free_port() -> u16 {
-    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
-        .unwrap_or(0);
-    if low > 11_024 {
-        for _ in 0..100 {
-            let port = rand::Rng::gen_range(&mut rand::thread_rng(), low - 10_000..low);
-            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-                return port;
-            }
-        }
-    }
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+// The free-port helper is shared with clients/rust's tests.
+#[path = "ports.rs"]
+mod ports;
+pub use ports::free_port;
 
 /// A private PostgreSQL instance, stopped on drop.
 pub struct PrivatePg {

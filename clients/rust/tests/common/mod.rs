@@ -297,27 +297,8 @@ pub async fn serve_bank_with_users(
     url
 }
 
-/// A port nothing listens on now, chosen below the kernel's ephemeral
-/// range (`net.ipv4.ip_local_port_range`), where no `listen(0)` and no
-/// outgoing connection of another test is given a port: so nothing else
-/// takes it before it is used, and no connection to it can connect to
-/// itself. Where that range starts too low to leave room, any free port.
-pub fn free_port() -> u16 {
-    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
-        .unwrap_or(0);
-    if low > 11_024 {
-        for _ in 0..100 {
-            let port = rand::Rng::gen_range(&mut rand::thread_rng(), low - 10_000..low);
-            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-                return port;
-            }
-        }
-    }
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
+// The root crate's free-port helper, shared.
+#[path = "../../../../tests/it/common/ports.rs"]
+mod ports;
+#[allow(unused_imports)] // not every test binary starts a server of its own
+pub use ports::free_port;
