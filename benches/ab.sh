@@ -7,6 +7,9 @@
 #
 # A build of another commit: git worktree add /tmp/old REV && (cd /tmp/old &&
 # CARGO_TARGET_DIR=/tmp/old-target cargo build --release --bin stateseal).
+# Give it a copy of this tree's build (cp target/release/stateseal /tmp/new):
+# its `cargo bench --no-run` below rebuilds target/release/stateseal with the
+# dev-dependencies' features (tokio's test-util).
 set -euo pipefail
 old=${1:?old binary}
 new=${2:?new binary}
