@@ -57,7 +57,7 @@
 //!   a std channel and answered by a oneshot, the way every durable call
 //!   reaches the sled ledger's writer and comes back — what the two thread
 //!   wake-ups cost; paced with `--rate`, what they cost when both threads
-//!   were idle (not in the default list);
+//!   were idle (not in the default list; the smoke run adds it);
 //! - redis: durable `SET key 1 NX EX 600` against a private `redis-server`
 //!   started in a temporary directory with `appendonly yes` and
 //!   `appendfsync always`, at the same concurrency over as many
@@ -1725,6 +1725,10 @@ fn main() {
         args.warmup = 0.0;
         args.rounds = 1;
         args.requests = Some(200);
+        // A scenario left out of the default list runs in the smoke too.
+        if !args.scenarios.split(',').any(|s| s.trim() == "handoff") {
+            args.scenarios.push_str(",handoff");
+        }
     }
     // `--serve-echo` serves on the server's own runtime (without tokio's
     // LIFO slot), so that its no-op and echo are served as stateseal serves.

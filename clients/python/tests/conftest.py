@@ -58,12 +58,17 @@ def stateseal(tmp_path):
     proc.wait(timeout=20)
 
 
+# Its own generator: a seed given to the global one does not repeat ports.
+_PORTS = random.SystemRandom()
+
+
 def free_port() -> int:
     """A port nothing listens on now, chosen below the kernel's ephemeral
     range (``net.ipv4.ip_local_port_range``), where no ``listen(0)`` and no
-    outgoing connection of another test is given a port: so nothing else
-    takes it before it is used, and no connection to it can connect to
-    itself. Where that range starts too low to leave room, any free port."""
+    outgoing connection of another test is given a port: so no port the
+    kernel hands out takes it before it is used, and no connection to it can
+    connect to itself. Where that range starts too low to leave room, any
+    free port."""
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
             low = int(f.read().split()[0])
@@ -71,7 +76,7 @@ def free_port() -> int:
         low = 0
     if low > 11_024:
         for _ in range(100):
-            port = random.randrange(low - 10_000, low)
+            port = _PORTS.randrange(low - 10_000, low)
             with socket.socket() as s:
                 try:
                     s.bind(("127.0.0.1", port))

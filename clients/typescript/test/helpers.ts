@@ -95,9 +95,10 @@ export async function front(
 
 /** A port nothing listens on now, chosen below the kernel's ephemeral
  * range (`net.ipv4.ip_local_port_range`), where no `listen(0)` and no
- * outgoing connection of another test is given a port: so nothing else
- * takes it before it is used, and no connection to it can connect to
- * itself. Where that range starts too low to leave room, any free port. */
+ * outgoing connection of another test is given a port: so no port the
+ * kernel hands out takes it before it is used, and no connection to it can
+ * connect to itself. Where that range starts too low to leave room, any
+ * free port. */
 export async function freePort(): Promise<number> {
   let low = 0;
   try {

@@ -1,11 +1,12 @@
-//! A free port for a test's server (used by this crate's tests and by
-//! clients/rust's, which include this file).
+//! A free port for a test's server (used by this crate's tests and the
+//! nemesis, and by clients/rust's tests and bench, which include this file).
 
 /// A port nothing listens on now, chosen below the kernel's ephemeral
 /// range (`net.ipv4.ip_local_port_range`), where no `listen(0)` and no
-/// outgoing connection of another test is given a port: so nothing else
-/// takes it before it is used, and no connection to it can connect to
-/// itself. Where that range starts too low to leave room, any free port.
+/// outgoing connection of another test is given a port: so no port the
+/// kernel hands out takes it before it is used, and no connection to it can
+/// connect to itself. Where that range starts too low to leave room, any
+/// free port.
 pub fn free_port() -> u16 {
     let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
