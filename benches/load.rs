@@ -76,6 +76,9 @@ use stateseal::proto::request_state_client::RequestStateClient;
 use stateseal::proto::{binding::Params, Binding, OpenRequest, SealRequest};
 use tonic::transport::{Channel, Endpoint};
 
+#[path = "../tests/it/common/ports.rs"]
+mod ports;
+
 mod support;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
@@ -882,10 +885,7 @@ impl Drop for RedisServer {
 
 fn start_redis() -> Option<RedisServer> {
     let dir = tempfile::tempdir().expect("tempdir");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port();
+    let port = ports::free_port();
     let child = std::process::Command::new("redis-server")
         .args(["--bind", "127.0.0.1", "--port", &port.to_string(), "--dir"])
         .arg(dir.path())
@@ -1786,10 +1786,7 @@ fn main() {
             }
             if args.samples.is_some() {
                 // The sampler reads the ledger's record count from /metrics.
-                let port = std::net::TcpListener::bind("127.0.0.1:0")
-                    .and_then(|l| l.local_addr())
-                    .expect("a free port")
-                    .port();
+                let port = ports::free_port();
                 extra.extend(["--metrics-listen".into(), format!("127.0.0.1:{port}")]);
                 metrics_addr = Some(format!("127.0.0.1:{port}"));
             }

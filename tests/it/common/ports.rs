@@ -1,5 +1,6 @@
-//! A free port for a test's server (used by this crate's tests and the
-//! nemesis, and by clients/rust's tests and bench, which include this file).
+//! A free port for a test's server (used by this crate's tests, the nemesis
+//! and the load bench, and by clients/rust's tests and bench, which include
+//! this file).
 
 /// A port nothing listens on now, chosen below the kernel's ephemeral
 /// range (`net.ipv4.ip_local_port_range`), where no `listen(0)` and no
