@@ -9,7 +9,8 @@
 //! drop listed with a fixed reason code.
 //!
 //! Rules (each a test in `tests/it/manifest.rs`):
-//! - input requests: an object of 1..=64 unique, non-empty keys; each an
+//! - input requests: an object of 0..=64 unique, non-empty keys (none: a
+//!   round that asked nothing, whose manifest drops every answer); each an
 //!   object with `method` `elicitation/create` (form mode — `mode` absent or
 //!   `"form"` — with a flat `requestedSchema` of primitive properties; or URL
 //!   mode with an `https` URL, `http` only to loopback, and `elicitationId`
@@ -183,7 +184,9 @@ impl Manifest {
         let Value::Object(requests) = v else {
             return bad();
         };
-        if requests.is_empty() || requests.len() > MAX_QUESTIONS {
+        // No questions is a manifest too: a state-only round ("still
+        // working, call again") that lets no answer through.
+        if requests.len() > MAX_QUESTIONS {
             return bad();
         }
         let mut questions = BTreeMap::new();

@@ -52,7 +52,10 @@ impl RequestStateService {
         self
     }
 
-    /// Before acting: refused while a fail-closed audit log cannot write.
+    /// Before a Seal or an Open: refused while a fail-closed audit log
+    /// cannot write. Commit, Renew and Release are not asked: they finish
+    /// a handler's work, and refusing them would run it again
+    /// ([`Audit::record`] keeps their lines).
     fn admit(&self) -> Result<(), Reject> {
         self.audit.as_ref().map_or(Ok(()), |a| a.admit())
     }
@@ -148,11 +151,7 @@ impl RequestStateService {
             attempt: None,
         });
         let mut trail = Trail::default();
-        let result = async {
-            self.admit()?;
-            self.sealer.commit(tenant, reservation, &mut trail).await
-        }
-        .await;
+        let result = self.sealer.commit(tenant, reservation, &mut trail).await;
         self.settle(Rpc::Commit, started, asked, tenant, trail, result)
             .await
     }
@@ -539,13 +538,10 @@ impl RequestState for RequestStateService {
         let asked = self.asked(&req, Method::Renew, |_| None, |_| None);
         let r = req.get_ref();
         let mut trail = Trail::default();
-        let result = async {
-            self.admit()?;
-            self.sealer
-                .renew(&tenant, &r.reservation, r.lease_seconds, &mut trail)
-                .await
-        }
-        .await;
+        let result = self
+            .sealer
+            .renew(&tenant, &r.reservation, r.lease_seconds, &mut trail)
+            .await;
         let result = self
             .settle(Rpc::Renew, started, asked, &tenant, trail, result)
             .await;
@@ -568,13 +564,10 @@ impl RequestState for RequestStateService {
         let tenant = tenant_of(&req)?;
         let asked = self.asked(&req, Method::Release, |_| None, |_| None);
         let mut trail = Trail::default();
-        let result = async {
-            self.admit()?;
-            self.sealer
-                .release(&tenant, &req.get_ref().reservation, &mut trail)
-                .await
-        }
-        .await;
+        let result = self
+            .sealer
+            .release(&tenant, &req.get_ref().reservation, &mut trail)
+            .await;
         let result = self
             .settle(Rpc::Release, started, asked, &tenant, trail, result)
             .await;

@@ -11,9 +11,16 @@
 //! One writer thread owns the file: it numbers the lines, computes the
 //! chain, writes each batch with one `write(2)` and rotates by size. With
 //! [`OnFailure::Closed`] a decision's answer waits until its line is
-//! written; a sink that cannot be written refuses new requests
+//! written; a sink that cannot be written refuses new Seals and Opens
 //! (`AUDIT_UNAVAILABLE`) until it can. Lines that could not be written are
 //! kept and written first once it can, so the chain has no gap.
+//!
+//! Commit, Renew and Release are never refused for the sink: they finish
+//! work a handler has already done, and refusing them would let the lease
+//! lapse under a handler that ran, so that the user's retry runs it again
+//! (an audit outage turned into a second execution). While the sink fails,
+//! their lines are kept (up to [`MAX_PENDING`] bytes; past it a `dropped`
+//! line counts them) and their answers do not wait for the write.
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -94,6 +101,12 @@ pub enum Method {
 }
 
 impl Method {
+    /// Finishes what an earlier Open started (Renew, Commit, Release):
+    /// admitted, and answered, while a closed-mode sink fails.
+    pub const fn completes(self) -> bool {
+        matches!(self, Method::Renew | Method::Commit | Method::Release)
+    }
+
     pub const fn name(self) -> &'static str {
         match self {
             Method::Seal => "seal",
@@ -174,6 +187,8 @@ const RETRY: Duration = Duration::from_millis(500);
 const STALL_MS: u64 = 2_000;
 /// The longest a closed-mode answer waits for its line.
 const ACK_WAIT: Duration = Duration::from_secs(5);
+/// How often a completion waiting for its line looks at the sink's health.
+const KEEP_POLL: Duration = Duration::from_millis(50);
 /// The longest a shutdown waits for the writer's `stop` line.
 const CLOSE_WAIT: Duration = Duration::from_secs(5);
 
@@ -283,7 +298,8 @@ impl Audit {
 
     /// Records a decision. With `Closed`, returns once its line is written
     /// (or `AUDIT_UNAVAILABLE` if it could not be); with `Open`, at once.
-    /// A successful Seal outside the sample is not recorded.
+    /// A successful Seal outside the sample is not recorded. A completion
+    /// (Commit, Renew, Release) is never refused: see [`Audit::keep`].
     pub async fn record(&self, d: Decision) -> Result<(), Reject> {
         let sampled = if d.method == Method::Seal && d.refused.is_none() && self.sample_seals > 1 {
             let n = self.seals.fetch_add(1, Ordering::Relaxed);
@@ -301,6 +317,10 @@ impl Audit {
                 }
                 Ok(())
             }
+            OnFailure::Closed if d.method.completes() => {
+                self.keep(d).await;
+                Ok(())
+            }
             OnFailure::Closed => {
                 let (ack, written) = tokio::sync::oneshot::channel();
                 match self.tx.try_send(Msg::Decision(d, sampled, Some(ack))) {
@@ -316,6 +336,39 @@ impl Audit {
                 match tokio::time::timeout(ACK_WAIT, written).await {
                     Ok(Ok(true)) => Ok(()),
                     _ => Err(Reject::AuditUnavailable),
+                }
+            }
+        }
+    }
+
+    /// A completion's line under `Closed`: while the sink writes, the
+    /// answer waits for its line as any other; while it fails (or hangs,
+    /// or the queue is full) the line is kept for later (or, past the
+    /// bound, counted in a `dropped` line) and the answer goes at once.
+    async fn keep(&self, d: Decision) {
+        if !self.health.ok() {
+            if self.tx.try_send(Msg::Decision(d, 1, None)).is_err() {
+                self.stats.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+            return;
+        }
+        let (ack, mut written) = tokio::sync::oneshot::channel();
+        if self.tx.try_send(Msg::Decision(d, 1, Some(ack))).is_err() {
+            self.stats.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        // Until written, or until the sink is seen failing (a write that
+        // fails keeps the line; one that hangs past its bound counts as
+        // failing), or the longest an answer waits.
+        let deadline = tokio::time::Instant::now() + ACK_WAIT;
+        loop {
+            let tick = tokio::time::sleep(KEEP_POLL);
+            tokio::select! {
+                _ = &mut written => return,
+                () = tick => {
+                    if !self.health.ok() || tokio::time::Instant::now() >= deadline {
+                        return;
+                    }
                 }
             }
         }

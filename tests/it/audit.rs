@@ -586,6 +586,16 @@ async fn a_full_sink_refuses_when_closed_serves_when_open_and_loses_no_line() {
         let health = crate::common::process::health_addr(&s);
         let mut c = client(&s).await;
         c.seal(sealing()).await.unwrap();
+        // Three reservations whose handlers "run" across the outage: one
+        // to renew and commit, one to commit (carried by a refused Open),
+        // one to release.
+        let mut reservations = Vec::new();
+        for _ in 0..3 {
+            let t = c.seal(sealing()).await.unwrap().into_inner().request_state;
+            let o = c.open(opening(&t, OpenMode::Reserve)).await.unwrap();
+            reservations.push(o.into_inner().reservation);
+        }
+        let before = lines(&log).len();
         // Fill the tmpfs to its last byte.
         let filler = mnt.join("filler");
         let _ = std::process::Command::new("dd")
@@ -616,6 +626,38 @@ async fn a_full_sink_refuses_when_closed_serves_when_open_and_loses_no_line() {
             // Not ready meanwhile (liveness is untouched).
             wait_health(health, NOT_SERVING).await;
             assert_eq!(health_status(health, "stateseal.liveness").await, SERVING);
+            // Issue 57: what finishes a handler's work is not refused
+            // (refusing it would let the lease lapse and run the handler
+            // again): Renew, Commit (on its own, and carried by an Open that
+            // is itself refused), Release.
+            let renewed = c
+                .renew(stateseal::proto::RenewRequest {
+                    reservation: reservations[0].clone(),
+                    lease_seconds: 30,
+                })
+                .await;
+            assert!(renewed.is_ok(), "renew refused: {renewed:?}");
+            let committed = c
+                .commit(stateseal::proto::CommitRequest {
+                    reservation: reservations[0].clone(),
+                })
+                .await;
+            assert!(committed.is_ok(), "commit refused: {committed:?}");
+            let t = "x".repeat(40);
+            let e = c
+                .open(stateseal::proto::OpenRequest {
+                    commit: reservations[1].clone(),
+                    ..opening(&t, OpenMode::Reserve)
+                })
+                .await
+                .unwrap_err();
+            assert_eq!(reason(&e), "AUDIT_UNAVAILABLE");
+            let released = c
+                .release(stateseal::proto::ReleaseRequest {
+                    reservation: reservations[2].clone(),
+                })
+                .await;
+            assert!(released.is_ok(), "release refused: {released:?}");
         } else {
             assert_eq!((refused, served), (0, 200), "{policy}");
         }
@@ -644,8 +686,31 @@ async fn a_full_sink_refuses_when_closed_serves_when_open_and_loses_no_line() {
         // Every seal that was served or failed on its line has its line:
         // the first, those before the disk filled, the one refused
         // (closed), the one after.
-        let seals = lines(&log).iter().filter(|l| l["event"] == "seal").count();
-        assert_eq!(seals, 1 + served + refused + 1, "{policy}");
+        let all = lines(&log);
+        let seals = all.iter().filter(|l| l["event"] == "seal").count();
+        assert_eq!(seals, 4 + served + refused + 1, "{policy}");
+        if policy == "closed" {
+            // The completions' lines, kept through the outage, are in the
+            // chain, in order, after the lines written before it.
+            let kept: Vec<String> = all[before..]
+                .iter()
+                .filter(|l| ["renew", "commit", "release"].contains(&l["event"].as_str().unwrap()))
+                .map(|l| {
+                    format!(
+                        "{} {}",
+                        l["event"].as_str().unwrap(),
+                        l["outcome"].as_str().unwrap()
+                    )
+                })
+                .collect();
+            assert_eq!(
+                kept,
+                ["renew ok", "commit ok", "commit ok", "release ok"],
+                "{all:?}"
+            );
+            // The carried commit landed: its token is taken for good.
+        }
+        drop(c);
         drop(fs);
     }
 }

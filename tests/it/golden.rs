@@ -184,7 +184,8 @@ fn golden_vectors_match() {
 }
 
 /// Today's formats, frozen (tests/data/golden-v2.json): binding v2 with
-/// exact numbers, single use, format 2 with a sealed manifest, and a
+/// exact numbers, single use, format 2 with a sealed manifest (and one of
+/// no questions), and a
 /// reservation string. Tokens regenerate byte for byte (fixed nonces); the
 /// reservation string is sealed under a random nonce, so the stored one
 /// must open, under the stored key and tenant, to the stored claims.
@@ -197,7 +198,7 @@ struct InputV2 {
     input_requests: Option<&'static str>,
 }
 
-const INPUTS_V2: [InputV2; 3] = [
+const INPUTS_V2: [InputV2; 4] = [
     InputV2 {
         name: "v2 tools/call single-use, exact numbers",
         method: Method::ToolsCall,
@@ -223,6 +224,16 @@ const INPUTS_V2: [InputV2; 3] = [
         state: b"",
         single_use: false,
         input_requests: None,
+    },
+    // A round that asked nothing ("still working, call again"): a manifest
+    // of no questions, which drops every answer.
+    InputV2 {
+        name: "v2 format 2: a round that asked nothing",
+        method: Method::ToolsCall,
+        params_json: r#"{"name":"close_account","arguments":{}}"#,
+        state: b"{\"step\":3}",
+        single_use: true,
+        input_requests: Some("{}"),
     },
 ];
 

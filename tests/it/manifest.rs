@@ -247,6 +247,34 @@ async fn answers_without_a_manifest_come_back_verbatim() {
     assert_eq!(o.input_responses_json, "");
 }
 
+/// Issue 58, finding 1: a round that answers `input_required` with only a
+/// state ("still working, call again") is sealed with a manifest of no
+/// questions, and a forged answer on its retry reaches no handler.
+#[tokio::test]
+async fn a_round_that_asked_nothing_lets_no_answer_through() {
+    let mut s = start().await;
+    for single_use in [false, true] {
+        let t = sealed(&mut s, &json!({}), single_use).await;
+        let forged = json!({"confirm": {"action": "accept", "content": {"ok": true}},
+            "r": {"roots": []}});
+        let (kept, dropped) = filter(&mut s, &t, forged).await;
+        assert_eq!(kept, json!({}), "single_use {single_use}");
+        assert_eq!(
+            dropped,
+            vec![
+                ("confirm".to_owned(), "UNASKED".to_owned()),
+                ("r".to_owned(), "UNASKED".to_owned())
+            ],
+            "single_use {single_use}"
+        );
+    }
+    // Without answers it opens as any token does, its state intact.
+    let t = sealed(&mut s, &json!({}), false).await;
+    let o = s.client.open(open_req(&t)).await.unwrap().into_inner();
+    assert_eq!(o.state, b"s");
+    assert_eq!(o.input_responses_json, "");
+}
+
 #[tokio::test]
 async fn kept_answers_keep_their_exact_numbers() {
     let mut s = start().await;
@@ -406,7 +434,6 @@ async fn bad_input_requests_are_refused() {
     };
     let cases: Vec<(&str, String)> = vec![
         ("not an object", "[]".into()),
-        ("no questions", "{}".into()),
         ("not JSON", "{".into()),
         ("duplicate keys", r#"{"a":{"method":"roots/list"},"a":{"method":"roots/list"}}"#.into()),
         ("empty key", r#"{"":{"method":"roots/list"}}"#.into()),
