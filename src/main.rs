@@ -102,6 +102,9 @@ fn audit_verify(
              kill -9, or lines cut from that run's end)"
         );
     }
+    for at in r.skipped_at_restart.iter().take(SHOWN) {
+        println!("{at}");
+    }
     for p in r.problems.iter().take(SHOWN) {
         println!("{p}");
     }

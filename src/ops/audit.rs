@@ -253,6 +253,19 @@ impl Audit {
         line.keys = Some(key_list(&ring));
         line.prev = Some(hex(&w.prev));
         w.push(line, &ring);
+        if let Some((count, seq)) = w.skipped {
+            tracing::warn!(
+                path = %w.path.display(),
+                count,
+                seq,
+                "audit log: lines at its end do not verify (planted or changed); \
+                 chained on from the last line that does, and recorded what was skipped"
+            );
+            let mut line = Line::new("skipped");
+            line.count = Some(count);
+            line.reason = Some(format!("chained on from seq {seq}"));
+            w.push(line, &ring);
+        }
         w.flush().map_err(|source| AuditError::Io {
             path: w.path.clone(),
             source,
@@ -577,6 +590,9 @@ struct Writer {
     reported: u64,
     stats: Arc<AuditStats>,
     clock: Clock,
+    /// Lines at the end of the log that did not verify, which the restart
+    /// chained on past: how many, and the seq it chained on from.
+    skipped: Option<(u64, u64)>,
 }
 
 impl Writer {
@@ -599,6 +615,7 @@ impl Writer {
             reported: 0,
             stats,
             clock: Clock::default(),
+            skipped: None,
         };
         if let Sink::File(path) = &cfg.sink {
             let io = |source| AuditError::Io {
@@ -615,21 +632,24 @@ impl Writer {
             // Chain on from the live file's last line, or (when a crash cut
             // a rotation short and left it empty or missing) from the last
             // line of the newest rotated file.
+            let ring = w.keys.current();
             let (from, last) = if size > 0 {
-                let (first, last, torn) = ends(&mut f, size).map_err(io)?;
-                if torn {
+                let e = ends(&mut f, size, &ring).map_err(io)?;
+                if e.torn {
                     // A line cut by a crash mid-write stays (verify reports
                     // it); the chain goes on on a line of its own.
                     f.write_all(b"\n").map_err(io)?;
                 }
-                (first, last)
+                w.skipped = e.skipped;
+                (e.first, e.last)
             } else if let Some(r) = newest_rotated(path).map_err(io)? {
                 let mut rf = std::fs::File::open(&r).map_err(io)?;
                 let len = rf.metadata().map_err(io)?.len();
-                let (_, last, _) = ends(&mut rf, len).map_err(io)?;
+                let e = ends(&mut rf, len, &ring).map_err(io)?;
+                w.skipped = e.skipped;
                 (
                     None,
-                    Some(last.ok_or_else(|| AuditError::NoChain(r.clone()))?),
+                    Some(e.last.ok_or_else(|| AuditError::NoChain(r.clone()))?),
                 )
             } else {
                 (None, None)
@@ -964,7 +984,25 @@ pub fn rotated_name(path: &Path, first_seq: u64) -> PathBuf {
 /// The file's first line's seq, its last complete audit line's (seq, mac),
 /// and whether it ends in a cut line.
 #[allow(clippy::type_complexity)]
-fn ends(f: &mut File, size: u64) -> std::io::Result<(Option<u64>, Option<(u64, [u8; 32])>, bool)> {
+/// What a restart reads at the end of a log file.
+struct Ends {
+    /// The seq of the file's first line.
+    first: Option<u64>,
+    /// The last line whose MAC verifies, to chain on from.
+    last: Option<(u64, [u8; 32])>,
+    /// The file does not end with a newline (a write cut by a crash).
+    torn: bool,
+    /// Complete lines after `last` that did not verify, and `last`'s seq.
+    skipped: Option<(u64, u64)>,
+}
+
+/// Reads the first line's seq and, in the last 64 KiB, the last line whose
+/// MAC verifies — against the line before it, or the last one that did (a
+/// planted line never verifies, so a restart neither chains on from it
+/// nor is stopped by it). The first complete line of the window anchors
+/// the chain (the lines before it are not read); a line that verifies
+/// against its own `prev` (a `start` line) anchors it better.
+fn ends(f: &mut File, size: u64, ring: &Keyring) -> std::io::Result<Ends> {
     const TAIL: u64 = 64 * 1024;
     let mut head = vec![0u8; size.min(TAIL) as usize];
     f.seek(SeekFrom::Start(0))?;
@@ -979,14 +1017,55 @@ fn ends(f: &mut File, size: u64) -> std::io::Result<(Option<u64>, Option<(u64, [
     f.seek(SeekFrom::Start(from))?;
     f.read_exact(&mut tail)?;
     let torn = tail.last() != Some(&b'\n');
-    let last = tail
-        .split(|&b| b == b'\n')
-        .rev()
-        .filter_map(|l| verify::parse(l).ok())
-        .next()
-        .map(|(l, mac)| (l.seq, mac));
+    let verifies = |line: &Line, raw: &[u8], over: &[u8; 32], mac: &[u8; 32]| {
+        ring.get(KeyId(line.mac_key)).is_some_and(|k| {
+            k.audit_keys()
+                .chain_mac(over, &raw[..raw.len() - MAC_SUFFIX_LEN])
+                == *mac
+        })
+    };
+    // (seq, MAC) of the last good line, of the line before, and how many
+    // complete lines since the last good one did not verify.
+    let mut good: Option<(u64, [u8; 32])> = None;
+    let mut before: Option<[u8; 32]> = None;
+    let mut bad = 0u64;
+    for raw in tail.split(|&b| b == b'\n') {
+        let Ok((line, mac)) = verify::parse(raw) else {
+            continue;
+        };
+        let own = line
+            .prev
+            .as_deref()
+            .and_then(|p| verify::unhex32(p.as_bytes()));
+        let ok = match (good, own) {
+            // A line with its own `prev` is checked against it, which
+            // must be the line before or the last good one.
+            (g, Some(p)) => {
+                (g.is_none() || before == Some(p) || g.is_some_and(|(_, m)| m == p))
+                    && verifies(&line, raw, &p, &mac)
+            }
+            (None, None) => true,
+            (Some((_, g)), None) => {
+                before.is_some_and(|b| verifies(&line, raw, &b, &mac))
+                    || verifies(&line, raw, &g, &mac)
+            }
+        };
+        // A seq with no successor cannot be chained on from.
+        if ok && line.seq != u64::MAX {
+            good = Some((line.seq, mac));
+            bad = 0;
+        } else {
+            bad += 1;
+        }
+        before = Some(mac);
+    }
     f.seek(SeekFrom::End(0))?;
-    Ok((first, last, torn))
+    Ok(Ends {
+        first,
+        last: good,
+        torn,
+        skipped: good.filter(|_| bad > 0).map(|(seq, _)| (bad, seq)),
+    })
 }
 
 #[cfg(test)]

@@ -441,6 +441,48 @@ fn verify_finds_each_kind_of_tampering_and_says_where() {
         found[0].contains("headless:1: the chain does not start here"),
         "{found:?}"
     );
+    // Issue 58, finding 3: a garbage ("torn") line planted just before a
+    // changed line does not reset the chain: the changed line is named.
+    let found = tampered("torn-then-changed", &|v| {
+        v[4] = v[4]
+            .replace("\"refused\"", "\"ok\"")
+            .replace(",\"reason\":\"REPLAYED\"", "");
+        v.insert(4, "{\"seq\":4,\"ev".into());
+    });
+    assert!(
+        found
+            .iter()
+            .any(|p| p.contains("torn-then-changed:5: not a complete audit line")),
+        "{found:?}"
+    );
+    assert!(
+        found
+            .iter()
+            .any(|p| p.contains("torn-then-changed:6: MAC does not match")),
+        "{found:?}"
+    );
+    assert!(
+        !found.iter().any(|p| p.contains("does not start here")),
+        "{found:?}"
+    );
+    // ... nor does one planted before an unchanged line hide anything:
+    // the lines after it verify against the last good one.
+    let found = tampered("torn-only", &|v| v.insert(4, "garbage".into()));
+    assert_eq!(found.len(), 1, "{found:?}");
+    // A start line's prev is checked against the last good MAC across a
+    // garbage line: one from another chain is named.
+    let found = tampered("torn-then-foreign-start", &|v| {
+        v.insert(4, "garbage".into());
+        let forged = v[0].replacen("\"prev\":\"0000", "\"prev\":\"1111", 1);
+        assert_ne!(forged, v[0]);
+        v.insert(5, forged);
+    });
+    assert!(
+        found
+            .iter()
+            .any(|p| p.contains("torn-then-foreign-start:6: its prev member differs")),
+        "{found:?}"
+    );
     // A MAC spelt otherwise (upper case) is not the MAC.
     let found = tampered("upper", &|v| {
         let l = v[3].len();
@@ -550,6 +592,72 @@ async fn a_restart_chains_on_from_the_last_line() {
         out.contains("audit.log:3: note: a restart after a run that did not end"),
         "{out}"
     );
+}
+
+/// Issue 58, finding 4: a line planted at the end of the live log (the
+/// largest seq, a made-up MAC) neither stops the next start nor is chained
+/// on from: the restart chains on from the last line whose MAC verifies and
+/// records what it skipped, which verify reports beside the planted line.
+#[test]
+fn a_planted_tail_neither_stops_a_start_nor_joins_the_chain() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = KeysetFile::generate(1_700_000_000);
+    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let ring = Keyring::from_file(&file).unwrap();
+    let log = dir.path().join("audit.log");
+    let audit = audit_in(dir.path(), &handle, 1 << 20);
+    decide(&audit, 4);
+    audit.close();
+    drop(audit);
+    let honest = std::fs::read_to_string(&log).unwrap().lines().count();
+    // A copy of the honest stop line with the largest seq and a made-up MAC.
+    let text = std::fs::read_to_string(&log).unwrap();
+    let stop = text.lines().last().unwrap();
+    let seq = lines(&log).last().unwrap()["seq"].as_u64().unwrap();
+    let planted = format!(
+        "{},\"mac\":\"{}\"}}\n",
+        stop[..stop.len() - 74].replacen(
+            &format!("\"seq\":{seq},"),
+            &format!("\"seq\":{},", u64::MAX),
+            1
+        ),
+        "ab".repeat(32)
+    );
+    assert!(planted.contains(&u64::MAX.to_string()), "{planted}");
+    let mut f = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
+    std::io::Write::write_all(&mut f, planted.as_bytes()).unwrap();
+    drop(f);
+    // Starts, and chains on from the honest stop line.
+    let audit = audit_in(dir.path(), &handle, 1 << 20);
+    decide(&audit, 2);
+    audit.close();
+    let all = lines(&log);
+    let events: Vec<&str> = all[honest + 1..]
+        .iter()
+        .map(|l| l["event"].as_str().unwrap())
+        .collect();
+    assert_eq!(events, ["start", "skipped", "open", "open", "stop"]);
+    assert_eq!(
+        all[honest + 1]["seq"],
+        all[honest - 1]["seq"].as_u64().unwrap() + 1
+    );
+    assert_eq!(all[honest + 2]["count"], 1);
+    let r = stateseal::verify_audit_log(std::slice::from_ref(&log), &ring, None).unwrap();
+    let at = format!("{}:{}", log.display(), honest + 1);
+    // The planted line, and nothing after it, is named.
+    assert!(!r.problems.is_empty(), "planted line not detected");
+    assert!(
+        r.problems.iter().all(|p| p.starts_with(&format!("{at}:"))),
+        "{:?}",
+        r.problems
+    );
+    assert!(
+        r.problems.iter().any(|p| p.contains("MAC does not match")),
+        "{:?}",
+        r.problems
+    );
+    assert_eq!(r.skipped_at_restart.len(), 1, "{:?}", r.skipped_at_restart);
+    assert!(r.stopped && r.genesis);
 }
 
 /// A sink that fills up, then has room again: with `closed`, requests are

@@ -32,6 +32,10 @@ pub struct Report {
     /// `start` lines after a run that did not end with `stop` (a crash, a
     /// `kill -9` — or lines cut from that run's end): `FILE:LINE`.
     pub unclean_restarts: Vec<String>,
+    /// `skipped` lines: a restart that found lines at the log's end that
+    /// did not verify and chained on from the last line that did
+    /// (`FILE:LINE: what`).
+    pub skipped_at_restart: Vec<String>,
     /// Each as `FILE:LINE: what`.
     pub problems: Vec<String>,
 }
@@ -82,6 +86,13 @@ pub fn verify(
         Some((seq, _)) => Some(seq.saturating_add(1)),
         None => Some(0),
     };
+    // The last line whose MAC verified (or the anchor), and the seq after
+    // it: kept across lines that cannot be parsed or do not verify, so a
+    // planted or changed line never resets the chain, and a line after it
+    // that chains on from the last good one (a restart skipping a planted
+    // tail, or the line after an inserted one) is checked against it.
+    let mut good: Option<([u8; 32], Option<u64>)> = prev.map(|p| (p, expect));
+    let mut after_bad = false;
     let mut last_event = String::from("stop");
     for file in files {
         let bytes = std::fs::read(file)?;
@@ -96,10 +107,12 @@ pub fn verify(
             let (line, mac) = match parse(raw) {
                 Ok(p) => p,
                 Err(why) => {
+                    // The chain goes on from the last good line: the next
+                    // one must verify against it.
                     r.problems.push(format!(
                         "{at}: {why} (cut by a crash mid-write, or changed)"
                     ));
-                    prev = None;
+                    after_bad = true;
                     continue;
                 }
             };
@@ -111,7 +124,90 @@ pub fn verify(
                 r.unclean_restarts.push(at.clone());
             }
             last_event.clone_from(&line.event);
-            if let Some(e) = expect {
+            if line.event == "skipped" {
+                r.skipped_at_restart.push(format!(
+                    "{at}: the restart above skipped {} line(s) at the end of the log that did \
+                     not verify ({})",
+                    line.count.unwrap_or(0),
+                    line.reason.as_deref().unwrap_or("no detail")
+                ));
+            }
+            let stated = line.prev.as_deref().map(|p| unhex32(p.as_bytes()));
+            // Where this line may chain on from: the line before, or (after
+            // one that failed) the last good line.
+            let rejoin = good.filter(|(g, _)| after_bad && Some(*g) != prev);
+            let key = ring.get(KeyId(line.mac_key));
+            let body = &raw[..raw.len() - MAC_SUFFIX_LEN];
+            let verifies = |from: &[u8; 32]| {
+                key.as_ref()
+                    .is_some_and(|k| k.audit_keys().chain_mac(from, body) == mac)
+            };
+            let mut rejoined = false;
+            // Problems of the chain reported after the seq's.
+            let mut later = Vec::new();
+            let chain_prev = match (prev, stated) {
+                (_, Some(None)) => {
+                    later.push(format!("{at}: its prev member is not a MAC"));
+                    None
+                }
+                (Some(p), Some(Some(s))) if p != s => {
+                    if rejoin.is_some_and(|(g, _)| g == s) {
+                        rejoined = true;
+                        Some(s)
+                    } else {
+                        later.push(format!(
+                            "{at}: its prev member differs from the line before: lines removed, \
+                             reordered, or from another chain"
+                        ));
+                        Some(p)
+                    }
+                }
+                (Some(p), _) => Some(p),
+                (None, Some(Some(s))) => {
+                    if r.lines == 1 && line.seq == 0 && s == [0u8; 32] && after.is_none() {
+                        r.genesis = true;
+                    }
+                    Some(s)
+                }
+                (None, None) => {
+                    later.push(format!(
+                        "{at}: nothing to check it against: the chain does not start here \
+                         (the files before it, or its first lines, are missing)"
+                    ));
+                    None
+                }
+            };
+            // The MAC first, to know where the line chains on from; its
+            // problem is reported after the seq's.
+            let mut ok = false;
+            let mut mac_problem = None;
+            if let Some(from) = chain_prev {
+                if key.is_none() {
+                    mac_problem = Some(format!(
+                        "{at}: its chain key (root key {}) is not in this keyset: verify with a \
+                         keyset that still holds it",
+                        line.mac_key
+                    ));
+                } else if verifies(&from) {
+                    ok = true;
+                } else if rejoin.is_some_and(|(g, _)| !rejoined && verifies(&g)) {
+                    // Chained on from the last good line: the line(s)
+                    // between were inserted (each already reported).
+                    rejoined = true;
+                    ok = true;
+                } else {
+                    mac_problem = Some(format!(
+                        "{at}: MAC does not match: the line was changed, or a line before it \
+                         was removed, inserted or reordered"
+                    ));
+                }
+            }
+            let want = if rejoined {
+                rejoin.and_then(|(_, e)| e)
+            } else {
+                expect
+            };
+            if let Some(e) = want {
                 if line.seq != e {
                     r.problems.push(if r.lines == 1 && after.is_none() {
                         format!(
@@ -130,58 +226,17 @@ pub fn verify(
                     });
                 }
             }
+            r.problems.extend(later);
+            r.problems.extend(mac_problem);
             expect = line.seq.checked_add(1);
             if expect.is_none() {
                 r.problems.push(format!("{at}: seq at its largest value"));
             }
-            let stated = line.prev.as_deref().map(|p| unhex32(p.as_bytes()));
-            let chain_prev = match (prev, stated) {
-                (_, Some(None)) => {
-                    r.problems
-                        .push(format!("{at}: its prev member is not a MAC"));
-                    prev = Some(mac);
-                    continue;
-                }
-                (Some(p), Some(Some(s))) if p != s => {
-                    r.problems.push(format!(
-                        "{at}: its prev member differs from the line before: lines removed, \
-                         reordered, or from another chain"
-                    ));
-                    p
-                }
-                (Some(p), _) => p,
-                (None, Some(Some(s))) => {
-                    if r.lines == 1 && line.seq == 0 && s == [0u8; 32] && after.is_none() {
-                        r.genesis = true;
-                    }
-                    s
-                }
-                (None, None) => {
-                    r.problems.push(format!(
-                        "{at}: nothing to check it against: the chain does not start here \
-                         (the files before it, or its first lines, are missing)"
-                    ));
-                    prev = Some(mac);
-                    continue;
-                }
-            };
-            let Some(key) = ring.get(KeyId(line.mac_key)) else {
-                r.problems.push(format!(
-                    "{at}: its chain key (root key {}) is not in this keyset: verify with a \
-                     keyset that still holds it",
-                    line.mac_key
-                ));
-                prev = Some(mac);
-                continue;
-            };
-            let body = &raw[..raw.len() - MAC_SUFFIX_LEN];
-            if key.audit_keys().chain_mac(&chain_prev, body) != mac {
-                r.problems.push(format!(
-                    "{at}: MAC does not match: the line was changed, or a line before it \
-                     was removed, inserted or reordered"
-                ));
-            }
             prev = Some(mac);
+            if ok || good.is_none() {
+                good = Some((mac, expect));
+            }
+            after_bad = !ok;
         }
     }
     Ok(r)
