@@ -237,7 +237,8 @@ impl ServeArgs {
                     SledLedger::open(&self.data_dir.join("ledger"))?
                         .with_max_records(max)
                         .with_max_tenant_records(per_tenant)
-                        .with_inherited_lease_grace(self.clock_skew.saturating_mul(2)),
+                        .with_inherited_lease_grace(self.clock_skew.saturating_mul(2))
+                        .with_lease_collection_margin(self.clock_skew),
                 ))
             }
             LedgerKind::Postgres => {

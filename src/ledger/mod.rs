@@ -316,6 +316,10 @@ pub struct FlushStats {
     /// sled: seconds added to the end of every lease an earlier process
     /// granted (0 until set).
     pub inherited_lease_grace: AtomicU64,
+    /// sled: seconds a reservation's lease must have ended, by the
+    /// ledger's own clock, before collection removes it (the clock skew;
+    /// 0 until set).
+    pub lease_collection_margin: AtomicU64,
 }
 
 /// A ledger is also the clock guard's [`Reference`]: the database's clock

@@ -784,7 +784,8 @@ impl Ledger for PgLedger {
             client.query_opt(
                 &format!(
                     "UPDATE {TABLE}
-                        SET lease_until = LEAST(extract(epoch FROM statement_timestamp())::bigint + $3, $4)
+                        SET lease_until = GREATEST(lease_until,
+                              LEAST(extract(epoch FROM statement_timestamp())::bigint + $3, $4))
                       WHERE id = $1 AND state = 1 AND rid = $2
                   RETURNING lease_until, extract(epoch FROM statement_timestamp())::bigint"
                 ),

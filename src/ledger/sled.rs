@@ -135,6 +135,9 @@ enum Job {
     /// before it.
     Collect {
         before: u64,
+        /// Reservations are collected once their lease ended before this,
+        /// by the ledger's clock.
+        lease_before: u64,
         limit: usize,
         reply: oneshot::Sender<Result<usize, LedgerError>>,
     },
@@ -346,6 +349,17 @@ impl SledLedger {
         self
     }
 
+    /// Collects a reservation only once its lease ended `seconds` ago by
+    /// the ledger's own clock (which judges leases), whatever the wall
+    /// clock that sets the collection horizon says. The server sets the
+    /// clock skew.
+    pub fn with_lease_collection_margin(self, seconds: u64) -> Self {
+        self.stats
+            .lease_collection_margin
+            .store(seconds, Ordering::Relaxed);
+        self
+    }
+
     /// The records the ledger holds now.
     pub fn records(&self) -> u64 {
         self.stats.records.load(Ordering::Relaxed)
@@ -442,9 +456,10 @@ impl Writer {
                     Job::Barrier(r) => barriers.push(r),
                     Job::Collect {
                         before,
+                        lease_before,
                         limit,
                         reply,
-                    } => collects.push((before, limit, reply)),
+                    } => collects.push((before, lease_before, limit, reply)),
                     Job::HighWater(t) => high_water = high_water.max(Some(t)),
                     other => decisions.push(other),
                 }
@@ -478,11 +493,11 @@ impl Writer {
                     }
                 }
             }
-            for (before, limit, reply) in collects {
+            for (before, lease_before, limit, reply) in collects {
                 let r = if self.dead.load(Ordering::SeqCst) {
                     Err(LedgerError::FailedForGood)
                 } else {
-                    self.collect(before, limit)
+                    self.collect(before, lease_before, limit)
                 };
                 if r.is_err() {
                     self.dead.store(true, Ordering::SeqCst);
@@ -613,11 +628,19 @@ impl Writer {
                     let (record, _) = Record::decode(raw.as_deref());
                     let c = match record {
                         Record::Reserved {
-                            rid: r, attempt, ..
+                            rid: r,
+                            attempt,
+                            until,
                         } if r == *rid => {
+                            // Never shorter than the lease it extends
+                            // (its holder was told that end).
+                            let mut end = LeaseEnd::from(*now, *seconds, *cap);
+                            if end.until < until {
+                                end = LeaseEnd::from(*now, u32::MAX, until);
+                            }
                             let lease = Lease {
                                 rid: r,
-                                end: LeaseEnd::from(*now, *seconds, *cap),
+                                end,
                                 attempt,
                             };
                             Slot::write(&mut overlay, k, &raw, Some(reserved_value(key, &lease)));
@@ -776,8 +799,14 @@ impl Writer {
     }
 
     /// Raises the horizon durably, then removes records below it, then
-    /// reservations whose lease ended before `before`.
-    fn collect(&mut self, before: u64, limit: usize) -> Result<usize, LedgerError> {
+    /// reservations whose lease ended before `lease_before` (the ledger's
+    /// clock, which judges leases, minus the skew; never after `before`).
+    fn collect(
+        &mut self,
+        before: u64,
+        lease_before: u64,
+        limit: usize,
+    ) -> Result<usize, LedgerError> {
         if before > self.horizon {
             self.meta
                 .insert(META_HORIZON, &before.to_be_bytes()[..])
@@ -791,8 +820,10 @@ impl Writer {
             let (k, v) = item.map_err(|e| LedgerError::storage("scan", e))?;
             gone.push((k, v));
         }
-        // Reservations nobody took over, whose lease ended before `before`
-        // (the clock skew ago): removing one leaves the token as if never
+        // Reservations nobody took over, whose lease ended before
+        // `lease_before` (the clock skew ago, by the clock that judged the
+        // lease: a wall clock ahead of it must not end a lease early, whose
+        // holder's Commit would then fail): removing one leaves the token as if never
         // opened, which is what a takeover would have found. Their holder's
         // late Commit then answers LEASE_EXPIRED.
         let (inherited, grace) = (
@@ -801,8 +832,10 @@ impl Writer {
         );
         let ended: Vec<_> = self
             .leases
-            .range(..(before, [0u8; LedgerKey::LEN]))
-            .filter(|(until, k)| !inherited.contains(k) || until.saturating_add(grace) < before)
+            .range(..(lease_before, [0u8; LedgerKey::LEN]))
+            .filter(|(until, k)| {
+                !inherited.contains(k) || until.saturating_add(grace) < lease_before
+            })
             .take(limit)
             .copied()
             .collect();
@@ -1178,8 +1211,11 @@ impl Ledger for SledLedger {
     }
 
     async fn remove_expired(&self, before_unix: u64, limit: usize) -> Result<usize, LedgerError> {
+        let margin = self.stats.lease_collection_margin.load(Ordering::Relaxed);
+        let lease_before = before_unix.min(self.clock.now_unix().saturating_sub(margin));
         self.ask(|reply| Job::Collect {
             before: before_unix,
+            lease_before,
             limit,
             reply,
         })

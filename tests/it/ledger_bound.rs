@@ -287,3 +287,87 @@ async fn a_lease_ending_with_its_token_is_collected_once() {
         "and its tenant's count too"
     );
 }
+
+/// Issue 58, finding 5: collection judges a reservation's lease by the
+/// ledger's clock, which granted it, not by the wall clock that sets the
+/// horizon. With the wall clock far ahead, a lease that ended a moment ago
+/// (less than the skew) is not collected, and its holder's late Commit
+/// lands although nobody took the token over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wall_clock_ahead_does_not_collect_a_lease_early() {
+    use stateseal::internals::binding::Tenant;
+    use stateseal::internals::clock::Clock;
+    use stateseal::internals::keyring::{Keyring, KeyringHandle};
+    use stateseal::internals::sealer::{OpenMode as Mode, Sealer};
+
+    let dir = tempfile::tempdir().unwrap();
+    let keys = Arc::new(KeyringHandle::new(
+        Keyring::from_file(&KeysetFile::generate(T0)).unwrap(),
+    ));
+    let clock = Arc::new(stateseal::internals::clock::ManualClock::new(T0));
+    let limits = Limits {
+        clock_skew: 5,
+        ..Limits::default()
+    };
+    let sled = Arc::new(
+        crate::common::open_sled_again(&dir.path().join("ledger"))
+            .with_clock(clock.clone())
+            .with_lease_collection_margin(5),
+    );
+    let s = Sealer::new(keys.clone(), sled.clone(), clock.clone(), limits);
+    let tenant = Tenant::new("t");
+    let b = bind_json(
+        &s,
+        &tenant,
+        "alice",
+        "tools/call",
+        r#"{"name":"t","arguments":{}}"#,
+    )
+    .unwrap();
+    let t = s.seal(&b, b"x", 3600, true, None).unwrap().token;
+    let u = s.precheck(&t).unwrap();
+    let o = s
+        .open(
+            &b,
+            u,
+            Mode::Reserve { lease_seconds: 2 },
+            None,
+            &mut Default::default(),
+        )
+        .await
+        .unwrap();
+    let (reservation, _) = o.reservation.expect("reserved");
+    // The lease ended 2 s ago by the ledger's clock (within the skew); the
+    // wall clock runs 1000 s ahead and sets the horizon from it.
+    clock.advance(2 + 2);
+    let removed = sled
+        .remove_expired(clock.now_unix() + 1000 - 5, 100)
+        .await
+        .unwrap();
+    assert_eq!(
+        removed, 0,
+        "a lease collected before the skew had passed by its own clock"
+    );
+    s.commit(&tenant, &reservation, &mut Default::default())
+        .await
+        .unwrap();
+    // Once the skew has passed by the ledger's clock, an ended lease nobody
+    // committed is collected as before.
+    let t = s.seal(&b, b"y", 3600, true, None).unwrap().token;
+    let u = s.precheck(&t).unwrap();
+    s.open(
+        &b,
+        u,
+        Mode::Reserve { lease_seconds: 2 },
+        None,
+        &mut Default::default(),
+    )
+    .await
+    .unwrap();
+    clock.advance(2 + 5 + 1);
+    let removed = sled
+        .remove_expired(clock.now_unix() + 1000 - 5, 100)
+        .await
+        .unwrap();
+    assert_eq!(removed, 1);
+}

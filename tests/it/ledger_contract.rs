@@ -700,6 +700,20 @@ async fn lease_expiry(l: Arc<dyn Ledger>) {
         Held::Yes(Some(end)) => assert!(end.until <= now + 5, "{end:?}"),
         other => panic!("{other:?}"),
     }
+
+    // A renewal never ends before the lease it extends (issue 58: after a
+    // backward step of the clock that judges leases, or a shorter ask, an
+    // acknowledged renewal must not already be over): the holder keeps the
+    // end it was told.
+    let k = key(FAR);
+    let a = reserved_now(l.reserve(&k, ask(5, 60)).await.unwrap());
+    match l.renew(&k, a.rid, 1, u64::MAX).await.unwrap() {
+        Held::Yes(Some(end)) => assert!(end.until >= a.end.until, "{end:?} shortened {a:?}"),
+        other => panic!("{other:?}"),
+    }
+    tokio::time::sleep(PAST_A_ONE_SECOND_LEASE).await;
+    assert_eq!(l.reserve(&k, ask(6, 60)).await.unwrap(), Reserved::InUse);
+    assert_eq!(l.commit(&k, a.rid).await.unwrap(), Held::Yes(None));
 }
 
 /// Garbage collection frees a reservation whose lease ended (and that
