@@ -38,20 +38,34 @@ interface Ctx {
  * nowhere. */
 export type Logger = Pick<Console, 'info' | 'warn' | 'error'> & { debug?: (message: string) => void };
 
-/** How long an Open that found its token IN_USE waits, at most, for the
- * Commit of that token still running in this process after its answer went
- * out. */
+/** How long an Open waits, at most, for the Commit (or Release) of its
+ * token that this process still keeps after the handler's answer went out.
+ * If it is still kept then, the Open is answered IN_USE (retryable) without
+ * reaching stateseal: once the lease has run out, stateseal would let it
+ * take the token over, and run the handler a second time. */
 const COMMIT_WAIT_MS = 5000;
 /** The pauses before an Open that found its token IN_USE is sent again (the
  * same attempt id): another replica's handler may have answered with its
  * Commit on the way. 375 ms in all, after which IN_USE is answered as such
  * (as in the Python package). */
 const BUSY_WAITS_MS = [25, 50, 100, 200];
-/** The Commits running beside their answers in this process, by the SHA-256
- * of their token: what an Open that finds a token IN_USE waits for,
- * whichever boundary (replica) it reached, and how to hurry it (send it
- * now if it still waits for a carrier). */
+/** The Commits (and Releases) this process keeps after their handler
+ * returned, by the SHA-256 of their token: what an Open of that token waits
+ * for, whichever boundary (replica) it reached, and how to hurry it (send
+ * it now if it still waits for a carrier, and end the pause before its next
+ * try). */
 const PENDING = new Map<string, { done: Promise<void>; hurry: () => void }>();
+
+/** How long, by default, a returned handler's Commit (or a failed one's
+ * Release) is tried again while it fails transiently, in milliseconds. */
+export const DEFAULT_COMMIT_WINDOW_MS = 60_000;
+/** How many Commits and Releases one boundary keeps at once, by default. */
+export const DEFAULT_MAX_PENDING_COMMITS = 10_000;
+/** The first pause before a kept Commit or Release is tried again, in
+ * milliseconds; each next pause doubles, up to KEPT_RETRY_MAX_MS. */
+const KEPT_RETRY_FIRST_MS = 50;
+/** The longest pause between two tries of a kept Commit or Release. */
+const KEPT_RETRY_MAX_MS = 500;
 
 /** How long, by default, a Commit waits for a durable Open of the same
  * boundary to carry it before it is sent on its own, in milliseconds. */
@@ -146,6 +160,123 @@ const sleep = (ms: number) =>
 /** The shortest renewal period, in milliseconds. */
 const MIN_RENEW_MS = 500;
 
+/** The pause between two tries of a kept Commit or Release, which an Open
+ * of its token in this process ends early (`wake`). Its timer never keeps
+ * the process alive: `drain()` is what waits. */
+class Pause {
+  #wake: (() => void) | undefined;
+
+  wait(ms: number): Promise<void> {
+    return new Promise<void>((resolve) => {
+      const timer = setTimeout(() => this.wake(), ms);
+      timer.unref();
+      this.#wake = () => {
+        clearTimeout(timer);
+        this.#wake = undefined;
+        resolve();
+      };
+    });
+  }
+
+  wake(): void {
+    this.#wake?.();
+  }
+}
+
+/** Keeps one reservation's lease: renews it every third of the lease
+ * stateseal granted (the granted seconds, never local time against the
+ * lease's end) from the Open until its Commit gets a definite answer, or
+ * until the Release. Renewals and Commit tries go one at a time
+ * (`exclusive`), so that no Renew reaches stateseal after the Commit (it
+ * would answer LEASE_EXPIRED there, and count a lost lease). The timer
+ * never keeps the process alive. */
+class LeaseKeeper {
+  /** `running`: the handler runs, and a lost renewal is an operator alarm.
+   * `finishing`: it returned and its Commit is being tried; the Commit's
+   * answer, not a renewal's, says whether the token was taken over.
+   * `stopped`: no renewal any more. */
+  #phase: 'running' | 'finishing' | 'stopped' = 'running';
+  #timer: NodeJS.Timeout | undefined;
+  /** The renewal or Commit try in flight (settled when none is). */
+  #lane: Promise<unknown> = Promise.resolve();
+
+  constructor(
+    readonly client: RequestStateClient,
+    readonly reservation: string,
+    /** The lease asked for at each renewal, in seconds (0 = the service's
+     * default). */
+    readonly asked: number,
+    /** The lease granted last, in seconds (0: a service older than Renew,
+     * which gets no renewals). */
+    public granted: number,
+    readonly method: string,
+    readonly log: Logger,
+  ) {
+    if (granted > 0) this.#schedule();
+  }
+
+  /** Runs `call` (a Commit try) with no renewal in flight; none starts until
+   * it has settled. */
+  exclusive<T>(call: () => Promise<T>): Promise<T> {
+    const p = this.#lane.then(call);
+    this.#lane = p.catch(() => undefined);
+    return p;
+  }
+
+  /** The handler returned: from now on its Commit's answer tells whether
+   * the token was taken over. */
+  finishing(): void {
+    if (this.#phase === 'running') this.#phase = 'finishing';
+  }
+
+  /** No renewal is sent after this call. */
+  stopNow(): void {
+    this.#phase = 'stopped';
+    clearTimeout(this.#timer);
+  }
+
+  /** No renewal is sent after this call; resolves once none is in flight. */
+  async stop(): Promise<void> {
+    this.stopNow();
+    await this.#lane;
+  }
+
+  #schedule(): void {
+    this.#timer = setTimeout(() => void this.#renew(), Math.max(MIN_RENEW_MS, (this.granted * 1000) / 3));
+    this.#timer.unref();
+  }
+
+  async #renew(): Promise<void> {
+    try {
+      const lease = await this.exclusive(async () => (this.#phase === 'stopped' ? undefined : this.client.renew(this.reservation, this.asked)));
+      if (lease && lease.leaseSeconds > 0) this.granted = lease.leaseSeconds;
+    } catch (e) {
+      if (this.#phase === 'stopped') return;
+      try {
+        if (renewalLost(e)) {
+          if (this.#phase === 'running') {
+            this.log.error(`stateseal: reservation lost while the handler ran; another attempt may run it (${this.method})`);
+          } else {
+            // The handler returned: its Commit's answer says what happened.
+            this.log.debug?.(`stateseal: renew on ${this.method} after the handler returned: LEASE_EXPIRED; renewing stops`);
+          }
+          this.#phase = 'stopped';
+          return;
+        }
+        // The transport (or a transient stateseal condition): the lease
+        // still runs; the next renewal may get through. Once the handler
+        // returned, the kept Commit's warning has already said so.
+        const line = `stateseal: renew on ${this.method} failed: ${reasonText(e)}; retrying`;
+        if (this.#phase === 'running') this.log.warn(line);
+        else this.log.debug?.(line);
+      } catch {
+        // The logger's own failure: renewing goes on.
+      }
+    }
+    if (this.#phase !== 'stopped') this.#schedule();
+  }
+}
+
 /** The longest `requestState` (UTF-8 bytes) sent to stateseal. The service
  * accepts a state of up to 64 KiB (`--max-state-bytes 65536`) sealed with a
  * manifest of up to 16 KiB into a token: base64url of header (9) + nonce
@@ -227,6 +358,20 @@ export interface BoundaryOptions {
    * handler again. The delay widens that window by at most this, so keep it
    * far below the lease. `drain()` sends what is waiting at once. */
   commitDelayMs?: number;
+  /** How long, in milliseconds, a returned handler's Commit is tried again
+   * while it fails transiently (stateseal unreachable, its ledger or audit
+   * log failing), with pauses from 50 ms doubling to 500 ms; the lease is
+   * renewed meanwhile, until the Commit gets a definite answer. A failed
+   * handler's Release is kept the same way. Default
+   * `DEFAULT_COMMIT_WINDOW_MS` (60 s); never less than `leaseSeconds`, and
+   * for each reservation at least the lease stateseal granted it. An outage
+   * shorter than this never runs a handler that returned a second time
+   * (but see the README's "What at most once means"). */
+  commitWindowMs?: number;
+  /** The most Commits and Releases this boundary keeps trying at once
+   * (default `DEFAULT_MAX_PENDING_COMMITS`, 10,000). One more is tried
+   * once, not kept: an error log line, counted in `commitsNotKept`. */
+  maxPendingCommits?: number;
   logger?: Logger;
 }
 
@@ -310,7 +455,8 @@ export function resend(e: unknown): boolean {
   return e instanceof StatesealError && !e.fromStateseal && LOST.has(e.code);
 }
 
-/** A Commit is retried (it is idempotent): any transient failure. */
+/** A Commit (or a Release) is tried again (both are idempotent): any
+ * transient failure. */
 export function retryCommit(e: unknown): boolean {
   return e instanceof StatesealError && e.retryable;
 }
@@ -334,9 +480,15 @@ export class StatesealBoundary {
   readonly #maxState: number;
   readonly #maxAnswers: number;
   readonly #log: Logger;
-  /** Commits running after their handler's answer went out. */
+  /** Commits (and Releases) running after their handler's answer went out:
+   * what drain() waits for. */
   readonly #committing = new Set<Promise<void>>();
   readonly #commitDelayMs: number;
+  readonly #commitWindowMs: number;
+  readonly #maxPending: number;
+  /** How many of `#committing` are kept (retried through the window). */
+  #kept = 0;
+  #notKept = 0;
   /** The Commits waiting for a durable Open to carry them. */
   readonly #carrier: Carrier;
 
@@ -366,8 +518,32 @@ export class StatesealBoundary {
     if (!Number.isFinite(this.#commitDelayMs) || this.#commitDelayMs < 0 || this.#commitDelayMs > MAX_COMMIT_DELAY_MS) {
       throw new TypeError(`commitDelayMs must be between 0 (commit at once) and ${MAX_COMMIT_DELAY_MS}`);
     }
+    this.#commitWindowMs = options.commitWindowMs ?? DEFAULT_COMMIT_WINDOW_MS;
+    if (!Number.isFinite(this.#commitWindowMs) || this.#commitWindowMs <= 0) {
+      throw new TypeError('commitWindowMs must be a positive, finite number of milliseconds');
+    }
+    if (this.#commitWindowMs < this.#lease * 1000) {
+      throw new TypeError(`commitWindowMs (${this.#commitWindowMs}) must not be shorter than leaseSeconds (${this.#lease} s)`);
+    }
+    this.#maxPending = options.maxPendingCommits ?? DEFAULT_MAX_PENDING_COMMITS;
+    if (!Number.isSafeInteger(this.#maxPending) || this.#maxPending < 1) {
+      throw new TypeError('maxPendingCommits must be a positive integer');
+    }
     this.#carrier = new Carrier(client, this.#commitDelayMs);
     this.#log = options.logger ?? console;
+  }
+
+  /** The Commits and Releases this boundary keeps trying now (at most
+   * `maxPendingCommits`). */
+  get pendingCommits(): number {
+    return this.#kept;
+  }
+
+  /** How many Commits and Releases found `maxPendingCommits` already kept
+   * since this boundary was made: each was tried once and not kept (and
+   * logged as an error). */
+  get commitsNotKept(): number {
+    return this.#notKept;
   }
 
   /** Wraps a low-level request handler of `tools/call`, `prompts/get` or
@@ -442,55 +618,180 @@ export class StatesealBoundary {
     const state = opened.state.length > 0 ? opened.state.toString('utf8') : undefined;
     const inner = fresh ? withState(ctx, undefined, undefined) : withState(ctx, state, filtered);
     const reservation = opened.reservation;
-    // The lease lives as long as the handler: renewed until it ends.
-    const stopRenewing = reservation ? this.#renewWhileRunning(method, reservation, opened.leaseSeconds) : undefined;
+    // The lease lives as long as the handler, and its Commit: renewed until
+    // the Commit gets a definite answer (or until the Release).
+    const lease = reservation
+      ? new LeaseKeeper(this.#client, reservation, this.#lease, opened.leaseSeconds, method, this.#log)
+      : undefined;
     let result: unknown;
     try {
-      try {
-        result = await this.#sealIfAsked(method, target, params, inner, await run(inner));
-      } finally {
-        await stopRenewing?.();
-      }
+      result = await this.#sealIfAsked(method, target, params, inner, await run(inner));
     } catch (e) {
-      if (reservation) await this.#release(method, reservation);
+      if (lease) await this.#release(method, token, lease);
       throw e;
     }
-    if (reservation && isErrorResult(result)) {
+    if (lease && isErrorResult(result)) {
       // The tool reported failure: give the token back for the retry.
-      await this.#release(method, reservation);
+      await this.#release(method, token, lease);
       return result;
     }
-    if (reservation) {
-      // The handler ran and the renewals have stopped: its answer goes out
-      // now, and the Commit runs beside it. Until the Commit lands the
-      // lease keeps the token IN_USE, so no other attempt runs the handler
-      // in the meantime.
-      const committing: Promise<void> = this.#finish(method, reservation).finally(() => {
-        this.#committing.delete(committing);
-        if (PENDING.get(token)?.done === committing) PENDING.delete(token);
-      });
-      this.#committing.add(committing);
-      PENDING.set(token, { done: committing, hurry: () => this.#carrier.sendAll() });
+    if (lease) {
+      // The handler ran: its answer goes out now, and the Commit runs
+      // beside it, kept until it lands. Until then the renewed lease keeps
+      // the token IN_USE, so no other attempt runs the handler meanwhile.
+      lease.finishing();
+      this.#keep(method, token, (windowMs, pause) => this.#commit(method, lease, windowMs, pause), 'commit', lease.granted);
     }
     return result;
   }
 
+  /** Tracks a Commit or Release (`work`) that runs after its handler's
+   * answer: drain() waits for it, and an Open of its token in this process
+   * waits for it (PENDING). Kept (tried through the commit window, and at
+   * least the lease `grantedSeconds`) while fewer than `maxPendingCommits`
+   * are; else tried once, logged and counted. */
+  #keep(
+    method: string,
+    token: string,
+    work: (windowMs: number, pause: Pause) => Promise<void>,
+    what: 'commit' | 'release',
+    grantedSeconds: number,
+  ): void {
+    const kept = this.#kept < this.#maxPending;
+    if (kept) {
+      this.#kept++;
+    } else {
+      this.#notKept++;
+      this.#safely(() =>
+        this.#log.error(
+          `stateseal: ${what} on ${method} not kept: ${this.#maxPending} commits and releases already pending (maxPendingCommits); it is tried once, and the token may open again after its lease`,
+        ),
+      );
+    }
+    const pause = new Pause();
+    const windowMs = kept ? Math.max(this.#commitWindowMs, grantedSeconds * 1000) : 0;
+    const done: Promise<void> = work(windowMs, pause)
+      .catch(() => undefined)
+      .finally(() => {
+        if (kept) this.#kept--;
+        this.#committing.delete(done);
+        if (PENDING.get(token)?.done === done) PENDING.delete(token);
+      });
+    this.#committing.add(done);
+    PENDING.set(token, {
+      done,
+      hurry: () => {
+        this.#carrier.sendAll();
+        pause.wake();
+      },
+    });
+  }
+
   /** Commits a reservation whose handler returned, after its answer went
-   * out. Never rejects: a failure is logged (and a logger that throws is
-   * ignored). */
-  async #finish(method: string, reservation: string): Promise<void> {
+   * out: tried until it gets a definite answer or `windowMs` has run out
+   * (`#untilDefinite`), with its lease renewed meanwhile. The first try
+   * rides on this boundary's next durable Open, or goes on its own after
+   * `commitDelayMs`; the others go at once. Never rejects: a failure is
+   * logged. */
+  async #commit(method: string, lease: LeaseKeeper, windowMs: number, pause: Pause): Promise<void> {
+    let first = true;
+    const error = await this.#untilDefinite('commit', method, windowMs, pause, () =>
+      lease.exclusive(async () => {
+        const carried = first && this.#commitDelayMs > 0;
+        first = false;
+        if (carried) await this.#carrier.commit(lease.reservation);
+        else await this.#client.commit(lease.reservation);
+        // Landed: no renewal goes after it (it would be answered
+        // LEASE_EXPIRED, and count as a lost lease).
+        lease.stopNow();
+      }),
+    );
+    lease.stopNow();
+    if (error !== undefined) this.#safely(() => this.#commitFailed(method, error, windowMs));
+  }
+
+  /** Gives a failed handler's reservation back so that the user's retry
+   * may run it: renewing stops first (no Renew after the Release), then the
+   * Release is tried before the answer goes out. One that fails
+   * transiently is kept beside the answer as a Commit is; the lease, no
+   * longer renewed, frees the token by itself at worst. */
+  async #release(method: string, token: string, lease: LeaseKeeper): Promise<void> {
+    await lease.stop();
     try {
-      await this.#commit(method, reservation);
+      await this.#client.release(lease.reservation);
+      return;
     } catch (e) {
+      if (!retryCommit(e)) {
+        // The lease ends by itself; the retry waits for it at worst.
+        this.#log.warn(`stateseal: release failed on ${method}: ${reasonText(e)}`);
+        return;
+      }
+      this.#log.warn(`stateseal: release on ${method}: ${reasonText(e)}; kept, retrying beside the answer`);
+    }
+    this.#keep(
+      method,
+      token,
+      async (windowMs, pause) => {
+        const error = await this.#untilDefinite('release', method, windowMs, pause, () => this.#client.release(lease.reservation), 1);
+        if (error !== undefined) this.#safely(() => this.#log.warn(`stateseal: release failed on ${method}: ${reasonText(error)}`));
+      },
+      'release',
+      lease.granted,
+    );
+  }
+
+  /** Tries a Commit or Release (`attempt`, idempotent) until it gets a
+   * definite answer — success, or a failure that is not transient
+   * (`retryCommit`) — or `windowMs` has run out. Between tries it pauses
+   * KEPT_RETRY_FIRST_MS, doubling up to KEPT_RETRY_MAX_MS (`pause`, which an
+   * Open of the token in this process cuts short). `failures`: how many
+   * tries already failed before this call (they are followed by a pause).
+   * Resolves with undefined once it landed, else with the failure it ended
+   * on; never rejects. The first transient failure is a warning; landing
+   * after failures, an info line. */
+  async #untilDefinite(
+    what: 'commit' | 'release',
+    method: string,
+    windowMs: number,
+    pause: Pause,
+    attempt: () => Promise<void>,
+    failures = 0,
+  ): Promise<unknown> {
+    const end = performance.now() + windowMs;
+    let delay = KEPT_RETRY_FIRST_MS;
+    let last: unknown;
+    for (;;) {
+      if (failures > 0) {
+        const left = end - performance.now();
+        if (left <= 0) return last;
+        await pause.wait(Math.min(delay, left));
+        delay = Math.min(delay * 2, KEPT_RETRY_MAX_MS);
+      }
       try {
-        this.#commitFailed(method, e);
-      } catch {
-        // The logger's own failure: nothing else to tell.
+        await attempt();
+        if (failures > 0) this.#safely(() => this.#log.info(`stateseal: ${what} on ${method} landed after ${failures + 1} tries`));
+        return undefined;
+      } catch (e) {
+        last = e;
+        if (!retryCommit(e)) return e;
+        if (failures++ === 0 && windowMs > 0) {
+          this.#safely(() => this.#log.warn(`stateseal: ${what} on ${method}: ${reasonText(e)}; kept, retrying for up to ${Math.round(windowMs)} ms`));
+        }
       }
     }
   }
 
-  #commitFailed(method: string, e: unknown): void {
+  /** Runs a logging call; a logger that throws is ignored (nothing else to
+   * tell). */
+  #safely(log: () => void): void {
+    try {
+      log();
+    } catch {
+      // The logger's own failure.
+    }
+  }
+
+  #commitFailed(method: string, e: unknown, windowMs: number): void {
     // The handler ran; its answer stands.
     if (renewalLost(e)) {
       // Renewals failed for longer than the lease (stateseal unreachable, or
@@ -499,18 +800,26 @@ export class StatesealBoundary {
       this.#log.error(
         `stateseal: commit failed on ${method}: LEASE_EXPIRED: the token was taken over by another attempt while the handler ran; this result stands, and that attempt may run the handler again`,
       );
+    } else if (retryCommit(e) && windowMs === 0) {
+      this.#log.error(`stateseal: commit failed on ${method}: ${reasonText(e)} (not kept); the token may open again after its lease`);
+    } else if (retryCommit(e)) {
+      // Transient to the end: without the commit the token may open again
+      // once its lease ends (reserve mode: handlers there must be
+      // idempotent).
+      this.#log.error(
+        `stateseal: commit failed on ${method}: ${reasonText(e)}, still after ${Math.round(windowMs)} ms of tries; the token may open again after its lease`,
+      );
     } else {
-      // Without the commit the token may open again after the lease
-      // (reserve mode: handlers there must be idempotent).
       this.#log.error(`stateseal: commit failed on ${method}: ${reasonText(e)}`);
     }
   }
 
-  /** Resolves once every Commit still running after its handler's answer
-   * went out has ended (true), or after `timeoutMs` (false). Await it before
-   * the process exits (a graceful shutdown): a Commit that never lands
-   * leaves its token reserved until the lease ends, after which a retry may
-   * run the handler again. */
+  /** Resolves once every Commit (and Release) still running after its
+   * handler's answer went out has ended (true) — landed, answered
+   * definitely, or given up at the end of the commit window — or after
+   * `timeoutMs` (false). Await it before the process exits (a graceful
+   * shutdown): a Commit that never lands leaves its token reserved until
+   * the lease ends, after which a retry may run the handler again. */
   async drain(timeoutMs = Infinity): Promise<boolean> {
     const deadline = Date.now() + timeoutMs;
     // The Commits waiting for a carrier go now, each on its own, and so
@@ -526,28 +835,6 @@ export class StatesealBoundary {
       return true;
     } finally {
       this.#carrier.draining--;
-    }
-  }
-
-  /** Commit is idempotent (a committed reservation commits again), so a
-   * transient failure — which may have been recorded all the same — is
-   * retried twice after a short wait, as in the Python package. */
-  async #commit(method: string, reservation: string): Promise<void> {
-    for (let n = 0; ; n++) {
-      try {
-        // The first try rides on the next durable Open, or goes on its own
-        // after the delay; a retry goes at once.
-        if (n === 0 && this.#commitDelayMs > 0) await this.#carrier.commit(reservation);
-        else await this.#client.commit(reservation);
-        return;
-      } catch (e) {
-        if (n < 2 && retryCommit(e)) {
-          this.#log.warn(`stateseal: commit on ${method}: ${reasonText(e)}; retrying`);
-          await new Promise((resolve) => setTimeout(resolve, 100 * (n + 1)));
-          continue;
-        }
-        throw e;
-      }
     }
   }
 
@@ -613,6 +900,21 @@ export class StatesealBoundary {
     let busy = 0;
     let waited = false;
     for (;;) {
+      // This process keeps a Commit (or Release) of this token: wait for it
+      // (once) before asking stateseal. While it is kept, the Open is not
+      // sent at all: the lease may have run out during an outage, and
+      // stateseal would let this Open take the token over and run the
+      // handler again. It is answered as in progress (retryable) instead.
+      const kept = PENDING.get(token);
+      if (kept) {
+        if (!waited) {
+          waited = true;
+          // That Commit may be waiting for a carrier, or pausing: now.
+          kept.hurry();
+          await Promise.race([kept.done, sleep(COMMIT_WAIT_MS)]);
+        }
+        if (PENDING.has(token)) throw new StatesealError('IN_USE', status.ABORTED, true);
+      }
       // A durable Open (of a single-use token) carries the Commits waiting
       // here: its durable round is theirs too.
       const carried = carry ? this.#carrier.take() : [];
@@ -642,86 +944,16 @@ export class StatesealBoundary {
         if (e instanceof StatesealError && e.fromStateseal && e.reason === 'IN_USE') {
           // A handler that has answered holds the token until its Commit,
           // which runs beside its answer, lands. If that Commit is this
-          // process's, wait for it (once); else perhaps another replica's:
-          // wait a little, a few times. Then the token's true state (used,
-          // or still in progress) is what this Open gets.
-          const pending = PENDING.get(token);
-          if (pending && !waited) {
-            waited = true;
-            // That Commit may be waiting for a carrier: now.
-            pending.hurry();
-            await Promise.race([pending.done, sleep(COMMIT_WAIT_MS)]);
-            continue;
-          }
+          // process's, wait for it (above, once); else perhaps another
+          // replica's: wait a little, a few times. Then the token's true
+          // state (used, or still in progress) is what this Open gets.
+          if (PENDING.has(token) && !waited) continue;
           if (busy < BUSY_WAITS_MS.length) {
             await sleep(BUSY_WAITS_MS[busy++]);
             continue;
           }
         }
         throw e;
-      }
-    }
-  }
-
-  /** Renews `reservation` every third of the lease stateseal granted (the
-   * granted seconds, never local time against the lease's end) until the
-   * returned function is called; that resolves once no renewal is in
-   * flight, so that no Renew reaches stateseal after the Commit or Release
-   * (it would count as a lost lease there). The timer never keeps the
-   * process alive. */
-  #renewWhileRunning(method: string, reservation: string, granted: number): () => Promise<void> {
-    // A service that reports no lease length (older than Renew) gets none.
-    if (!(granted > 0)) return async () => {};
-    let stopped = false;
-    let timer: NodeJS.Timeout | undefined;
-    let inflight: Promise<void> | undefined;
-    const renew = async () => {
-      try {
-        const lease = await this.#client.renew(reservation, this.#lease);
-        if (lease.leaseSeconds > 0) granted = lease.leaseSeconds;
-      } catch (e) {
-        if (stopped) return;
-        if (renewalLost(e)) {
-          this.#log.error(`stateseal: reservation lost while the handler ran; another attempt may run it (${method})`);
-          return;
-        }
-        // The transport (or a transient stateseal condition): the lease
-        // still runs; the next renewal may get through.
-        this.#log.warn(`stateseal: renew on ${method} failed: ${reasonText(e)}; retrying`);
-      }
-      if (!stopped) schedule(granted);
-    };
-    const schedule = (seconds: number) => {
-      timer = setTimeout(() => {
-        inflight = renew().catch(() => undefined);
-      }, Math.max(MIN_RENEW_MS, (seconds * 1000) / 3));
-      timer.unref();
-    };
-    schedule(granted);
-    return async () => {
-      stopped = true;
-      clearTimeout(timer);
-      await inflight;
-    };
-  }
-
-  async #release(method: string, reservation: string): Promise<void> {
-    // Safe to repeat: a reservation names one lease (its rid), so a late or
-    // repeated Release can never free a newer one. A transport failure (the
-    // connection to stateseal dropped, as may have just failed the call that
-    // led here) is retried twice after a short wait.
-    for (let n = 0; ; n++) {
-      try {
-        await this.#client.release(reservation);
-        return;
-      } catch (e) {
-        if (n < 2 && resend(e)) {
-          await new Promise((resolve) => setTimeout(resolve, 50 * (n + 1)));
-          continue;
-        }
-        // The lease ends by itself; the retry waits for it at worst.
-        this.#log.warn(`stateseal: release failed on ${method}: ${reasonText(e)}`);
-        return;
       }
     }
   }
@@ -754,8 +986,10 @@ export class StatesealBoundary {
         ttlSeconds: this.#ttl,
         singleUse: !this.#reusable.has(target),
         // The questions travel sealed in the token: the retry's answers
-        // are filtered against them.
-        inputRequestsJson: result.inputRequests ? JSON.stringify(result.inputRequests) : '',
+        // are filtered against them. A round that asked nothing (a state
+        // only: "still working, call again") is sealed with no questions,
+        // `{}`, so that no answer sent with its retry reaches the handler.
+        inputRequestsJson: result.inputRequests === undefined ? '{}' : JSON.stringify(result.inputRequests),
       });
     } catch (e) {
       if (!(e instanceof StatesealError)) throw e;

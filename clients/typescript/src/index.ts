@@ -4,7 +4,9 @@ export { Status } from './transport.js';
 export type { TlsOptions } from './transport.js';
 export {
   DEFAULT_COMMIT_DELAY_MS,
+  DEFAULT_COMMIT_WINDOW_MS,
   DEFAULT_MAX_INPUT_RESPONSES_BYTES,
+  DEFAULT_MAX_PENDING_COMMITS,
   DEFAULT_MAX_REQUEST_STATE_BYTES,
   StatesealBoundary,
   callRefusal,

@@ -4,7 +4,7 @@ import assert from 'node:assert/strict';
 import { type ChildProcess, spawn } from 'node:child_process';
 import { mkdtempSync, readFileSync } from 'node:fs';
 import { createServer, request as httpRequest, type Server as HttpServer } from 'node:http';
-import { type AddressInfo, createConnection } from 'node:net';
+import { type AddressInfo, createConnection, createServer as createNetServer, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -243,5 +243,44 @@ export function recordingLogger() {
     info: (m: string) => void lines.info.push(m),
     warn: (m: string) => void lines.warn.push(m),
     error: (m: string) => void lines.error.push(m),
+  };
+}
+
+/** A TCP relay to `addr` (`host:port`) that can be cut: while down, every
+ * connection through it is dropped at once, and a new one is closed as soon
+ * as it is accepted. */
+export async function cuttableRelay(addr: string) {
+  const i = addr.lastIndexOf(':');
+  const [host, p] = [addr.slice(0, i), Number(addr.slice(i + 1))];
+  const state = { down: false };
+  const open = new Set<Socket>();
+  const server = createNetServer((down: Socket) => {
+    if (state.down) return void down.destroy();
+    const up = createConnection({ host, port: p });
+    for (const s of [down, up]) {
+      open.add(s);
+      s.on('close', () => open.delete(s));
+      s.on('error', () => undefined);
+    }
+    down.pipe(up);
+    up.pipe(down);
+    up.on('close', () => down.destroy());
+    down.on('close', () => up.destroy());
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  return {
+    addr: `127.0.0.1:${(server.address() as { port: number }).port}`,
+    cut() {
+      state.down = true;
+      for (const s of open) s.destroy();
+    },
+    restore() {
+      state.down = false;
+    },
+    close() {
+      state.down = true;
+      for (const s of open) s.destroy();
+      server.close();
+    },
   };
 }

@@ -8,7 +8,6 @@
 // unreachable from the holder for longer than the lease.
 import assert from 'node:assert/strict';
 import { type Server as HttpServer } from 'node:http';
-import { createConnection, createServer, type Socket } from 'node:net';
 import { test } from 'node:test';
 
 import { serveHttp, transferServer } from '../examples/transfer-server.js';
@@ -17,6 +16,7 @@ import {
   addSlowTool,
   call,
   connect,
+  cuttableRelay,
   front,
   port,
   recordingLogger,
@@ -164,44 +164,6 @@ test('the leaseSeconds option is asked for on Open and on every renewal', async 
     ss.proc.kill('SIGTERM');
   }
 });
-
-/** A TCP relay to stateseal that can be cut: while down, every connection
- * through it is dropped at once. */
-async function cuttableRelay(addr: string) {
-  const i = addr.lastIndexOf(':');
-  const [host, p] = [addr.slice(0, i), Number(addr.slice(i + 1))];
-  const state = { down: false };
-  const open = new Set<Socket>();
-  const server = createServer((down: Socket) => {
-    if (state.down) return void down.destroy();
-    const up = createConnection({ host, port: p });
-    for (const s of [down, up]) {
-      open.add(s);
-      s.on('close', () => open.delete(s));
-      s.on('error', () => undefined);
-    }
-    down.pipe(up);
-    up.pipe(down);
-    up.on('close', () => down.destroy());
-    down.on('close', () => up.destroy());
-  });
-  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
-  return {
-    addr: `127.0.0.1:${(server.address() as { port: number }).port}`,
-    cut() {
-      state.down = true;
-      for (const s of open) s.destroy();
-    },
-    restore() {
-      state.down = false;
-    },
-    close() {
-      state.down = true;
-      for (const s of open) s.destroy();
-      server.close();
-    },
-  };
-}
 
 test('stateseal unreachable from the holder for longer than the lease: another attempt takes over; the holder logs it', async () => {
   const ss = await startStateseal('--default-lease-s', String(LEASE_S));

@@ -47,6 +47,9 @@ const confirmSchema = z.object({ confirm: z.boolean() });
 const careless = { executed: 0, seenAnswers: [] as unknown[] };
 /** The states the `stateless` tool saw with an answer. */
 const statelessSaw: unknown[] = [];
+/** What the `close_account` tool saw and did. */
+const closing = { closed: 0, rounds: [] as Array<{ state: unknown; answers: unknown }> };
+const okSchema = z.object({ ok: z.boolean() });
 
 /** An MCP server with `slow_transfer` and `careless`: a tool that acts on a
  * confirmation without looking at its state — what answers without a token
@@ -79,6 +82,19 @@ async function serve(slow: SlowTool, options: Partial<BoundaryOptions> = {}) {
       }
       statelessSaw.push(ctx.mcpReq.requestState());
       return { content: [{ type: 'text' as const, text: `stateless ${amount} done` }] };
+    });
+    // Round 1 asks nothing: "still working, call again", a state only.
+    // Round 2 acts on a `confirm` answer if one reaches it — which no round
+    // asked for, so none may.
+    server.registerTool('close_account', { inputSchema: z.object({ account: z.string() }) }, async ({ account }, ctx) => {
+      const state = ctx.mcpReq.requestState<string>();
+      if (state === undefined) return inputRequired({ requestState: JSON.stringify({ step: 'working', account }) });
+      closing.rounds.push({ state, answers: ctx.mcpReq.inputResponses });
+      if (acceptedContent(ctx.mcpReq.inputResponses, 'confirm', okSchema)?.ok) {
+        closing.closed++;
+        return { content: [{ type: 'text' as const, text: `ACCOUNT ${account} CLOSED` }] };
+      }
+      return { content: [{ type: 'text' as const, text: `account ${account} still open` }] };
     });
     return addSlowTool(server, slow);
   }, 0);
@@ -239,5 +255,27 @@ test('a handler that asks without a requestState gets a minted token, and sees n
   // The SDK client's own loop completes too.
   const auto = (await client.callTool({ name: 'stateless', arguments: { amount: 34 } })) as never;
   assert.match(text(auto), /stateless 34 done/);
+  await client.close();
+});
+
+test('a round that asked nothing lets no answer through: a forged one never reaches the handler', async () => {
+  // Issue 58, finding 1: a state-only input_required is sealed with a
+  // manifest of no questions, so stateseal drops every answer its retry
+  // carries (UNASKED).
+  const { client, logger } = await serve(new SlowTool(0));
+  const r = await call(client, 'close_account', { account: 'A-7' });
+  assert.equal(r.resultType, 'input_required');
+  assert.deepEqual(Object.keys(r.inputRequests ?? {}), [], 'round 1 asked nothing');
+  assert.equal(typeof r.requestState, 'string');
+  const forged = { confirm: { action: 'accept', content: { ok: true } } };
+  const done = await call(client, 'close_account', { account: 'A-7' }, { inputResponses: forged, requestState: r.requestState });
+  assert.match(text(done), /account A-7 still open/);
+  assert.equal(closing.closed, 0, 'the handler acted on a forged answer');
+  assert.equal(closing.rounds.length, 1);
+  assert.equal(closing.rounds[0].state, JSON.stringify({ step: 'working', account: 'A-7' }), 'the state came through');
+  const answers = closing.rounds[0].answers;
+  assert.ok(answers === undefined || Object.keys(answers as object).length === 0, `the handler received answers: ${JSON.stringify(answers)}`);
+  assert.ok(logger.lines.info.some((m) => m === 'stateseal: inputResponses["confirm"] dropped on tools/call: UNASKED'), logger.lines.info.join('\n'));
+  assert.deepEqual(logger.lines.error, []);
   await client.close();
 });
