@@ -174,41 +174,65 @@ fn read_u64(tree: &sled::Tree, key: &[u8]) -> Result<Option<u64>, LedgerError> {
     }
 }
 
-/// sled 0.34 writes a snapshot to `snap.<LSN>.generating` and renames it
-/// only once it is complete and synced; a write cut short (a full disk, a
-/// crash) leaves the unfinished file, which sled's next open takes for the
-/// latest snapshot and refuses as corrupt, for ever. Such a file holds
-/// nothing the log does not: it is removed before sled opens.
+/// sled 0.34 writes a snapshot to `snap.<LSN>.generating`, syncs it and
+/// only then renames it; a write cut short (a full disk, a crash) leaves
+/// an unfinished file, which sled's next open takes for the latest
+/// snapshot and refuses as corrupt, for ever. Such a file holds nothing
+/// the log does not: it is removed before sled opens. A `.generating` file
+/// that passes sled's own check (its CRC-32 over the bytes before its
+/// length and checksum) is complete — a crash between the sync and the
+/// rename — and may be the only good snapshot: it stays, for sled to read.
 fn drop_unfinished_snapshots(dir: &Path) -> Result<(), LedgerError> {
-    // Only while no other process holds the store (sled locks `db` with
-    // flock): another's snapshot may be generating. Held until done.
-    let _lock = match File::open(dir.join("db")) {
-        Ok(f) => {
-            if rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err()
-            {
-                // sled's own open reports the holder.
-                return Ok(());
-            }
-            Some(f)
-        }
-        Err(_) => None,
-    };
-    let entries = match std::fs::read_dir(dir) {
-        Ok(e) => e,
+    let listing = |e| LedgerError::storage("read the ledger directory", e);
+    match std::fs::read_dir(dir) {
+        Ok(_) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(LedgerError::storage("read the ledger directory", e)),
-    };
-    for entry in entries {
-        let entry = entry.map_err(|e| LedgerError::storage("read the ledger directory", e))?;
+        Err(e) => return Err(listing(e)),
+    }
+    // Only while no other process holds the store: sled opens `db` (created
+    // if absent) and locks it with flock; so does this, held until done.
+    // Another's snapshot may be generating.
+    let db = std::fs::OpenOptions::new()
+        .create(true)
+        .read(true)
+        .write(true)
+        .truncate(false)
+        .open(dir.join("db"))
+        .map_err(|e| LedgerError::storage("open the ledger's db file", e))?;
+    if rustix::fs::flock(&db, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
+        // sled's own open reports the holder.
+        return Ok(());
+    }
+    for entry in std::fs::read_dir(dir).map_err(listing)? {
+        let entry = entry.map_err(listing)?;
         let name = entry.file_name();
         let name = name.to_string_lossy();
-        if name.starts_with("snap.") && name.ends_with(".generating") {
-            std::fs::remove_file(entry.path())
-                .map_err(|e| LedgerError::storage("remove an unfinished sled snapshot", e))?;
-            tracing::warn!(file = %name, "sled ledger: removed an unfinished snapshot");
+        if !(name.starts_with("snap.") && name.ends_with(".generating")) {
+            continue;
         }
+        let bytes = std::fs::read(entry.path())
+            .map_err(|e| LedgerError::storage("read an unfinished sled snapshot", e))?;
+        if snapshot_is_complete(&bytes) {
+            tracing::info!(file = %name, "sled ledger: kept a complete snapshot that was not yet renamed");
+            continue;
+        }
+        std::fs::remove_file(entry.path())
+            .map_err(|e| LedgerError::storage("remove an unfinished sled snapshot", e))?;
+        tracing::warn!(file = %name, "sled ledger: removed an unfinished snapshot");
     }
+    drop(db);
     Ok(())
+}
+
+/// sled 0.34's check of a snapshot file: the bytes, their length (8 bytes)
+/// and a CRC-32 of the bytes (4 bytes, little-endian).
+fn snapshot_is_complete(file: &[u8]) -> bool {
+    let len = file.len();
+    if len <= 12 {
+        return false;
+    }
+    let want = u32::from_le_bytes([file[len - 4], file[len - 3], file[len - 2], file[len - 1]]);
+    crc32fast::hash(&file[..len - 12]) == want
 }
 
 impl SledLedger {
@@ -771,7 +795,8 @@ impl Writer {
             self.leases.insert((until, k));
         }
         let present = |r: &Record| !matches!(r, Record::Absent);
-        if present(&before) && !present(&after) {
+        let (was_there, is_there) = (present(&before), present(&after));
+        if was_there && !is_there {
             // Never below zero, whatever a caller does twice.
             let _ = self
                 .stats
@@ -779,11 +804,18 @@ impl Writer {
                 .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
                     Some(n.saturating_sub(1))
                 });
+        } else if !was_there && is_there {
+            self.stats.records.fetch_add(1, Ordering::Relaxed);
+        }
+        // A tenant counts the records that carry its tag: a record written
+        // before tags existed and rewritten with one (a renewal, a commit)
+        // starts to count when it gains the tag, as it stops when removed.
+        let before_tag = before_tag.filter(|_| was_there);
+        let after_tag = after_tag.filter(|_| is_there);
+        if before_tag != after_tag {
             if let Some(n) = before_tag.and_then(|t| self.tenants.get_mut(&t)) {
                 *n = n.saturating_sub(1);
             }
-        } else if !present(&before) && present(&after) {
-            self.stats.records.fetch_add(1, Ordering::Relaxed);
             if let Some(t) = after_tag {
                 let n = self.tenants.entry(t).or_default();
                 *n += 1;
@@ -1268,6 +1300,52 @@ mod tests {
         }
     }
 
+    /// Issue 58, finding 5: a record written before tenant tags existed
+    /// counts against its tenant's share once it is rewritten with a tag
+    /// (it was not counted then, but was subtracted when removed, so the
+    /// tenant could pass its share until a restart).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_untagged_record_rewritten_with_a_tag_counts_for_its_tenant() {
+        let dir = tempfile::tempdir().unwrap();
+        let tenant = TenantTag::of("t");
+        let k = LedgerKey { tenant, ..key(1) };
+        let rid = [9u8; 16];
+        {
+            // As an earlier version wrote it: no tag.
+            let db = sled::open(dir.path()).unwrap();
+            let tree = db.open_tree("consumed/v1").unwrap();
+            let mut v = vec![V_RESERVED];
+            v.extend_from_slice(&4_000_000_000u64.to_be_bytes());
+            v.extend_from_slice(&rid);
+            tree.insert(k.to_bytes(), v).unwrap();
+            db.flush().unwrap();
+        }
+        let l = SledLedger::open(dir.path())
+            .unwrap()
+            .with_max_tenant_records(1);
+        // Renewed by its holder: now tagged, and counted.
+        assert!(matches!(
+            l.renew(&k, rid, 60, u64::MAX).await.unwrap(),
+            Held::Yes(_)
+        ));
+        let other = LedgerKey { tenant, ..key(2) };
+        let ask = LeaseAsk {
+            rid: [1; 16],
+            attempt: None,
+            seconds: 60,
+            cap: u64::MAX,
+        };
+        assert_eq!(
+            l.reserve(&other, ask).await.unwrap(),
+            Reserved::Full,
+            "the tenant is at its share of one"
+        );
+        // Committed, then the count goes when the record does.
+        assert_eq!(l.commit(&k, rid).await.unwrap(), Held::Yes(None));
+        assert_eq!(l.stats.top_tenant_records.load(Ordering::Relaxed), 1);
+        l.close().await.unwrap();
+    }
+
     #[test]
     fn only_unfinished_snapshots_are_removed() {
         let dir = tempfile::tempdir().unwrap();
@@ -1281,6 +1359,17 @@ mod tests {
         for n in names {
             std::fs::write(dir.path().join(n), b"x").unwrap();
         }
+        // Issue 58, S1: a complete one (synced, not yet renamed) passes
+        // sled's own check and may be the only good snapshot: it stays.
+        let body = b"a snapshot's bytes".to_vec();
+        let mut complete = body.clone();
+        complete.extend_from_slice(&(body.len() as u64).to_le_bytes());
+        complete.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
+        let kept = "snap.00000000000a1b2d.generating";
+        std::fs::write(dir.path().join(kept), &complete).unwrap();
+        // Cut one byte short: unfinished.
+        let cut = "snap.00000000000a1b2e.generating";
+        std::fs::write(dir.path().join(cut), &complete[..complete.len() - 1]).unwrap();
         drop_unfinished_snapshots(dir.path()).unwrap();
         for n in names {
             assert_eq!(
@@ -1289,6 +1378,31 @@ mod tests {
                 "{n}"
             );
         }
+        assert!(dir.path().join(kept).exists());
+        assert!(!dir.path().join(cut).exists());
+    }
+
+    /// Issue 58, S2: the cleanup takes sled's lock the way sled does
+    /// (creating `db` when absent), so it never runs beside another
+    /// process; a `db` that cannot be opened is an error, not a cleanup
+    /// without the lock.
+    #[test]
+    fn the_cleanup_locks_db_as_sled_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let unfinished = dir.path().join("snap.0000000000000001.generating");
+        std::fs::write(&unfinished, b"x").unwrap();
+        // `db` a directory: sled could not open it either.
+        std::fs::create_dir(dir.path().join("db")).unwrap();
+        let e = drop_unfinished_snapshots(dir.path())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("db file"), "{e}");
+        assert!(unfinished.exists(), "cleaned up without the lock");
+        std::fs::remove_dir(dir.path().join("db")).unwrap();
+        // Absent: created and locked, as sled does.
+        drop_unfinished_snapshots(dir.path()).unwrap();
+        assert!(!unfinished.exists());
+        assert!(dir.path().join("db").is_file());
     }
 
     #[test]
