@@ -94,6 +94,11 @@ pub struct PgLedger {
     healthy: Arc<AtomicBool>,
     timeout: Duration,
     skew: i64,
+    /// How far below the database's clock collection deletes: the skew plus
+    /// the statement timeout, because an insert judges the horizon by its
+    /// statement's start, and one that stalled (up to the timeout) must not
+    /// land after collection deleted a record it would have found.
+    collect_margin: i64,
     /// Autovacuum does not cover the table: the collector vacuums it itself.
     self_vacuum: bool,
     last_vacuum: std::sync::Mutex<Option<std::time::Instant>>,
@@ -130,9 +135,10 @@ impl PgLedger {
         // gives up on is also given up on by the server; and durability of
         // every commit, whatever the database default says.
         let ms = opts.timeout.as_millis().max(10) as u64;
+        let statement_ms = (ms * 3 / 4).max(5);
         let session = format!(
             "-c statement_timeout={} -c lock_timeout={} -c synchronous_commit=on",
-            (ms * 3 / 4).max(5),
+            statement_ms,
             (ms / 2).max(5)
         );
         let options = match cfg.get_options() {
@@ -236,6 +242,8 @@ impl PgLedger {
             healthy,
             timeout: opts.timeout,
             skew,
+            collect_margin: skew
+                .saturating_add(i64::try_from(statement_ms.div_ceil(1000)).unwrap_or(i64::MAX)),
             self_vacuum,
             last_vacuum: std::sync::Mutex::new(None),
         })
@@ -869,8 +877,10 @@ impl Ledger for PgLedger {
             return Ok(0); // another replica is collecting
         }
         // The horizon is the earlier of the caller's and the database's
-        // clock minus the skew: a replica whose clock runs ahead cannot
-        // delete live rows.
+        // clock minus the skew and the statement timeout: a replica whose
+        // clock runs ahead cannot delete live rows, nor can a collection
+        // delete a row under a consumption that started before it and
+        // stalled.
         // Each DELETE repeats its conditions on the row it deletes: the
         // subquery picks ids from the statement's snapshot, and when a row
         // changed meanwhile (a takeover committed while the DELETE waited
@@ -886,7 +896,7 @@ impl Ledger for PgLedger {
         let mut removed = timed(
             "gc delete",
             self.timeout,
-            tx.execute(&sql, &[&before, &n, &self.skew]),
+            tx.execute(&sql, &[&before, &n, &self.collect_margin]),
         )
         .await?;
         // Reservations whose lease ended the skew ago (by both clocks) and
@@ -903,7 +913,7 @@ impl Ledger for PgLedger {
         removed += timed(
             "gc delete leases",
             self.timeout,
-            tx.execute(&sql, &[&before, &n, &self.skew]),
+            tx.execute(&sql, &[&before, &n, &self.collect_margin]),
         )
         .await?;
         timed("gc commit", self.timeout, tx.commit()).await?;

@@ -198,6 +198,63 @@ async fn postgres_record_expiring_on_the_horizon_stays() {
     l.close().await.unwrap();
 }
 
+/// Issue 58, P1: an insert judges the horizon by its statement's start, so
+/// collection deletes only below the database's clock minus the skew *and*
+/// the statement timeout: a consumption that started before a collection
+/// and stalled up to the timeout cannot land after it deleted the record
+/// the consumption would have found (and be taken for a first use).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_collection_leaves_room_for_a_stalled_insert() {
+    let Some(pg) = crate::common::pg::alone("postgresql-collect-margin").await else {
+        return;
+    };
+    use stateseal::internals::clock::guard::Reference;
+    const SKEW: u64 = 10;
+    // A 4 s client bound: statements time out on the server after 3 s.
+    let l = PgLedger::connect(
+        &pg.url,
+        PgOptions {
+            skew: SKEW,
+            timeout: std::time::Duration::from_secs(4),
+            ..PgOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    let second = l.reference_now().await.unwrap().unwrap();
+    let k = key(second - SKEW);
+    assert_eq!(l.consume(&k).await.unwrap(), Consumed::Now);
+    // Two seconds later the record is below clock - skew, but not below
+    // clock - skew - 3 s: an insert that began on the horizon may still be
+    // running. It stays.
+    while l.reference_now().await.unwrap().unwrap() < second + 2 {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let client = pg_client(&pg.url).await;
+    let held = || async {
+        let row = client
+            .query_one(
+                "SELECT count(*) FROM stateseal_consumed_v1 WHERE id = $1",
+                &[&&k.id[..]],
+            )
+            .await
+            .unwrap();
+        row.get::<_, i64>(0) == 1
+    };
+    l.remove_expired(u64::MAX, 1000).await.unwrap();
+    assert!(
+        held().await,
+        "collected while a consumption judged against it could still land"
+    );
+    // Past the statement timeout too: collected.
+    while l.reference_now().await.unwrap().unwrap() < second + 5 {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    l.remove_expired(u64::MAX, 1000).await.unwrap();
+    assert!(!held().await, "never collected");
+    l.close().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sled_collection_counts_records_and_leases() {
     let (l, _dir) = sled().await;
