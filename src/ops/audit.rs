@@ -791,15 +791,22 @@ impl Writer {
         }
         let to = rotated_name(&self.path, self.first_seq);
         match std::fs::hard_link(&self.path, &to) {
-            Ok(()) => {}
+            Ok(()) => std::fs::remove_file(&self.path)?,
             // Linked before a crash that stopped the rotation: the same file.
             Err(e)
-                if e.kind() == std::io::ErrorKind::AlreadyExists && same_file(&self.path, &to) => {}
+                if e.kind() == std::io::ErrorKind::AlreadyExists && same_file(&self.path, &to) =>
+            {
+                std::fs::remove_file(&self.path)?;
+            }
+            // An earlier try linked it and removed the live name, then could
+            // not create the new file: the lines since went on into the
+            // rotated one (the open descriptor), and this try goes on from
+            // there.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && to.exists() => {}
             Err(e) => return Err(e),
         }
         // A crash from here on leaves the live name missing or empty: the
         // next start chains on from the newest rotated file.
-        std::fs::remove_file(&self.path)?;
         let f = open_private(&self.path, true)?;
         rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive)?;
         if let Some(dir) = self.path.parent() {
@@ -822,6 +829,7 @@ impl Writer {
 
     fn run(mut self, rx: Receiver<Msg>, health: &Health, on_failure: OnFailure) {
         let mut stopping = false;
+        let mut rotation_failing = false;
         while !stopping {
             // Idle and healthy: wait for work. Otherwise wake up to retry.
             let first = if self.pending.is_empty() && !health.failing.load(Ordering::Acquire) {
@@ -837,10 +845,20 @@ impl Writer {
                 }
             };
             let ring = self.keys.current();
-            if let Err(e) = self.rotate_if_full(&ring) {
-                // Written on into the full file; tried again next batch.
-                tracing::error!(path = %self.path.display(), error = %e, "audit log cannot be rotated");
+            // A rotation that fails is a failing sink (closed refuses Seal
+            // and Open, the replica is not ready) until a retry succeeds;
+            // meanwhile the lines are written on into the current file.
+            let rotated = self.rotate_if_full(&ring);
+            if let Err(e) = &rotated {
+                self.stats.write_failures.fetch_add(1, Ordering::Relaxed);
+                if !rotation_failing {
+                    tracing::error!(path = %self.path.display(), error = %e, ?on_failure,
+                        "audit log cannot be rotated; written on into the current file and tried again");
+                }
+            } else if rotation_failing {
+                tracing::info!(path = %self.path.display(), "audit log rotated again");
             }
+            rotation_failing = rotated.is_err();
             let mut acks = Vec::new();
             let mut batch = 0;
             let mut next = first;
@@ -891,7 +909,9 @@ impl Writer {
                     false
                 }
             };
-            if ok && health.failing.swap(false, Ordering::AcqRel) {
+            if ok && rotation_failing {
+                health.failing.store(true, Ordering::Release);
+            } else if ok && health.failing.swap(false, Ordering::AcqRel) {
                 tracing::info!(path = %self.path.display(), "audit log writes again");
             }
             for a in acks {

@@ -660,6 +660,101 @@ fn a_planted_tail_neither_stops_a_start_nor_joins_the_chain() {
     assert!(r.stopped && r.genesis);
 }
 
+/// Issue 58, finding 5: a rotation that fails (here: no inode left for the
+/// new file) is a failing sink, not a log line: with `closed`, Seals are
+/// refused and the replica is not ready until a retry rotates; no line is
+/// lost, and the files verify as one chain after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotation_that_fails_refuses_when_closed_until_it_succeeds() {
+    let base = tempfile::tempdir().unwrap();
+    let mnt = base.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let fs = match crate::disk::mount_tmpfs(&mnt, "1m,nr_inodes=16") {
+        Ok(fs) => fs,
+        Err(e) => {
+            crate::common::skip::skipped(
+                "audit-rotation-failure-test",
+                &format!("cannot mount a tmpfs here ({e})"),
+            );
+            return;
+        }
+    };
+    let log = mnt.join("audit.log");
+    let (s, keyset) = bearer_server(
+        base.path(),
+        &log,
+        &[
+            "--audit-max-bytes",
+            "4096",
+            "--health-listen",
+            "127.0.0.1:0",
+        ],
+    );
+    let health = crate::common::process::health_addr(&s);
+    let mut c = client(&s).await;
+    c.seal(sealing()).await.unwrap();
+    // Take every inode left: the rotation can link the full file to its
+    // new name but cannot create the next one.
+    let mut fillers = Vec::new();
+    for i in 0..64 {
+        let f = mnt.join(format!("filler{i}"));
+        if std::fs::File::create(&f).is_err() {
+            break;
+        }
+        fillers.push(f);
+    }
+    assert!(!fillers.is_empty());
+    let mut served = 0;
+    let mut refused = false;
+    for _ in 0..500 {
+        match c.seal(sealing()).await {
+            Ok(_) => served += 1,
+            Err(e) => {
+                assert_eq!(reason(&e), "AUDIT_UNAVAILABLE");
+                refused = true;
+                break;
+            }
+        }
+    }
+    assert!(
+        refused,
+        "a failed rotation never refused (after {served} seals)"
+    );
+    wait_health(health, NOT_SERVING).await;
+    // An inode again: the writer's retry rotates, and requests are served.
+    std::fs::remove_file(fillers.pop().unwrap()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while c.seal(sealing()).await.is_err() {
+        assert!(Instant::now() < deadline, "never served again");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    wait_health(health, SERVING).await;
+    let (status, stderr) = s.terminate();
+    assert!(status.success());
+    assert!(
+        stderr
+            .iter()
+            .any(|l| l.contains("audit log cannot be rotated")),
+        "the rotation never failed"
+    );
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&mnt)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("audit.log.")
+        })
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "never rotated");
+    files.push(log);
+    let (ok, out) = verify(&keyset, &files);
+    assert!(ok, "{out}");
+    drop(fs);
+}
+
 /// A sink that fills up, then has room again: with `closed`, requests are
 /// refused `AUDIT_UNAVAILABLE` meanwhile; with `open`, they are served. In
 /// both, no line is lost: the chain verifies after.
