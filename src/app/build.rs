@@ -217,7 +217,8 @@ impl ServeArgs {
     }
 
     /// Opens the configured ledger.
-    pub async fn open_ledger(&self) -> Result<Arc<dyn Ledger>, ConfigError> {
+    /// `tenants`: how many the tenants file names (1 without one).
+    pub async fn open_ledger(&self, tenants: u64) -> Result<Arc<dyn Ledger>, ConfigError> {
         match self.ledger {
             LedgerKind::Sled => {
                 if self.expected_replicas > 1 {
@@ -227,17 +228,16 @@ impl ServeArgs {
                     0 => u64::MAX,
                     n => n,
                 };
-                let per_tenant = match (self.max_ledger_records_per_tenant, self.auth) {
-                    (Some(0), _) => u64::MAX,
-                    (Some(n), _) => n,
-                    (None, AuthMode::None) => u64::MAX,
-                    (None, _) => max.div_ceil(2),
+                let sled = SledLedger::open(&self.data_dir.join("ledger"))?.with_max_records(max);
+                // The default share: the bound divided among the tenants in
+                // force, again at each reload of the tenants file.
+                let sled = match (self.max_ledger_records_per_tenant, self.auth) {
+                    (Some(0), _) | (None, AuthMode::None) => sled.with_max_tenant_records(u64::MAX),
+                    (Some(n), _) => sled.with_max_tenant_records(n),
+                    (None, _) => sled.with_share_among(tenants),
                 };
                 Ok(Arc::new(
-                    SledLedger::open(&self.data_dir.join("ledger"))?
-                        .with_max_records(max)
-                        .with_max_tenant_records(per_tenant)
-                        .with_inherited_lease_grace(self.clock_skew.saturating_mul(2))
+                    sled.with_inherited_lease_grace(self.clock_skew.saturating_mul(2))
                         .with_lease_collection_margin(self.clock_skew),
                 ))
             }
@@ -305,7 +305,10 @@ impl ServeArgs {
         let (contents, digest) = read_files(std::slice::from_ref(&keyset_path)).map_err(io)?;
         let ring = Keyring::from_file_with(&KeysetFile::parse(&contents[0])?, kek.as_deref())?;
         tracing::info!(keys = ?ring.summary(), "keyset loaded");
-        let ledger = self.open_ledger().await?;
+        let named = tenants
+            .as_ref()
+            .map_or(1, |(_, t, _)| t.load().tenants.len() as u64);
+        let ledger = self.open_ledger(named).await?;
         let guard = TimeGuard::new(self.clock_skew, ledger.stored_high_water());
         if !guard.synced() {
             tracing::error!(

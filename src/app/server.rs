@@ -404,9 +404,14 @@ fn spawn_background(
         background.push(spawn_watch("tls", paths, digest, opts, apply));
     }
     if let Some((path, tenants, digest)) = opts.tenants.clone() {
+        let ledger = ledger.clone();
         let apply = move |bytes: &[u8]| {
             Tenants::parse(bytes)
-                .map(|t| tenants.store(Arc::new(t)))
+                .map(|t| {
+                    // The default per-tenant share follows the tenants.
+                    ledger.share_among(t.tenants.len() as u64);
+                    tenants.store(Arc::new(t));
+                })
                 .map_err(crate::ops::reload::ApplyError::from)
         };
         background.push(spawn_watch("tenants", vec![path], digest, opts, apply));

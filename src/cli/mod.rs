@@ -205,11 +205,12 @@ pub struct ServeArgs {
     /// (OVERLOADED) until expired records are collected. 0: no bound.
     #[arg(long, env = "STATESEAL_MAX_LEDGER_RECORDS", default_value_t = 250_000)]
     pub max_ledger_records: u64,
-    /// Most sled ledger records one tenant may hold, so that one tenant
-    /// cannot refuse everyone else: past it, that tenant's new tokens are
-    /// refused (OVERLOADED) and no other tenant's. Default: half of
-    /// --max-ledger-records with --auth bearer or mtls, none with --auth
-    /// none (one tenant). 0: no per-tenant bound.
+    /// Most sled ledger records one tenant may hold, so that no tenant (nor
+    /// any two) can refuse everyone else: past it, that tenant's new tokens
+    /// are refused (OVERLOADED) and no other tenant's. Default: with --auth
+    /// bearer or mtls, --max-ledger-records divided by the number of tenants
+    /// in the tenants file (again at each reload); none with --auth none
+    /// (one tenant). 0: no per-tenant bound.
     #[arg(long, env = "STATESEAL_MAX_LEDGER_RECORDS_PER_TENANT")]
     pub max_ledger_records_per_tenant: Option<u64>,
     /// How callers authenticate.

@@ -15,7 +15,7 @@
 //!   that expired before it, so a removed record can never be consumed
 //!   afresh, whatever a clock says later.
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -320,6 +320,9 @@ pub struct FlushStats {
     /// ledger's own clock, before collection removes it (the clock skew;
     /// 0 until set).
     pub lease_collection_margin: AtomicU64,
+    /// sled: the per-tenant share follows the tenants in force (the bound
+    /// divided among them) rather than a configured number.
+    pub share_by_tenants: AtomicBool,
 }
 
 /// A ledger is also the clock guard's [`Reference`]: the database's clock
@@ -379,6 +382,10 @@ pub trait Ledger: Reference + Send + Sync + 'static {
     fn flush_stats(&self) -> Option<Arc<FlushStats>> {
         None
     }
+    /// The tenants in force changed (a reload of the tenants file): a
+    /// backend whose per-tenant share is the default (the record bound
+    /// divided among the tenants) divides it anew.
+    fn share_among(&self, _tenants: u64) {}
     /// Whether the ledger failed in a way it cannot recover from in this
     /// process (sled after a failed flush or fdatasync): the process must
     /// exit and be restarted.

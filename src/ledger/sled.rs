@@ -357,6 +357,16 @@ impl SledLedger {
         self
     }
 
+    /// Divides the record bound among `tenants` (the default share, set
+    /// again at each reload of the tenants file): each tenant may hold
+    /// `max_records / tenants`, so that no set of tenants can take the
+    /// room the others are given, however few of them are busy.
+    pub fn with_share_among(self, tenants: u64) -> Self {
+        self.stats.share_by_tenants.store(true, Ordering::Relaxed);
+        self.share_among(tenants);
+        self
+    }
+
     /// Lengthens by `seconds` every lease that an earlier process granted
     /// (held in the store at open and not written since), when this
     /// process judges whether it ended; the holder is still told the
@@ -1275,6 +1285,21 @@ impl Ledger for SledLedger {
 
     fn backend(&self) -> &'static str {
         "sled"
+    }
+
+    fn share_among(&self, tenants: u64) {
+        if !self.stats.share_by_tenants.load(Ordering::Relaxed) {
+            return;
+        }
+        let max = self.stats.max_records.load(Ordering::Relaxed);
+        let share = if max == u64::MAX {
+            u64::MAX
+        } else {
+            (max / tenants.max(1)).max(1)
+        };
+        self.stats
+            .max_tenant_records
+            .store(share, Ordering::Relaxed);
     }
 
     fn flush_stats(&self) -> Option<Arc<FlushStats>> {

@@ -371,3 +371,97 @@ async fn a_wall_clock_ahead_does_not_collect_a_lease_early() {
         .unwrap();
     assert_eq!(removed, 1);
 }
+
+/// Issue 58, finding 2: by default the record bound is divided among the
+/// tenants in force, so no two tenants can take the whole of it. With
+/// `--max-ledger-records 60` and three bearer tenants, a and b each consume
+/// what they can (20 each, their share), and c, which consumed nothing,
+/// still has its 20. The share follows the tenants file: the third tenant
+/// arrives by a reload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_share_divides_the_bound_among_the_tenants() {
+    use sha2::{Digest, Sha256};
+    let dir = tempfile::tempdir().unwrap();
+    let entry = |name: &str| {
+        format!(
+            r#"{{"name":"{name}","bearer_sha256":"{}"}}"#,
+            hex(&Sha256::digest(format!("secret-{name}").as_bytes()))
+        )
+    };
+    let tenants = dir.path().join("tenants.json");
+    let write = |names: &[&str]| {
+        let entries: Vec<String> = names.iter().map(|n| entry(n)).collect();
+        let tmp = dir.path().join("tenants.tmp");
+        std::fs::write(&tmp, format!(r#"{{"tenants":[{}]}}"#, entries.join(","))).unwrap();
+        std::fs::rename(&tmp, &tenants).unwrap();
+    };
+    // Two tenants at the start (30 each); the third arrives by a reload.
+    write(&["a", "b"]);
+    let s = crate::common::process::spawn(
+        &dir.path().join("data"),
+        &[
+            "--auth",
+            "bearer",
+            "--tenants",
+            tenants.to_str().unwrap(),
+            "--max-ledger-records",
+            "60",
+            "--reload-interval-ms",
+            "100",
+        ],
+        &[],
+    );
+    let ch = tonic::transport::Channel::from_shared(format!("http://{}", s.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let as_tenant = |name: &'static str| {
+        stateseal::proto::request_state_client::RequestStateClient::with_interceptor(
+            ch.clone(),
+            move |mut req: tonic::Request<()>| {
+                req.metadata_mut().insert(
+                    "authorization",
+                    format!("Bearer secret-{name}").parse().unwrap(),
+                );
+                Ok(req)
+            },
+        )
+    };
+    // Consumes up to `n` fresh single-use tokens; how many were accepted.
+    async fn consume(
+        c: &mut stateseal::proto::request_state_client::RequestStateClient<
+            tonic::service::interceptor::InterceptedService<
+                tonic::transport::Channel,
+                impl tonic::service::Interceptor,
+            >,
+        >,
+        n: usize,
+    ) -> usize {
+        let mut accepted = 0;
+        for _ in 0..n {
+            let t = c
+                .seal(seal_req(b"s", true))
+                .await
+                .unwrap()
+                .into_inner()
+                .request_state;
+            match c.open(open_req(&t)).await {
+                Ok(_) => accepted += 1,
+                Err(e) => assert_eq!(reason(&e), "OVERLOADED"),
+            }
+        }
+        accepted
+    }
+    write(&["a", "b", "c"]);
+    s.wait_logged("reloaded");
+    assert_eq!(consume(&mut as_tenant("a"), 30).await, 20);
+    assert_eq!(consume(&mut as_tenant("b"), 30).await, 20);
+    assert_eq!(
+        consume(&mut as_tenant("c"), 20).await,
+        20,
+        "a tenant that consumed nothing was crowded out"
+    );
+    let (status, _) = s.terminate();
+    assert!(status.success());
+}
