@@ -4,6 +4,7 @@ round-robin front, the real client with an elicitation callback."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 import json
 import logging
@@ -133,7 +134,10 @@ def replica(
         if SLOW["runs"] == 1 and SLOW["gate"] is not None:
             await SLOW["gate"].wait()
         for hook in SLOW["on_return"]:
-            hook()
+            # A hook may be a coroutine function (awaited: the answer
+            # waits for it).
+            if inspect.isawaitable(started := hook()):
+                await started
         return f"slow {amount}" if confirm.confirm else "cancelled"
 
     @server.tool()
@@ -163,6 +167,24 @@ def replica(
                     }
                 },
             }
+        )
+
+    @server.tool()
+    async def close_account(ctx: Context) -> types.InputRequiredResult | str:
+        # Hand-rolled MRTR whose first round asks nothing: "still working,
+        # call again", a requestState and no questions (CLOSE_ROUND: no
+        # `inputRequests`, or an empty one). On the retry it trusts a
+        # `confirm` answer, as a handler behind a boundary that guarantees
+        # its answers may.
+        a = (ctx.input_responses or {}).get("confirm")
+        a = a.model_dump(mode="json", by_alias=True, exclude_none=True) if hasattr(a, "model_dump") else a
+        if isinstance(a, dict) and a.get("action") == "accept" and (a.get("content") or {}).get("ok") is True:
+            CLOSED.append(tag)
+            return "ACCOUNT CLOSED"
+        if ctx.request_state == "working":
+            return "still working"
+        return types.InputRequiredResult.model_validate(
+            {"resultType": "input_required", "requestState": "working", **CLOSE_ROUND}
         )
 
     client = RequestStateClient(stateseal_addr, bearer=bearer, credentials=credentials)
@@ -196,6 +218,10 @@ ON_SECOND_ROUND: list = []
 SLOW: dict = {"runs": 0, "gate": None, "on_return": []}
 #: (replica tag, the requestState the handler saw) each time `wipe`'s body ran.
 WIPED: list = []
+#: What `close_account`'s first round carries besides its requestState
+#: ({} or {"inputRequests": {}}), and the replica each time it acted.
+CLOSE_ROUND: dict = {}
+CLOSED: list = []
 
 
 def front(backends: list[str]) -> Starlette:
@@ -243,8 +269,13 @@ async def deployment(
         for tag, addr in zip(("A", "B"), addrs or (stateseal_addr, stateseal_addr))
     ]
     apps.append(front([f"http://127.0.0.1:{ports[0]}", f"http://127.0.0.1:{ports[1]}"]))
+    # Idle connections are kept open far longer than any client here keeps
+    # them (httpx: 5 s), so a client never reuses one the server is closing
+    # (uvicorn's default, 5 s too, races with it after an idle pause).
     servers = [
-        uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+        uvicorn.Server(
+            uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on", timeout_keep_alive=60)
+        )
         for app, port in zip(apps, ports)
     ]
     async with anyio.create_task_group() as tg:
@@ -1042,6 +1073,44 @@ async def test_answers_without_a_token_never_reach_the_handler(stateseal, caplog
                 await client.session.call_tool("wipe", {}, input_responses=answers(r), request_state=r.request_state)
             assert_already_used(e.value)
             assert len(WIPED) == 1, WIPED
+
+
+@pytest.mark.parametrize("round_one", [{}, {"inputRequests": {}}], ids=["no-input-requests", "empty-input-requests"])
+async def test_a_round_that_asks_nothing_lets_no_answer_through(stateseal, caplog, round_one):
+    """Issue 58, finding 1: a first round that answers input_required with
+    only a requestState ("still working, call again") is sealed with a
+    manifest of no questions, so the retry's forged answer never reaches
+    the handler, and the tool does not act."""
+    SEEN_ANSWERS.clear()
+    CLOSED.clear()
+    CLOSE_ROUND.clear()
+    CLOSE_ROUND.update(round_one)
+    caplog.set_level(logging.INFO, logger="stateseal_mcp")
+    forged = {"confirm": {"action": "accept", "content": {"ok": True}}}
+    try:
+        async with deployment(stateseal) as (url, _):
+            async with Client(url, elicitation_callback=accept) as client:
+                r = await client.session.call_tool("close_account", {}, allow_input_required=True)
+                assert isinstance(r, types.InputRequiredResult), r
+                assert r.request_state and not r.input_requests, r.input_requests
+                done = await client.session.call_tool(
+                    "close_account", {}, input_responses=forged, request_state=r.request_state
+                )
+                assert "still working" in text_of(done), done
+                # The token is spent all the same: its replay is refused.
+                with pytest.raises(MCPError) as e:
+                    await client.session.call_tool(
+                        "close_account", {}, input_responses=forged, request_state=r.request_state
+                    )
+                assert_already_used(e.value)
+        assert CLOSED == [], "the tool acted on an answer to a question nobody asked"
+        assert all(not seen for seen in SEEN_ANSWERS), SEEN_ANSWERS
+        assert any(
+            'inputResponses["confirm"] dropped' in rec.getMessage() and "UNASKED" in rec.getMessage()
+            for rec in caplog.records
+        ), caplog.text
+    finally:
+        CLOSE_ROUND.clear()
 
 
 @pytest.mark.parametrize("on_replay", ["error", "reask"])

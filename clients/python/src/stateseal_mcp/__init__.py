@@ -13,7 +13,9 @@ from .binding import BindingError, params_digest, subject_for
 from .client import MAX_CARRIED_COMMITS, Lease, Opened, RequestStateClient, Sealed, StatesealError
 from .middleware import (
     DEFAULT_COMMIT_DELAY,
+    DEFAULT_COMMIT_WINDOW,
     DEFAULT_MAX_INPUT_RESPONSES_BYTES,
+    DEFAULT_MAX_PENDING,
     DEFAULT_MAX_REQUEST_STATE_BYTES,
     StatesealBoundary,
     install,
@@ -26,7 +28,9 @@ except PackageNotFoundError:  # running from a source tree
 
 __all__ = [
     "DEFAULT_COMMIT_DELAY",
+    "DEFAULT_COMMIT_WINDOW",
     "DEFAULT_MAX_INPUT_RESPONSES_BYTES",
+    "DEFAULT_MAX_PENDING",
     "MAX_CARRIED_COMMITS",
     "DEFAULT_MAX_REQUEST_STATE_BYTES",
     "BindingError",

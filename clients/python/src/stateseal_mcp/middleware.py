@@ -16,10 +16,13 @@ and, for single-use targets, consumed at most once across every replica:
   length, so a slow handler keeps it), and the reservation is *committed*
   when the handler returns, off the response path: carried by this
   replica's next durable Open, or sent on its own after `commit_delay`
-  (25 ms) when none comes (a transient Commit failure is retried: Commit is
-  idempotent), and *released* when it raises or reports an error (or when
+  (25 ms) when none comes. A Commit that cannot land yet (stateseal or its
+  ledger unreachable, a transient refusal) is kept: retried with capped
+  backoff, its lease renewed meanwhile, until it gets a definite answer or
+  `commit_window` (60 s) has passed; Commit is idempotent. The reservation
+  is *released* when the handler raises or reports an error (or when
   sealing the next round fails), so a failed handler never burns the user's
-  retry;
+  retry; a Release that cannot land yet is kept the same way;
 - for targets listed in `at_most_once`, consumed before the handler runs
   (at most once even if the handler crashes; a failure then costs the retry).
 Each incoming request gets an attempt id, so an Open that timed out after
@@ -32,7 +35,10 @@ that a legitimate retry always has a token, an `input_required` result with
 which the handler then sees as no `requestState`).
 
 Outbound: an `input_required` result's `requestState` is sealed under the
-same binding, single-use unless the target is listed in `reusable`.
+same binding, single-use unless the target is listed in `reusable`, always
+with the round's questions as its manifest: a round that asked nothing
+(a state and no `inputRequests`) is sealed with none (`{}`), so no answer
+reaches the handler with its token.
 
 Errors (the package README has the table):
 - a `requestState` or `inputResponses` over the service's limits
@@ -55,7 +61,8 @@ Errors (the package README has the table):
   configuration): -32603 "Internal error" and an ERROR log naming the cause.
 Nothing an end user sends produces an ERROR log line: ERROR is kept for what
 an operator must act on (authentication or configuration between this server
-and stateseal, a refused Seal of a handler's result, a lost reservation).
+and stateseal, a refused Seal of a handler's result, a lost reservation, a
+Commit given up or not kept).
 
 Requests without `requestState` whose result is not `input_required` cost
 nothing: no serialization, no principal call.
@@ -67,6 +74,8 @@ import asyncio
 import hashlib
 import json
 import logging
+import math
+import random
 import uuid
 import weakref
 from collections.abc import Callable, Collection, Mapping
@@ -85,7 +94,9 @@ from .client import RequestStateClient, StatesealError
 
 __all__ = [
     "DEFAULT_COMMIT_DELAY",
+    "DEFAULT_COMMIT_WINDOW",
     "DEFAULT_MAX_INPUT_RESPONSES_BYTES",
+    "DEFAULT_MAX_PENDING",
     "DEFAULT_MAX_REQUEST_STATE_BYTES",
     "StatesealBoundary",
     "install",
@@ -108,9 +119,12 @@ DEFAULT_MAX_REQUEST_STATE_BYTES = ((65536 + 16384 + 512) * 4 + 2) // 3
 #: stateseal: the service's `--max-input-bytes` default, 256 KiB.
 DEFAULT_MAX_INPUT_RESPONSES_BYTES = 256 * 1024
 
-#: How long an Open that found its token IN_USE waits, at most, for the
-#: Commit of that token still running in this process after its answer
-#: went out.
+#: How long an Open of a token whose Commit this process still keeps (its
+#: handler answered; the Commit has not landed) waits, at most, for that
+#: Commit before it is answered IN_USE ("in progress", retryable) without
+#: opening the token. Asked again, it waits again: so for as long as the
+#: Commit is kept (up to `commit_window`), no replay reaching this process
+#: runs the handler, even once the lease has run out during an outage.
 _COMMIT_WAIT = 5.0
 #: The pauses before an Open that found its token IN_USE is sent again (the
 #: same attempt id): another replica's handler may have answered with its
@@ -134,6 +148,18 @@ _CARRY_PER_OPEN = 4
 #: The longest `commit_delay`: below the 375 ms a replay on another replica
 #: waits out IN_USE (_BUSY_WAITS), so that it sees the Commit.
 MAX_COMMIT_DELAY = 0.25
+
+#: How long, by default, a Commit (or a Release) that cannot land yet is
+#: kept and retried after its handler returned, in seconds.
+DEFAULT_COMMIT_WINDOW = 60.0
+#: The most Commits and Releases one boundary keeps at once, by default.
+DEFAULT_MAX_PENDING = 10_000
+#: The first pause before a kept Commit or Release is tried again, doubled
+#: after each failure up to _RETRY_CAP (each pause drawn between half and
+#: all of it, so that the Commits an outage held back do not all go at
+#: once when it ends): never more than 0.5 s between two tries.
+_RETRY_FIRST = 0.05
+_RETRY_CAP = 0.5
 
 #: Transport failures after which an Open (same attempt id) or a Release is
 #: sent again: the connection was lost or the call timed out.
@@ -197,6 +223,18 @@ def resend(e: StatesealError) -> bool:
 def retry_commit(e: StatesealError) -> bool:
     """A Commit is retried (it is idempotent): any transient failure."""
     return e.retryable
+
+
+def _backoff(pause: float) -> float:
+    """The pause before a kept Commit or Release is tried again: between
+    half and all of `pause`, so that what an outage held back is spread."""
+    return random.uniform(pause / 2, pause)
+
+
+def _still_committing() -> StatesealError:
+    """IN_USE, answered without opening the token: its handler answered
+    in this process, and its Commit is still kept (has not landed)."""
+    return StatesealError("IN_USE", grpc.StatusCode.ABORTED, "its Commit is still kept in this process")
 
 
 def renewal_lost(e: StatesealError) -> bool:
@@ -279,6 +317,26 @@ class StatesealBoundary:
       used: until its lease ends, after which a retry may run the handler
       again. The delay widens that window by at most `commit_delay`, so
       keep it far below the lease. `drain()` sends what is waiting at once.
+    - `commit_window`: seconds (default 60; never less than `lease_seconds`
+      when that is set, and never shorter than the lease stateseal granted)
+      a Commit that cannot land yet is kept after its handler returned:
+      retried with capped backoff (50 ms doubling to 0.5 s between tries)
+      while the lease is renewed, until stateseal gives a definite answer
+      (landed; `LEASE_EXPIRED` or `REJECTED`: another attempt holds the
+      token; any other refusal that is not transient, logged at ERROR). An
+      outage of stateseal, its audit sink or its ledger shorter than the
+      window never runs a handler that returned a second time. A Release
+      that cannot land yet is kept the same way. Past the window the
+      Commit is given up (an ERROR log): the token opens again once its
+      lease ends.
+    - `max_pending`: the most Commits and Releases kept at once (default
+      10,000, `DEFAULT_MAX_PENDING`). Past it, a Commit is tried once and a
+      Release is not retried (neither is kept): each such one is an ERROR
+      log, counted in `overflowed`.
+
+    `overflowed` (read-only): how many Commits and Releases found
+    `max_pending` already kept and were not kept themselves, since this
+    boundary was made. `drain()` waits for every kept Commit and Release.
     """
 
     def __init__(
@@ -297,6 +355,8 @@ class StatesealBoundary:
         max_request_state_bytes: int = DEFAULT_MAX_REQUEST_STATE_BYTES,
         max_input_responses_bytes: int = DEFAULT_MAX_INPUT_RESPONSES_BYTES,
         commit_delay: float = DEFAULT_COMMIT_DELAY,
+        commit_window: float = DEFAULT_COMMIT_WINDOW,
+        max_pending: int = DEFAULT_MAX_PENDING,
     ) -> None:
         if on_replay not in ("error", "reask"):
             raise ValueError('on_replay must be "error" or "reask"')
@@ -308,9 +368,22 @@ class StatesealBoundary:
             or not 0 <= commit_delay <= MAX_COMMIT_DELAY
         ):
             raise ValueError(f"commit_delay must be between 0 (commit at once) and {MAX_COMMIT_DELAY} seconds")
+        if (
+            isinstance(commit_window, bool)
+            or not isinstance(commit_window, (int, float))
+            or not math.isfinite(commit_window)
+            or commit_window <= 0
+        ):
+            raise ValueError("commit_window must be a positive number of seconds")
+        if commit_window < lease_seconds:
+            raise ValueError(
+                f"commit_window ({commit_window} s) must not be less than lease_seconds ({lease_seconds} s): "
+                "a Commit given up before the lease ends leaves the token reserved to no purpose"
+            )
         for name, value in (
             ("max_request_state_bytes", max_request_state_bytes),
             ("max_input_responses_bytes", max_input_responses_bytes),
+            ("max_pending", max_pending),
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer")
@@ -327,12 +400,23 @@ class StatesealBoundary:
         self._max_state = max_request_state_bytes
         self._max_answers = max_input_responses_bytes
         # Commits running after their handler's answer went out (see
-        # _finish): held here so they are not collected, for drain().
-        self._committing: set[asyncio.Task[None]] = set()
+        # _finish), and Releases kept after their request ended (see
+        # _release): held here so they are not collected, bounded by
+        # max_pending, and waited for by drain().
+        self._kept: set[asyncio.Task[None]] = set()
         self._commit_delay = float(commit_delay)
+        self._commit_window = float(commit_window)
+        self._max_pending = max_pending
+        self._overflowed = 0
         # The Commits waiting for a durable Open to carry them, by event
         # loop (see _Carrier).
         self._carriers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Carrier] = weakref.WeakKeyDictionary()
+
+    @property
+    def overflowed(self) -> int:
+        """How many Commits and Releases found `max_pending` already kept,
+        and so were not kept themselves (each an ERROR log)."""
+        return self._overflowed
 
     def _carrier(self) -> _Carrier:
         loop = asyncio.get_running_loop()
@@ -408,8 +492,10 @@ class StatesealBoundary:
                 inner = {k: v for k, v in params.items() if k not in ("requestState", "inputResponses")}
         ctx = replace(ctx, params=inner)
         reservation = opened.reservation
-        # The lease lives as long as the handler: renewed in the background
-        # every third of the granted lease, stopped before Commit/Release.
+        # The lease lives as long as the handler, and after it as long as
+        # its Commit is kept: renewed in the background every third of the
+        # granted lease (between the Commit's tries), stopped once the
+        # Commit got its answer, or before a Release.
         keeper = (
             _Renewal(self, ctx.method, reservation, opened.lease_seconds)
             if reservation and opened.lease_seconds > 0
@@ -422,28 +508,49 @@ class StatesealBoundary:
             if keeper is not None:
                 keeper.stop()
             if reservation:
-                await self._release(ctx.method, reservation)
+                await self._release(ctx.method, reservation, opened.lease_seconds)
             raise
         if reservation and _is_error(result):
             # The tool reported failure (the SDK turns a raising tool into an
             # error result): give the token back for the corrected retry.
             await self._stop(keeper)
-            await self._release(ctx.method, reservation)
+            await self._release(ctx.method, reservation, opened.lease_seconds)
             return result
         if reservation:
             # The handler ran: its answer goes out now, and the Commit runs
-            # beside it. Until the Commit lands the lease keeps the token
-            # IN_USE, so no other attempt runs the handler in the meantime.
+            # beside it, kept until it lands. Until then the lease, renewed,
+            # keeps the token IN_USE, so no other attempt runs the handler.
             loop = asyncio.get_running_loop()
-            task = loop.create_task(self._finish(ctx.method, reservation, keeper))
-            self._committing.add(task)
-            task.add_done_callback(self._committing.discard)
-            # Any boundary of this process and loop whose Open finds this
-            # token IN_USE waits for this Commit (see _open).
+            kept = self._room("commit", ctx.method)
+            window = max(self._commit_window, opened.lease_seconds) if kept else 0.0
+            if keeper is not None:
+                keeper.answered()
+            task = loop.create_task(self._finish(ctx.method, reservation, keeper, loop.time() + window))
+            self._kept.add(task)
+            task.add_done_callback(self._kept.discard)
+            # Any boundary of this process and loop that is asked to open
+            # this token meanwhile waits for this Commit (see _open).
             pending = _PENDING.setdefault(loop, {})
             pending[token] = (task, self._carrier())
             task.add_done_callback(lambda t: pending.pop(token, None) if pending.get(token, (None,))[0] is t else None)
         return result
+
+    def _room(self, what: str, method: str) -> bool:
+        """Whether one more Commit or Release may be kept (fewer than
+        `max_pending` are); if not, an ERROR log, counted in `overflowed`."""
+        if len(self._kept) < self._max_pending:
+            return True
+        self._overflowed += 1
+        logger.error(
+            "stateseal %s on %s not kept: %d Commits and Releases are kept already (max_pending); "
+            "it is not retried, and if it does not land the token opens again once its lease ends "
+            "(%d not kept so far)",
+            what,
+            method,
+            len(self._kept),
+            self._overflowed,
+        )
+        return False
 
     @staticmethod
     async def _stop(keeper: _Renewal | None) -> None:
@@ -454,16 +561,19 @@ class StatesealBoundary:
         if inflight is not None:
             await asyncio.wait({inflight})
 
-    async def _finish(self, method: str, reservation: str, keeper: _Renewal | None) -> None:
+    async def _finish(self, method: str, reservation: str, keeper: _Renewal | None, until: float) -> None:
         """Commits a reservation whose handler returned, after its answer
-        went out: the renewals stop first (a Renew after the Commit would
-        find the token taken, a false lost lease), then the Commit, retried
-        while transient. Never raises but its own cancellation, which is
-        logged: the token then stays reserved until its lease ends."""
+        went out, kept (retried while transient) until it gets a definite
+        answer or the loop's clock passes `until`. The renewals go on
+        between its tries, so the lease does not run out under a Commit
+        that has not landed yet, and stop once it has its answer. Never
+        raises but its own cancellation, which is logged: the token then
+        stays reserved until its lease ends."""
         try:
-            await self._stop(keeper)
-            await self._commit(method, reservation)
+            await self._commit(method, reservation, until, keeper)
         except asyncio.CancelledError:
+            if keeper is not None:
+                keeper.stop()
             logger.error(
                 "stateseal commit on %s cancelled before it landed (the event loop stopped without "
                 "drain()?): the token opens again once its lease ends",
@@ -472,14 +582,17 @@ class StatesealBoundary:
             raise
         except Exception:
             logger.exception("stateseal commit on %s raised", method)
+        await self._stop(keeper)
 
     async def drain(self, timeout: float | None = None) -> bool:
         """Waits (at most `timeout` seconds) for every Commit of the running
-        event loop still running after its handler's answer went out; True
-        when none is left. Call it before the loop ends (a graceful
-        shutdown): a Commit that never lands leaves its token reserved
-        until the lease ends, after which a retry may run the handler
-        again."""
+        event loop still running after its handler's answer went out, and
+        every Release still kept; True when none is left. Call it before
+        the loop ends (a graceful shutdown), with a timeout as long as the
+        outage of stateseal you want a shutdown to ride out (at most
+        `commit_window`): a Commit that never lands leaves its token
+        reserved until the lease ends, after which a retry may run the
+        handler again."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         # The Commits waiting for a carrier go now, each on its own, and so
@@ -489,7 +602,7 @@ class StatesealBoundary:
         try:
             carrier.send_all()
             while True:
-                mine = {t for t in self._committing if t.get_loop() is loop}
+                mine = {t for t in self._kept if t.get_loop() is loop}
                 if not mine:
                     return True
                 left = None if deadline is None else deadline - loop.time()
@@ -499,50 +612,85 @@ class StatesealBoundary:
         finally:
             carrier.draining -= 1
 
-    async def _commit(self, method: str, reservation: str) -> None:
+    async def _commit(self, method: str, reservation: str, until: float, keeper: _Renewal | None) -> None:
         # The handler ran; its answer stands whatever Commit answers. Commit
         # is idempotent (a committed reservation commits again), so a
         # transient failure, which may have been recorded all the same, is
-        # retried twice after a short wait.
-        for n in range(3):
+        # retried, with capped backoff, until the loop's clock passes
+        # `until`: a Commit that lands after an outage still consumes the
+        # token (the lease renewed between the tries; and even after the
+        # lease ended, as long as no other attempt took the token over).
+        # No Renew is in flight while a try is: one that reached stateseal
+        # after the Commit landed would find the token consumed, and be
+        # counted there as a lost lease.
+        loop = asyncio.get_running_loop()
+        pause = _RETRY_FIRST
+        tries = 0
+        while True:
+            if keeper is not None:
+                await keeper.hold()
             try:
-                if n == 0 and self._commit_delay > 0:
+                if tries == 0 and self._commit_delay > 0:
                     # Carried by the next durable Open of this loop, or sent
                     # on its own after the delay.
                     await self._carrier().commit(reservation)
                 else:
                     await self._client.commit(reservation)
-                return
             except StatesealError as e:
-                if n < 2 and retry_commit(e):
-                    logger.warning("stateseal commit on %s: %s; retrying", method, e.reason)
-                    await asyncio.sleep(0.1 * (n + 1))
-                    continue
-                if e.from_stateseal and e.reason == "LEASE_EXPIRED":
+                tries += 1
+                if retry_commit(e):
+                    wait = _backoff(pause)
+                    if loop.time() + wait <= until:
+                        if tries == 1:
+                            logger.warning(
+                                "stateseal commit on %s: %s; retrying until it lands (for up to %.0f s)",
+                                method,
+                                e.reason,
+                                max(0.0, until - loop.time()),
+                            )
+                        else:
+                            logger.debug("stateseal commit on %s: %s; retrying", method, e.reason)
+                        if keeper is not None:
+                            keeper.resume()
+                        await asyncio.sleep(wait)
+                        pause = min(pause * 2, _RETRY_CAP)
+                        continue
+                    # Kept as long as allowed (or not kept at all).
                     logger.error(
-                        "stateseal commit on %s: LEASE_EXPIRED, the token was taken over by another attempt "
-                        "while this handler ran (this result stands; the other attempt may run it too)",
+                        "stateseal commit on %s did not land (%s after %d tries): the token opens again "
+                        "once its lease ends, and a retry after that may run the handler again",
                         method,
+                        e.reason,
+                        tries,
+                    )
+                elif e.from_stateseal and e.reason in ("LEASE_EXPIRED", "REJECTED"):
+                    logger.error(
+                        "stateseal commit on %s: %s, the token was taken over by another attempt while "
+                        "this handler ran or its Commit was kept (this result stands; the other attempt "
+                        "may run it too)",
+                        method,
+                        e.reason,
                     )
                 else:
                     # Without the commit the token may open again after the
                     # lease (reserve mode: handlers must be idempotent).
                     logger.error("stateseal commit failed on %s: %s", method, e.reason)
                 return
+            if tries:
+                logger.info("stateseal commit on %s landed after %d failed tries", method, tries)
+            return
 
     async def _renew_once(self, method: str, reservation: str) -> int | None:
         """One renewal of `reservation`: the lease granted (0 when the
-        server does not say), or None once it is lost (another attempt took
-        the token over), which ends the renewals."""
+        server does not say, or when the renewal failed and the next is
+        tried a third of the lease later), or None when stateseal says the
+        reservation no longer holds the token (`LEASE_EXPIRED`): another
+        attempt took it over, or this one's Commit landed. The caller logs
+        that (see _Renewal)."""
         try:
             lease = await self._client.renew(reservation, self._lease)
         except StatesealError as e:
             if renewal_lost(e):
-                logger.error(
-                    "stateseal renew on %s: reservation lost while the handler ran; "
-                    "another attempt may run it",
-                    method,
-                )
                 return None
             # Unreachable or transient: keep trying; the lease holds
             # until it runs out, and Commit still succeeds while no
@@ -556,6 +704,18 @@ class StatesealBoundary:
             return 0
         return lease.lease_seconds
 
+    async def _settled(self, token: bytes) -> bool:
+        """Whether no Commit of `token` is kept in this process (and loop)
+        any more, after waiting up to _COMMIT_WAIT for the one that is:
+        hurried out of its carrier first."""
+        pending = _PENDING.get(asyncio.get_running_loop(), {}).get(token)
+        if pending is None:
+            return True
+        task, carrier = pending
+        carrier.send_all()
+        await asyncio.wait({task}, timeout=_COMMIT_WAIT)
+        return task.done()
+
     async def _open(
         self,
         wire: str,
@@ -568,6 +728,12 @@ class StatesealBoundary:
         *,
         carry: bool,
     ):
+        # A handler of this process answered with this token and its Commit
+        # has not landed yet: wait for it, and while it is still kept never
+        # open the token (its lease may have run out during an outage, and
+        # this Open would take it over and run the handler again).
+        if not await self._settled(token):
+            raise _still_committing()
         attempt = uuid.uuid4().hex
         resent = busy = 0
         waited = False
@@ -605,40 +771,95 @@ class StatesealBoundary:
                 if e.from_stateseal and e.reason == "IN_USE":
                     # A handler that has answered holds the token until its
                     # Commit, which runs beside its answer, lands. If that
-                    # Commit is this process's, wait for it (once); else
-                    # perhaps another replica's: wait a little, three
-                    # times. Then the token's true state (used, or still in
-                    # progress) is what this Open gets.
-                    pending = _PENDING.get(asyncio.get_running_loop(), {}).get(token)
-                    if pending is not None and not waited:
+                    # Commit is this process's (it answered while this Open
+                    # was on its way), wait for it (once; still kept
+                    # after that: in progress); else perhaps another
+                    # replica's: wait a little, three times. Then the
+                    # token's true state (used, or still in progress) is
+                    # what this Open gets.
+                    if not waited and token in _PENDING.get(asyncio.get_running_loop(), {}):
                         waited = True
-                        task, carrier = pending
-                        # That Commit may be waiting for its carrier: now.
-                        carrier.send_all()
-                        await asyncio.wait({task}, timeout=_COMMIT_WAIT)
-                        continue
+                        if await self._settled(token):
+                            continue
+                        raise _still_committing() from None
                     if busy < len(_BUSY_WAITS):
                         await asyncio.sleep(_BUSY_WAITS[busy])
                         busy += 1
                         continue
                 raise
 
-    async def _release(self, method: str, reservation: str) -> None:
+    async def _release(self, method: str, reservation: str, granted: int) -> None:
         # Safe to repeat: a reservation names one lease (its rid), so a
         # late or repeated Release can never free a newer one. A transport
         # failure (the connection to stateseal dropped, as may have just
-        # failed the call that led here) is retried twice after a short wait.
-        for n in range(3):
+        # failed the call that led here) is retried twice after a short
+        # wait, before the request's answer; one that still cannot land
+        # (stateseal or its ledger down) is kept and retried in the
+        # background, as a Commit is (see _kept_release).
+        n = 0
+        while True:
             try:
                 await self._client.release(reservation)
                 return
             except StatesealError as e:
                 if n < 2 and resend(e):
-                    await asyncio.sleep(0.05 * (n + 1))
+                    n += 1
+                    await asyncio.sleep(0.05 * n)
                     continue
-                # The lease ends by itself; the retry waits for it at worst.
-                logger.warning("stateseal release failed on %s: %s", method, e.reason)
+                failed = e
+                break
+        if not failed.retryable:
+            # The lease ends by itself; the retry waits for it at worst.
+            logger.warning("stateseal release failed on %s: %s", method, failed.reason)
+            return
+        if not self._room("release", method):
+            return
+        logger.warning("stateseal release on %s: %s; retrying in the background", method, failed.reason)
+        loop = asyncio.get_running_loop()
+        until = loop.time() + max(self._commit_window, granted)
+        task = loop.create_task(self._kept_release(method, reservation, until))
+        self._kept.add(task)
+        task.add_done_callback(self._kept.discard)
+
+    async def _kept_release(self, method: str, reservation: str, until: float) -> None:
+        """A Release that could not land before its request's answer,
+        retried with capped backoff while transient, until the loop's clock
+        passes `until`. Never raises but its own cancellation."""
+        loop = asyncio.get_running_loop()
+        pause = _RETRY_FIRST
+        tries = 1
+        try:
+            while True:
+                wait = _backoff(pause)
+                if loop.time() + wait > until:
+                    logger.warning(
+                        "stateseal release on %s did not land after %d tries: the token opens again once "
+                        "its lease ends",
+                        method,
+                        tries,
+                    )
+                    return
+                await asyncio.sleep(wait)
+                pause = min(pause * 2, _RETRY_CAP)
+                try:
+                    await self._client.release(reservation)
+                except StatesealError as e:
+                    tries += 1
+                    if e.retryable:
+                        logger.debug("stateseal release on %s: %s; retrying", method, e.reason)
+                        continue
+                    logger.warning("stateseal release failed on %s: %s", method, e.reason)
+                    return
+                logger.info("stateseal release on %s landed after %d failed tries", method, tries)
                 return
+        except asyncio.CancelledError:
+            logger.warning(
+                "stateseal release on %s cancelled before it landed: the token opens again once its lease ends",
+                method,
+            )
+            raise
+        except Exception:
+            logger.exception("stateseal release on %s raised", method)
 
     def _digest(self, method: str, params: Mapping[str, Any]) -> bytes:
         """Binding v2 of the params, computed here (numbers exact)."""
@@ -730,8 +951,11 @@ class StatesealBoundary:
                 ttl_seconds=self._ttl,
                 single_use=target not in self._reusable,
                 # The questions travel sealed in the token: the retry's
-                # answers are filtered against them.
-                input_requests_json=self._json(ctx.method, questions) if questions else "",
+                # answers are filtered against them. A round that asked
+                # nothing ("still working, call again") is sealed with no
+                # questions, never without a manifest: stateseal then drops
+                # every answer that comes with its token (UNASKED).
+                input_requests_json=self._json(ctx.method, questions) if questions else "{}",
             )
         except StatesealError as e:
             self._refuse(ctx.method, e, call_refusal(e, sealing=True))
@@ -864,10 +1088,11 @@ class _Carrier:
 
 class _Renewal:
     """Renews a reservation every third of its granted lease (at least every
-    0.5 s) while its handler runs: a timer, and a task only while a Renew is
-    in flight, so a handler that ends before the first renewal costs no
-    task and its Commit waits for nothing. Only the granted length is used,
-    never `lease_expires_at_unix`: this replica's clock is not the ledger's."""
+    0.5 s) while its handler runs, and after it between the tries of its
+    kept Commit: a timer, and a task only while a Renew is in flight, so a
+    handler that ends before the first renewal costs no task and its Commit
+    waits for nothing. Only the granted length is used, never
+    `lease_expires_at_unix`: this replica's clock is not the ledger's."""
 
     def __init__(self, boundary: StatesealBoundary, method: str, reservation: str, granted: int) -> None:
         self._boundary = boundary
@@ -876,6 +1101,12 @@ class _Renewal:
         self._granted = granted
         self._loop = asyncio.get_running_loop()
         self._stopped = False
+        #: The handler answered: its Commit is under way.
+        self._answered = False
+        #: A Commit try is in flight (hold()): no Renew goes meanwhile.
+        self._held = False
+        #: A renewal fell due (or was cancelled) while held: sent on resume().
+        self._missed = False
         self._inflight: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._schedule()
@@ -885,17 +1116,70 @@ class _Renewal:
 
     def _due(self) -> None:
         self._timer = None
-        if not self._stopped:
-            self._inflight = self._loop.create_task(self._renew())
+        if self._stopped:
+            return
+        if self._held:
+            self._missed = True
+            return
+        self._inflight = self._loop.create_task(self._renew())
 
     async def _renew(self) -> None:
-        granted = await self._boundary._renew_once(self._method, self._reservation)
+        try:
+            granted = await self._boundary._renew_once(self._method, self._reservation)
+        except asyncio.CancelledError:
+            self._inflight = None
+            if not self._stopped:
+                # Cancelled for a Commit try (hold()): renewed again as
+                # soon as that try fails, if it does.
+                self._missed = True
+            raise
         self._inflight = None
-        if granted is None or self._stopped:
+        if self._stopped:
+            return
+        if granted is None:
+            self._stopped = True
+            if self._answered:
+                # Between the tries of a Commit: an earlier try may have
+                # landed all the same (its answer lost), and a committed
+                # reservation renews as LEASE_EXPIRED. The Commit's next
+                # answer decides, and reports a token taken over.
+                logger.debug(
+                    "stateseal renew on %s: LEASE_EXPIRED while the Commit is under way; renewing stops",
+                    self._method,
+                )
+            else:
+                logger.error(
+                    "stateseal renew on %s: reservation lost while the handler ran; another attempt may run it",
+                    self._method,
+                )
             return
         if granted > 0:
             self._granted = granted
         self._schedule()
+
+    def answered(self) -> None:
+        """The handler answered: renewing goes on between the tries of its
+        Commit, and a lost renewal from now on is left for the Commit to
+        report."""
+        self._answered = True
+
+    async def hold(self) -> None:
+        """A Commit try is about to go: no Renew goes until resume() (or
+        stop()); one in flight is cancelled and waited for (asyncio.wait
+        never raises the task's own cancellation)."""
+        self._held = True
+        inflight = self._inflight
+        if inflight is not None and not inflight.done():
+            inflight.cancel()
+            await asyncio.wait({inflight})
+
+    def resume(self) -> None:
+        """The Commit try failed: renewing goes on, at once if a renewal
+        fell due meanwhile."""
+        self._held = False
+        if self._missed and not self._stopped:
+            self._missed = False
+            self._inflight = self._loop.create_task(self._renew())
 
     def stop(self) -> asyncio.Task[None] | None:
         """Stops renewing: the timer is cancelled, and a Renew in flight too,
