@@ -9,8 +9,12 @@
 //! - by default in two phases: stateseal *reserves* the token for a lease,
 //!   the handler runs (the lease renewed every third of its length), and the
 //!   reservation is *committed* when the handler returns (beside the
-//!   answer; a transient Commit failure is retried) or *released* when it
-//!   fails, panics, reports an error, or its request is cancelled;
+//!   answer) or *released* when it fails, panics, reports an error, or its
+//!   request is cancelled. A Commit that cannot land yet (stateseal, its
+//!   ledger or its audit sink down) is kept: retried with capped backoff,
+//!   its lease still renewed, until stateseal gives a definite answer or
+//!   the commit window has passed; a Release that cannot land is kept the
+//!   same way (without the renewals);
 //! - for targets in `at_most_once`, consumed before the handler runs.
 //!
 //! Each request gets an attempt id, so an Open that timed out after
@@ -22,7 +26,9 @@
 //!
 //! Outbound, an `input_required` result's `requestState` (the handler's
 //! plaintext) is sealed under the same binding, single-use unless the target
-//! is in `reusable`, with the questions as its manifest.
+//! is in `reusable`, always with the round's questions as its manifest: a
+//! round that asked nothing is sealed with none (`{}`), so no answer
+//! reaches the handler with its token.
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -63,9 +69,26 @@ pub const DEFAULT_MAX_INPUT_RESPONSES_BYTES: usize = 256 * 1024;
 
 /// The shortest pause between two renewals of a lease.
 const MIN_RENEW_INTERVAL: Duration = Duration::from_millis(500);
-/// How long an Open that found its token IN_USE waits, at most, for the
-/// Commit of that token still running in this boundary.
+/// How long an Open of a token whose Commit this boundary still keeps (its
+/// handler answered; the Commit has not landed) waits, at most, for that
+/// Commit before it is answered IN_USE without opening the token. Asked
+/// again, it waits again: so for as long as the Commit is kept (up to the
+/// commit window), no replay reaching this boundary runs the handler, even
+/// once the lease has run out during an outage.
 const COMMIT_WAIT: Duration = Duration::from_secs(5);
+/// How long, by default, a Commit (or a Release) that cannot land yet is
+/// kept after its handler returned ([`Builder::commit_window`]).
+pub const DEFAULT_COMMIT_WINDOW: Duration = Duration::from_secs(60);
+/// The most Commits and Releases one boundary runs (and keeps) at once
+/// after their requests' answers, by default ([`Builder::max_pending`]).
+pub const DEFAULT_MAX_PENDING: usize = 10_000;
+/// The first pause before a kept Commit or Release is tried again, doubled
+/// after each failure up to [`RETRY_CAP`]; each pause is drawn between half
+/// and all of it, so that what an outage held back does not all go at once
+/// when it ends.
+const RETRY_FIRST: Duration = Duration::from_millis(50);
+/// The longest pause between two tries of a kept Commit or Release.
+const RETRY_CAP: Duration = Duration::from_millis(500);
 /// The most waiting Commits one Open carries: the service decides 4 at a
 /// time, and the Open's answer waits for them.
 const CARRY_PER_OPEN: usize = 4;
@@ -130,6 +153,8 @@ pub struct Options {
     max_request_state_bytes: usize,
     max_input_responses_bytes: usize,
     commit_delay: Duration,
+    commit_window: Duration,
+    max_pending: usize,
     steps: Option<Arc<Steps>>,
 }
 
@@ -221,19 +246,50 @@ impl Builder {
         self.options.commit_delay = delay.min(MAX_COMMIT_DELAY);
         self
     }
+    /// How long a Commit that cannot land yet is kept after its handler
+    /// returned (default [`DEFAULT_COMMIT_WINDOW`], 60 s; never less than
+    /// [`Builder::lease_seconds`] nor, for each Commit, than the lease
+    /// stateseal granted: a shorter one is raised to it). Kept, it is
+    /// retried with capped backoff (50 ms doubling to at most 0.5 s between
+    /// tries) while its lease is renewed, until stateseal gives a definite
+    /// answer: landed; `LEASE_EXPIRED` or `REJECTED` (another attempt holds
+    /// the token); or any other refusal that is not transient (logged at
+    /// ERROR). An outage of stateseal, its ledger or its audit sink shorter
+    /// than the window never runs a handler that returned a second time. A
+    /// Release that cannot land is kept for as long. Past the window the
+    /// Commit is given up (an ERROR log): the token opens again once its
+    /// lease ends.
+    pub fn commit_window(mut self, window: Duration) -> Self {
+        self.options.commit_window = window;
+        self
+    }
+    /// The most Commits and Releases running at once after their requests'
+    /// answers, the kept ones included (default [`DEFAULT_MAX_PENDING`],
+    /// 10,000; at least 1): what an outage can hold in memory. Past it a
+    /// Commit is tried once and a Release is not retried, neither kept:
+    /// each is an ERROR log, counted in [`StatesealBoundary::overflowed`].
+    pub fn max_pending(mut self, n: usize) -> Self {
+        self.options.max_pending = n.max(1);
+        self
+    }
     /// Records where the boundary's time goes into `steps` (for
     /// benchmarks; off by default).
     pub fn steps(mut self, steps: Arc<Steps>) -> Self {
         self.options.steps = Some(steps);
         self
     }
-    pub fn build(self) -> StatesealBoundary {
+    pub fn build(mut self) -> StatesealBoundary {
+        let o = &mut self.options;
+        o.commit_window = o
+            .commit_window
+            .max(Duration::from_secs(o.lease_seconds.into()));
         let (inflight, _) = watch::channel(0usize);
         StatesealBoundary(Arc::new(Inner {
             client: self.client,
             options: self.options,
             pending: Mutex::new(HashMap::new()),
             inflight,
+            overflowed: AtomicU64::new(0),
             carrier: Mutex::new(Carrier::default()),
         }))
     }
@@ -241,7 +297,7 @@ impl Builder {
 
 /// stateseal's boundary for one MCP service. Cheap to clone; every clone
 /// (and every handler it wraps) shares one client and one record of the
-/// Commits still running.
+/// Commits and Releases still running.
 #[derive(Clone)]
 pub struct StatesealBoundary(Arc<Inner>);
 
@@ -249,10 +305,14 @@ struct Inner {
     client: RequestStateClient,
     options: Options,
     /// The Commits running beside their answers, by the SHA-256 of their
-    /// token: what an Open that finds the token IN_USE waits for.
+    /// token: what an Open of the same token waits for.
     pending: Mutex<HashMap<[u8; 32], watch::Receiver<bool>>>,
-    /// How many Commits are running (for [`StatesealBoundary::drain`]).
+    /// How many Commits and Releases are running after their request's
+    /// answer (for [`StatesealBoundary::drain`] and `max_pending`).
     inflight: watch::Sender<usize>,
+    /// How many found `max_pending` kept already
+    /// ([`StatesealBoundary::overflowed`]).
+    overflowed: AtomicU64,
     /// The Commits waiting for a durable Open to carry them.
     carrier: Mutex<Carrier>,
 }
@@ -317,6 +377,8 @@ impl StatesealBoundary {
                 max_request_state_bytes: DEFAULT_MAX_REQUEST_STATE_BYTES,
                 max_input_responses_bytes: DEFAULT_MAX_INPUT_RESPONSES_BYTES,
                 commit_delay: DEFAULT_COMMIT_DELAY,
+                commit_window: DEFAULT_COMMIT_WINDOW,
+                max_pending: DEFAULT_MAX_PENDING,
                 steps: None,
             },
         }
@@ -333,9 +395,12 @@ impl StatesealBoundary {
     }
 
     /// Waits (at most `timeout`) for every Commit still running after its
-    /// handler's answer went out; true when none is left. Call it before the
-    /// runtime stops: a Commit that never lands leaves its token reserved
-    /// until the lease ends, after which a retry may run the handler again.
+    /// handler's answer went out, and every Release still kept; true when
+    /// none is left. Call it before the runtime stops, with a timeout as
+    /// long as the outage of stateseal you want a shutdown to ride out (at
+    /// most the commit window): a Commit that never lands leaves its token
+    /// reserved until the lease ends, after which a retry may run the
+    /// handler again.
     pub async fn drain(&self, timeout: Duration) -> bool {
         // The Commits waiting for a carrier go now, each on its own, and so
         // does every Commit queued until drain() returns.
@@ -352,6 +417,60 @@ impl StatesealBoundary {
         tokio::time::timeout(timeout, rx.wait_for(|n| *n == 0))
             .await
             .is_ok_and(|r| r.is_ok())
+    }
+
+    /// How many Commits and Releases found [`Builder::max_pending`] of them
+    /// running already, and so were not kept themselves (each an ERROR
+    /// log), since this boundary was built.
+    pub fn overflowed(&self) -> u64 {
+        self.0.overflowed.load(Ordering::Relaxed)
+    }
+
+    /// Counts one more Commit or Release running after its request's
+    /// answer (until the [`Slot`] is dropped); true when it may be kept
+    /// (fewer than `max_pending` are running). Otherwise an ERROR log,
+    /// counted in [`StatesealBoundary::overflowed`].
+    fn slot(&self, what: &'static str, method: &str) -> (Slot, bool) {
+        let mut running = 0;
+        self.0.inflight.send_modify(|n| {
+            running = *n;
+            *n += 1;
+        });
+        let slot = Slot(self.clone());
+        if running < self.0.options.max_pending {
+            return (slot, true);
+        }
+        let overflowed = self.0.overflowed.fetch_add(1, Ordering::Relaxed) + 1;
+        error!(target: "stateseal_rmcp", method, running, overflowed, "stateseal {what} not kept: max_pending Commits and Releases are running already; if it does not land, the token opens again once its lease ends");
+        (slot, false)
+    }
+
+    /// Whether no Commit of `token` is running in this boundary any more,
+    /// after waiting up to [`COMMIT_WAIT`] for the one that is (sent out of
+    /// its carrier first).
+    async fn settled(&self, token: &[u8; 32]) -> bool {
+        let pending = self
+            .0
+            .pending
+            .lock()
+            .map(|p| p.get(token).cloned())
+            .unwrap_or(None);
+        let Some(mut rx) = pending else {
+            return true;
+        };
+        // That Commit may be waiting for a carrier: now.
+        self.send_all();
+        // The Commit sets `done` when it ends, even when its task is cut.
+        let waited = tokio::time::timeout(COMMIT_WAIT, rx.wait_for(|done| *done)).await;
+        waited.is_ok()
+    }
+
+    fn is_pending(&self, token: &[u8; 32]) -> bool {
+        self.0
+            .pending
+            .lock()
+            .map(|p| p.contains_key(token))
+            .unwrap_or(false)
     }
 
     /// Queues a Commit for the next durable Open to carry; the receiver
@@ -654,6 +773,13 @@ impl StatesealBoundary {
         } else {
             (OpenMode::Consume, 0)
         };
+        // A handler of this boundary answered with this token and its
+        // Commit has not landed yet: wait for it, and while it is still kept
+        // never open the token (its lease may have run out during an outage,
+        // and this Open would take it over and run the handler again).
+        if !self.settled(token).await {
+            return Err(still_committing());
+        }
         let (mut resent, mut busy, mut waited) = (0, 0, false);
         loop {
             // A durable Open (of a single-use token) carries the Commits
@@ -703,20 +829,16 @@ impl StatesealBoundary {
             }
             if e.from_stateseal && e.reason == "IN_USE" {
                 // A handler that has answered holds the token until its
-                // Commit lands. If that Commit is this boundary's, wait for
-                // it (once); else perhaps another replica's: wait a little.
-                let pending = self
-                    .0
-                    .pending
-                    .lock()
-                    .map(|p| p.get(token).cloned())
-                    .unwrap_or(None);
-                if let (Some(mut rx), false) = (pending, waited) {
+                // Commit lands. If that Commit is this boundary's (it
+                // answered while this Open was on its way), wait for it
+                // (once; still kept after that: in progress); else perhaps
+                // another replica's: wait a little.
+                if !waited && self.is_pending(token) {
                     waited = true;
-                    // That Commit may be waiting for a carrier: now.
-                    self.send_all();
-                    let _ = tokio::time::timeout(COMMIT_WAIT, rx.wait_for(|done| *done)).await;
-                    continue;
+                    if self.settled(token).await {
+                        continue;
+                    }
+                    return Err(still_committing());
                 }
                 if let Some(pause) = BUSY_WAITS.get(busy) {
                     tokio::time::sleep(*pause).await;
@@ -754,7 +876,11 @@ impl StatesealBoundary {
                 error!(target: "stateseal_rmcp", method, "the handler's inputRequests cannot be serialized");
                 internal()
             })?,
-            None => String::new(),
+            // A round that asked nothing ("still working, call again") is
+            // sealed with a manifest of no questions, never without one:
+            // stateseal then drops every answer that comes with its token
+            // (UNASKED), so none reaches the handler.
+            None => "{}".to_owned(),
         };
         self.lap(Step::Manifest, t);
         let t = Instant::now();
@@ -849,7 +975,7 @@ struct Held {
     method: &'static str,
     reservation: String,
     granted: u32,
-    keeper: Option<JoinHandle<()>>,
+    keeper: Option<Keeper>,
     settled: bool,
 }
 
@@ -865,51 +991,24 @@ impl Held {
         }
     }
 
-    /// Renews every third of the granted lease (at least every 0.5 s) until
-    /// stopped. Only the granted length is used, never the ledger's time.
+    /// Renews the lease in the background while the handler runs.
     fn keep_renewing(&mut self) {
         if self.settled || self.granted == 0 {
             return;
         }
-        let (b, method, reservation) =
-            (self.boundary.clone(), self.method, self.reservation.clone());
-        let mut interval = MIN_RENEW_INTERVAL.max(Duration::from_secs(self.granted.into()) / 3);
-        self.keeper = Some(tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(interval).await;
-                let t = Instant::now();
-                let renewed =
-                    b.0.client
-                        .renew(&reservation, b.0.options.lease_seconds)
-                        .await;
-                b.lap(Step::RpcRenew, t);
-                match renewed {
-                    Ok(lease) if lease.lease_seconds > 0 => {
-                        interval = MIN_RENEW_INTERVAL
-                            .max(Duration::from_secs(lease.lease_seconds.into()) / 3);
-                    }
-                    Ok(_) => {}
-                    Err(e) if renewal_lost(&e) => {
-                        error!(target: "stateseal_rmcp", method, "stateseal renew: reservation lost while the handler ran; another attempt may run it");
-                        return;
-                    }
-                    // Unreachable or transient: the lease holds until it runs
-                    // out, and Commit still succeeds while no other attempt
-                    // took the token over.
-                    Err(e) => {
-                        warn!(target: "stateseal_rmcp", method, reason = %e.reason, "stateseal renew failed; retrying")
-                    }
-                }
-            }
-        }));
+        self.keeper = Some(Keeper::start(Renewal::new(
+            self.boundary.clone(),
+            self.method,
+            self.reservation.clone(),
+            self.granted,
+        )));
     }
 
     /// Stops renewing and waits until the keeper has ended, so no Renew is
     /// sent after.
     async fn stop(&mut self) {
         if let Some(k) = self.keeper.take() {
-            k.abort();
-            let _ = k.await;
+            k.stop().await;
         }
     }
 
@@ -917,12 +1016,15 @@ impl Held {
         self.stop().await;
         if !self.settled {
             self.settled = true;
-            release(&self.boundary, self.method, &self.reservation).await;
+            let reservation = std::mem::take(&mut self.reservation);
+            release(&self.boundary, self.method, reservation, self.granted).await;
         }
     }
 
     /// Commits after the answer went out, in a task of its own that an Open
-    /// of the same token in this boundary waits for.
+    /// of the same token in this boundary waits for: kept, its lease still
+    /// renewed, until stateseal gives a definite answer or the commit
+    /// window has passed.
     fn commit_beside(mut self, token: [u8; 32]) {
         if self.settled {
             return;
@@ -934,26 +1036,36 @@ impl Held {
             std::mem::take(&mut self.reservation),
             self.keeper.take(),
         );
+        let (slot, kept) = b.slot("commit", method);
+        // Not kept (max_pending are): tried once.
+        let window = if kept {
+            b.0.options
+                .commit_window
+                .max(Duration::from_secs(self.granted.into()))
+        } else {
+            Duration::ZERO
+        };
         let (done, rx) = watch::channel(false);
         if let Ok(mut p) = b.0.pending.lock() {
             p.insert(token, rx);
         }
-        b.0.inflight.send_modify(|n| *n += 1);
+        let committing = Committing {
+            boundary: b.clone(),
+            token,
+            done,
+            _slot: slot,
+        };
         tokio::spawn(async move {
-            if let Some(k) = keeper {
-                k.abort();
-                let _ = k.await;
-            }
-            commit(&b, method, &reservation).await;
-            if let Ok(mut p) = b.0.pending.lock() {
-                if p.get(&token)
-                    .is_some_and(|r| r.same_channel(&done.subscribe()))
-                {
-                    p.remove(&token);
-                }
-            }
-            let _ = done.send(true);
-            b.0.inflight.send_modify(|n| *n -= 1);
+            let _committing = committing;
+            let until = tokio::time::Instant::now() + window;
+            // Renewing goes on in this task, between the Commit's tries:
+            // never beside one, so no Renew of ours finds the reservation
+            // committed already (a false lost lease).
+            let renewal = match keeper {
+                Some(k) => k.hand_over().await,
+                None => None,
+            };
+            commit(&b, method, &reservation, renewal, until).await;
         });
     }
 }
@@ -961,28 +1073,217 @@ impl Held {
 impl Drop for Held {
     fn drop(&mut self) {
         if let Some(k) = self.keeper.take() {
-            k.abort();
+            k.task.abort();
         }
         if !self.settled {
             // The request was cancelled (or its future dropped) while the
             // handler ran: give the token back.
-            let (b, method, reservation) = (
+            let (b, method, reservation, granted) = (
                 self.boundary.clone(),
                 self.method,
                 std::mem::take(&mut self.reservation),
+                self.granted,
             );
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                rt.spawn(async move { release(&b, method, &reservation).await });
+                rt.spawn(async move { release(&b, method, reservation, granted).await });
             }
         }
     }
 }
 
-async fn commit(b: &StatesealBoundary, method: &str, reservation: &str) {
-    // The handler ran; its answer stands whatever Commit answers. Commit is
-    // idempotent, so a transient failure is retried twice after a wait.
-    for n in 0..3u32 {
-        let committed = if n == 0 && !b.0.options.commit_delay.is_zero() {
+/// A Commit or Release running after its request's answer, counted in
+/// [`Inner::inflight`] until dropped.
+struct Slot(StatesealBoundary);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0 .0.inflight.send_modify(|n| *n -= 1);
+    }
+}
+
+/// A Commit in [`Inner::pending`]: when dropped (the Commit ended, or its
+/// task was cut), it leaves the map and tells whoever waits for it.
+struct Committing {
+    boundary: StatesealBoundary,
+    token: [u8; 32],
+    done: watch::Sender<bool>,
+    _slot: Slot,
+}
+
+impl Drop for Committing {
+    fn drop(&mut self) {
+        if let Ok(mut p) = self.boundary.0.pending.lock() {
+            if p.get(&self.token)
+                .is_some_and(|r| r.same_channel(&self.done.subscribe()))
+            {
+                p.remove(&self.token);
+            }
+        }
+        self.done.send_replace(true);
+    }
+}
+
+/// A lease kept alive: renewed every third of the length stateseal last
+/// granted (at least every 0.5 s). Only the granted length is used, never
+/// the ledger's time: this replica's clock is not the ledger's.
+struct Renewal {
+    boundary: StatesealBoundary,
+    method: &'static str,
+    reservation: String,
+    every: Duration,
+    next: tokio::time::Instant,
+    /// stateseal answered `LEASE_EXPIRED`: renewing has stopped.
+    lost: bool,
+}
+
+impl Renewal {
+    fn new(
+        boundary: StatesealBoundary,
+        method: &'static str,
+        reservation: String,
+        granted: u32,
+    ) -> Self {
+        let every = renew_every(granted);
+        Renewal {
+            boundary,
+            method,
+            reservation,
+            every,
+            next: tokio::time::Instant::now() + every,
+            lost: false,
+        }
+    }
+
+    /// One Renew; the next is due a third of the lease after its answer.
+    /// `answered`: the handler has answered and its Commit is under way,
+    /// which may have landed already (its answer not yet here), and a
+    /// committed reservation renews as `LEASE_EXPIRED`: the Commit's answer
+    /// decides, and reports a token taken over.
+    async fn renew(&mut self, answered: bool) {
+        let b = &self.boundary;
+        let method = self.method;
+        let t = Instant::now();
+        let renewed =
+            b.0.client
+                .renew(&self.reservation, b.0.options.lease_seconds)
+                .await;
+        b.lap(Step::RpcRenew, t);
+        match renewed {
+            Ok(lease) if lease.lease_seconds > 0 => {
+                self.every = renew_every(lease.lease_seconds);
+            }
+            Ok(_) => {}
+            Err(e) if renewal_lost(&e) => {
+                self.lost = true;
+                if answered {
+                    debug!(target: "stateseal_rmcp", method, "stateseal renew: LEASE_EXPIRED while the Commit is under way; renewing stops (the Commit's answer decides)");
+                } else {
+                    error!(target: "stateseal_rmcp", method, "stateseal renew: reservation lost while the handler ran; another attempt may run it");
+                }
+            }
+            // Unreachable or transient: the lease holds until it runs out,
+            // and Commit still succeeds while no other attempt took the
+            // token over.
+            Err(e) if answered => {
+                debug!(target: "stateseal_rmcp", method, reason = %e.reason, "stateseal renew failed while the Commit is kept; retrying")
+            }
+            Err(e) => {
+                warn!(target: "stateseal_rmcp", method, reason = %e.reason, "stateseal renew failed; retrying")
+            }
+        }
+        self.next = tokio::time::Instant::now() + self.every;
+    }
+}
+
+fn renew_every(granted: u32) -> Duration {
+    MIN_RENEW_INTERVAL.max(Duration::from_secs(granted.into()) / 3)
+}
+
+/// Sleeps until `until`, renewing the lease whenever a renewal falls due.
+async fn sleep_renewing(renewal: &mut Option<Renewal>, until: tokio::time::Instant) {
+    while let Some(r) = renewal.as_mut().filter(|r| !r.lost && r.next < until) {
+        tokio::time::sleep_until(r.next).await;
+        r.renew(true).await;
+    }
+    tokio::time::sleep_until(until).await;
+}
+
+/// The task renewing a lease while its handler runs.
+struct Keeper {
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<Renewal>,
+}
+
+impl Keeper {
+    fn start(renewal: Renewal) -> Self {
+        let (stop, mut stopped) = oneshot::channel();
+        let task = tokio::spawn(async move {
+            let mut r = renewal;
+            loop {
+                tokio::select! {
+                    _ = &mut stopped => return r,
+                    _ = tokio::time::sleep_until(r.next) => {}
+                }
+                // Never cut by a hand-over: that waits for its answer.
+                r.renew(false).await;
+                if r.lost {
+                    return r;
+                }
+            }
+        });
+        Keeper { stop, task }
+    }
+
+    /// Stops renewing here once the Renew in flight, if any, has its
+    /// answer, and hands the lease over to the Commit (none once lost).
+    async fn hand_over(self) -> Option<Renewal> {
+        let _ = self.stop.send(());
+        self.task.await.ok().filter(|r| !r.lost)
+    }
+
+    /// Stops renewing now (a Renew in flight is cut), and waits until the
+    /// task has ended, so no Renew is sent after.
+    async fn stop(self) {
+        self.task.abort();
+        let _ = self.task.await;
+    }
+}
+
+/// A pause of about `pause`: drawn between half and all of it.
+fn jittered(pause: Duration) -> Duration {
+    pause.mul_f64(0.5 + rand::random::<f64>() / 2.0)
+}
+
+/// IN_USE, answered without opening the token: its handler answered in
+/// this boundary, and its Commit is still kept (has not landed).
+fn still_committing() -> StatesealError {
+    StatesealError {
+        reason: "IN_USE".to_owned(),
+        code: tonic::Code::Aborted,
+        message: "its Commit is still kept in this process".to_owned(),
+        from_stateseal: true,
+    }
+}
+
+/// Commits a reservation whose handler returned, kept (retried with capped
+/// backoff while the failure is transient, the lease renewed meanwhile)
+/// until stateseal gives a definite answer or the clock passes `until`.
+/// The handler ran: its answer stands whatever Commit answers. Commit is
+/// idempotent (a committed reservation commits again), and one that lands
+/// after an outage still consumes the token: the lease was renewed
+/// meanwhile, and even once it ended, as long as no other attempt took the
+/// token over.
+async fn commit(
+    b: &StatesealBoundary,
+    method: &str,
+    reservation: &str,
+    mut renewal: Option<Renewal>,
+    until: tokio::time::Instant,
+) {
+    let mut pause = RETRY_FIRST;
+    let mut tries = 0u32;
+    loop {
+        let committed = if tries == 0 && !b.0.options.commit_delay.is_zero() {
             // Carried by the next durable Open, or sent on its own after
             // the delay (a lost outcome: sent again, at once).
             match b.commit_later(reservation).await {
@@ -995,38 +1296,114 @@ async fn commit(b: &StatesealBoundary, method: &str, reservation: &str) {
             b.lap(Step::RpcCommit, t);
             committed
         };
-        match committed {
-            Ok(()) => return,
-            Err(e) if n < 2 && retry_commit(&e) => {
-                warn!(target: "stateseal_rmcp", method, reason = %e.reason, "stateseal commit failed; retrying");
-                tokio::time::sleep(Duration::from_millis(100 * u64::from(n + 1))).await;
-            }
-            Err(e) if e.from_stateseal && e.reason == "LEASE_EXPIRED" => {
-                error!(target: "stateseal_rmcp", method, "stateseal commit: LEASE_EXPIRED, the token was taken over by another attempt while this handler ran (this result stands; the other attempt may run it too)");
+        tries += 1;
+        let e = match committed {
+            Ok(()) => {
+                if tries > 1 {
+                    info!(target: "stateseal_rmcp", method, tries, "stateseal commit landed after failed tries");
+                }
                 return;
             }
-            Err(e) => {
-                error!(target: "stateseal_rmcp", method, reason = %e.reason, "stateseal commit failed: the token may open again after its lease");
-                return;
+            Err(e) => e,
+        };
+        if retry_commit(&e) {
+            let wait = jittered(pause);
+            let now = tokio::time::Instant::now();
+            if now + wait <= until {
+                if tries == 1 {
+                    let window_s = (until - now).as_secs();
+                    warn!(target: "stateseal_rmcp", method, reason = %e.reason, window_s, "stateseal commit failed; kept and retried until it lands");
+                } else {
+                    debug!(target: "stateseal_rmcp", method, reason = %e.reason, tries, "stateseal commit failed; retrying");
+                }
+                sleep_renewing(&mut renewal, now + wait).await;
+                pause = (pause * 2).min(RETRY_CAP);
+                continue;
             }
+            error!(target: "stateseal_rmcp", method, reason = %e.reason, tries, "stateseal commit did not land: the token opens again once its lease ends, and a retry after that may run the handler again");
+        } else if e.from_stateseal && matches!(e.reason.as_str(), "LEASE_EXPIRED" | "REJECTED") {
+            error!(target: "stateseal_rmcp", method, reason = %e.reason, "stateseal commit refused: the token was taken over by another attempt while this handler ran (this result stands; the other attempt may run it too)");
+        } else {
+            error!(target: "stateseal_rmcp", method, reason = %e.reason, "stateseal commit failed: the token may open again after its lease");
         }
+        return;
     }
 }
 
-async fn release(b: &StatesealBoundary, method: &str, reservation: &str) {
-    // Safe to repeat: a reservation names one lease, so a late or repeated
-    // Release never frees a newer one.
-    for n in 0..3u32 {
+/// Gives a reservation back. Safe to repeat: a reservation names one lease,
+/// so a late or repeated Release never frees a newer one. Sent again twice
+/// after a short wait when the connection was lost (before the request's
+/// answer); one that still cannot land (a transient failure: stateseal or
+/// its ledger down) is kept and retried in the background, as a Commit is.
+async fn release(b: &StatesealBoundary, method: &'static str, reservation: String, granted: u32) {
+    let mut n = 0u32;
+    let failed = loop {
         let t = Instant::now();
-        let released = b.0.client.release(reservation).await;
+        let released = b.0.client.release(&reservation).await;
         b.lap(Step::RpcRelease, t);
         match released {
             Ok(()) => return,
             Err(e) if n < 2 && resend(&e) => {
-                tokio::time::sleep(Duration::from_millis(50 * u64::from(n + 1))).await;
+                n += 1;
+                tokio::time::sleep(Duration::from_millis(50 * u64::from(n))).await;
+            }
+            Err(e) => break e,
+        }
+    };
+    if !failed.retryable() {
+        // The lease ends by itself; the retry waits for it at worst.
+        warn!(target: "stateseal_rmcp", method, reason = %failed.reason, "stateseal release failed");
+        return;
+    }
+    let (slot, kept) = b.slot("release", method);
+    if !kept {
+        return;
+    }
+    warn!(target: "stateseal_rmcp", method, reason = %failed.reason, "stateseal release failed; kept and retried in the background");
+    let until = tokio::time::Instant::now()
+        + b.0
+            .options
+            .commit_window
+            .max(Duration::from_secs(granted.into()));
+    let b = b.clone();
+    tokio::spawn(async move {
+        let _slot = slot;
+        release_kept(&b, method, &reservation, until).await;
+    });
+}
+
+/// A Release that could not land before its request's answer, retried with
+/// capped backoff while the failure is transient, until the clock passes
+/// `until`.
+async fn release_kept(
+    b: &StatesealBoundary,
+    method: &str,
+    reservation: &str,
+    until: tokio::time::Instant,
+) {
+    let mut pause = RETRY_FIRST;
+    let mut tries = 1u32;
+    loop {
+        let wait = jittered(pause);
+        if tokio::time::Instant::now() + wait > until {
+            warn!(target: "stateseal_rmcp", method, tries, "stateseal release did not land: the token opens again once its lease ends");
+            return;
+        }
+        tokio::time::sleep(wait).await;
+        pause = (pause * 2).min(RETRY_CAP);
+        let t = Instant::now();
+        let released = b.0.client.release(reservation).await;
+        b.lap(Step::RpcRelease, t);
+        tries += 1;
+        match released {
+            Ok(()) => {
+                info!(target: "stateseal_rmcp", method, tries, "stateseal release landed after failed tries");
+                return;
+            }
+            Err(e) if e.retryable() => {
+                debug!(target: "stateseal_rmcp", method, reason = %e.reason, "stateseal release failed; retrying");
             }
             Err(e) => {
-                // The lease ends by itself; the retry waits for it at worst.
                 warn!(target: "stateseal_rmcp", method, reason = %e.reason, "stateseal release failed");
                 return;
             }

@@ -15,7 +15,8 @@ use crate::reasons;
 /// `reason` is stateseal's `ErrorInfo` reason (the service README's error
 /// table; `proto/stateseal/v1/reasons.json`), or the gRPC code's name when
 /// the failure did not come from stateseal itself (`from_stateseal` is then
-/// false). The message is stateseal's fixed one: never a token or a key.
+/// false; a connection that failed under the call is `UNAVAILABLE`). The
+/// message is stateseal's fixed one: never a token or a key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StatesealError {
     pub reason: String,
@@ -95,6 +96,15 @@ impl StatesealError {
                     from_stateseal: true,
                 };
             }
+        }
+        // The connection failed under the call (stateseal restarted, the
+        // connection was reset): tonic answers UNKNOWN "transport error",
+        // with the failure as its source, where the other gRPC stacks
+        // answer UNAVAILABLE. No answer came, so its outcome is unknown:
+        // counted as UNAVAILABLE, an Open (same attempt id), a Commit or a
+        // Release is sent again.
+        if s.code() == Code::Unknown && std::error::Error::source(s).is_some() {
+            return Self::transport(Code::Unavailable, s.message());
         }
         Self::transport(s.code(), s.message())
     }

@@ -35,8 +35,9 @@ mod reasons {
 
 pub use boundary::{
     principal_from_extensions, Builder, Principal, PrincipalFn, PrincipalRefused, Sealed,
-    StatesealBoundary, DEFAULT_COMMIT_DELAY, DEFAULT_MAX_INPUT_RESPONSES_BYTES,
-    DEFAULT_MAX_REQUEST_STATE_BYTES, MAX_COMMIT_DELAY,
+    StatesealBoundary, DEFAULT_COMMIT_DELAY, DEFAULT_COMMIT_WINDOW,
+    DEFAULT_MAX_INPUT_RESPONSES_BYTES, DEFAULT_MAX_PENDING, DEFAULT_MAX_REQUEST_STATE_BYTES,
+    MAX_COMMIT_DELAY,
 };
 pub use client::{
     code_name, Binding, ConfigError, Credentials, Lease, OpenMode, Opened, RequestStateClient,

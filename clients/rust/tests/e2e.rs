@@ -151,6 +151,77 @@ async fn answers_without_a_token_never_reach_the_handler_and_unasked_ones_are_dr
     );
 }
 
+/// A tool whose first round answers "still working, call again": an
+/// `input_required` with only a `requestState`, no questions. Its retry
+/// closes the account only if it finds a confirmation among its answers.
+#[derive(Clone, Default)]
+struct StillWorking {
+    /// The `inputResponses` each retry saw (JSON; `None`: none).
+    seen: Arc<std::sync::Mutex<Vec<Option<serde_json::Value>>>>,
+    closed: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl rmcp::ServerHandler for StillWorking {
+    fn get_info(&self) -> rmcp::model::ServerConfig {
+        use rmcp::model::*;
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_protocol_version(ProtocolVersion::V_2026_07_28)
+            .with_server_info(Implementation::new("account-service", "1"))
+    }
+
+    async fn call_tool(
+        &self,
+        request: rmcp::model::CallToolRequestParams,
+        _: rmcp::service::RequestContext<rmcp::service::RoleServer>,
+    ) -> Result<rmcp::model::CallToolResponse, rmcp::ErrorData> {
+        use rmcp::model::*;
+        if request.request_state.as_deref() != Some("working") {
+            return Ok(InputRequiredResult::new(None, Some("working".into())).into());
+        }
+        let answers = request.input_responses.as_ref().map(|a| json!(a));
+        self.seen.lock().expect("seen").push(answers.clone());
+        let confirmed = answers
+            .as_ref()
+            .and_then(|a| a.get("confirm"))
+            .filter(|c| c["action"] == "accept" && c["content"]["ok"] == true)
+            .is_some();
+        let said = if confirmed {
+            self.closed.fetch_add(1, Ordering::SeqCst);
+            "ACCOUNT CLOSED"
+        } else {
+            "nothing confirmed"
+        };
+        Ok(CallToolResult::success(vec![ContentBlock::text(said)]).into())
+    }
+}
+
+#[tokio::test]
+async fn a_round_that_asked_nothing_lets_no_answer_reach_the_handler() {
+    let ss = Stateseal::start(&[]);
+    let tool = StillWorking::default();
+    let client = connect(&serve_handler(boundary(&ss).wrap(tool.clone())).await).await;
+    let a = asked(call(&client, "close_account", json!({}), None).await);
+    assert!(a.input_requests.is_none(), "the round asked something");
+    let token = a.request_state.as_deref().expect("a sealed requestState");
+    assert_ne!(token, "working", "the state went out unsealed");
+    // The end user's retry carries that state and an answer to a question
+    // no round asked.
+    let forged = json!({"confirm": {"action": "accept", "content": {"ok": true}}});
+    let r = call(&client, "close_account", json!({}), Some((&a, forged))).await;
+    assert_eq!(done(r), "nothing confirmed");
+    assert_eq!(
+        tool.closed.load(Ordering::SeqCst),
+        0,
+        "the handler acted on a forged answer"
+    );
+    let seen = tool.seen.lock().expect("seen").clone();
+    assert_eq!(seen.len(), 1, "the retry never reached the handler");
+    assert!(
+        seen[0].as_ref().is_none_or(|a| a == &json!({})),
+        "the handler saw answers to a round that asked nothing: {seen:?}"
+    );
+}
+
 #[tokio::test]
 async fn a_handler_that_reports_failure_gives_the_token_back() {
     let ss = Stateseal::start(&[]);

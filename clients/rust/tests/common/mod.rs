@@ -29,6 +29,8 @@ pub fn stateseal_bin() -> PathBuf {
 pub struct Stateseal {
     child: Child,
     pub addr: String,
+    bin: PathBuf,
+    args: Vec<String>,
     _dir: tempfile::TempDir,
 }
 
@@ -54,12 +56,59 @@ impl Stateseal {
         Self::start_from(bin, tempfile::tempdir().expect("tempdir"), extra)
     }
 
+    /// Listening on `port`, so that [`Stateseal::restart`] listens there
+    /// again.
+    pub fn start_on(port: u16, extra: &[&str]) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        Self::spawn_from(&stateseal_bin(), dir, &format!("127.0.0.1:{port}"), extra)
+    }
+
     fn start_from(bin: &std::path::Path, dir: tempfile::TempDir, extra: &[&str]) -> Self {
+        Self::spawn_from(bin, dir, "127.0.0.1:0", extra)
+    }
+
+    fn spawn_from(
+        bin: &std::path::Path,
+        dir: tempfile::TempDir,
+        listen: &str,
+        extra: &[&str],
+    ) -> Self {
         assert!(bin.exists(), "no stateseal binary at {} (cargo build --bin stateseal at the root, or set STATESEAL_BIN)", bin.display());
+        let data = dir.path().join("data");
+        let mut args: Vec<String> = vec!["serve".into(), "--listen".into(), listen.into()];
+        args.extend([
+            "--data-dir".into(),
+            data.to_str().expect("utf-8").to_owned(),
+        ]);
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
+        let (child, addr) = Self::spawn(bin, &args);
+        Stateseal {
+            child,
+            addr,
+            bin: bin.to_owned(),
+            args,
+            _dir: dir,
+        }
+    }
+
+    /// Kills the process (SIGKILL) and waits for it: stateseal is down.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts it again, with the same arguments and data directory (and,
+    /// started with [`Stateseal::start_on`], the same address).
+    pub fn restart(&mut self) {
+        self.kill();
+        let (child, addr) = Self::spawn(&self.bin, &self.args);
+        self.child = child;
+        self.addr = addr;
+    }
+
+    fn spawn(bin: &std::path::Path, args: &[String]) -> (Child, String) {
         let mut child = Command::new(bin)
-            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-            .arg(dir.path().join("data"))
-            .args(extra)
+            .args(args)
             .env_remove("STATESEAL_LOG")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -83,11 +132,7 @@ impl Stateseal {
         let addr = addr.expect("stateseal did not start");
         // Keep draining stderr so the process never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines {});
-        Stateseal {
-            child,
-            addr,
-            _dir: dir,
-        }
+        (child, addr)
     }
 }
 
@@ -184,6 +229,22 @@ pub async fn call(
     }
 }
 
+/// A tool call's outcome, for a failure message: never its `requestState`
+/// (a test never prints a token).
+pub fn describe(r: &Result<CallToolResponse, ErrorData>) -> String {
+    match r {
+        Ok(CallToolResponse::Complete(c)) => format!("the result {c:?}"),
+        Ok(CallToolResponse::InputRequired(a)) => format!(
+            "input_required asking {:?} (its requestState not shown)",
+            a.input_requests
+                .as_ref()
+                .map(|q| q.keys().cloned().collect::<Vec<_>>())
+        ),
+        Ok(_) => "another kind of result".to_owned(),
+        Err(e) => format!("the error {e:?}"),
+    }
+}
+
 pub fn asked(r: Result<CallToolResponse, ErrorData>) -> InputRequiredResult {
     match r {
         Ok(CallToolResponse::InputRequired(a)) => a,
@@ -200,7 +261,7 @@ pub fn done(r: Result<CallToolResponse, ErrorData>) -> String {
             .filter_map(|b| b.as_text().map(|t| t.text.clone()))
             .collect::<Vec<_>>()
             .join(""),
-        other => panic!("expected a complete result, got {other:?}"),
+        other => panic!("expected a complete result, got {}", describe(&other)),
     }
 }
 
@@ -225,7 +286,7 @@ pub fn refused(
                 .and_then(Value::as_str);
             assert_eq!(got, reason, "{e:?}");
         }
-        Ok(r) => panic!("expected error {code} {message}, got {r:?}"),
+        Ok(r) => panic!("expected error {code} {message}, got {}", describe(&Ok(r))),
     }
 }
 
@@ -302,3 +363,8 @@ pub async fn serve_bank_with_users(
 mod ports;
 #[allow(unused_imports)] // not every test binary starts a server of its own
 pub use ports::free_port;
+
+// The root crate's loud skips, shared: under STATESEAL_FAIL_ON_SKIP=1 (CI)
+// a test that cannot check its property fails instead.
+#[path = "../../../../tests/it/common/skip.rs"]
+pub mod skip;
