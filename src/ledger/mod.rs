@@ -320,6 +320,9 @@ pub struct FlushStats {
     /// ledger's own clock, before collection removes it (the clock skew;
     /// 0 until set).
     pub lease_collection_margin: AtomicU64,
+    /// sled: leases are judged for collection by the ledger's own clock
+    /// (set with the margin; otherwise by the horizon given).
+    pub lease_collection_by_own_clock: AtomicBool,
     /// sled: the per-tenant share follows the tenants in force (the bound
     /// divided among them) rather than a configured number.
     pub share_by_tenants: AtomicBool,

@@ -24,8 +24,14 @@
 //! - Every session runs with `statement_timeout` and `lock_timeout` below the
 //!   client-side timeout and with `synchronous_commit = on` (checked at
 //!   start: the service refuses to start when a pooler or the server
-//!   overrides it). A statement that passes the client timeout is cancelled
-//!   on the server and its connection is discarded, never reused.
+//!   overrides it). A statement that passes the client timeout is given up
+//!   on the server by its statement timeout, and its connection is
+//!   discarded, never reused (no cancel request: see [`abandon`]).
+//! - Each write runs in a transaction of its own whose COMMIT has no
+//!   statement timeout (`durable_rows`, one round trip): on a synchronously
+//!   replicated PostgreSQL a timeout that fired while the COMMIT waited for
+//!   the standby would leave the row committed on the primary alone, answered
+//!   as done, and lost at a failover.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -34,7 +40,6 @@ use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio::sync::{mpsc, oneshot, Semaphore};
-use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::pgtls::{self, PgTls, PgTlsFlags};
 
@@ -149,7 +154,7 @@ impl PgLedger {
         let cfg_probe = cfg.clone();
         let mgr = Manager::from_config(
             cfg,
-            connector.clone(),
+            connector,
             ManagerConfig {
                 // A connection is checked before it is handed out again.
                 recycling_method: RecyclingMethod::Verified,
@@ -229,7 +234,6 @@ impl PgLedger {
         // written after it.
         tokio::spawn(run_batcher(
             pool.clone(),
-            connector,
             rx,
             healthy.clone(),
             opts.timeout,
@@ -414,7 +418,6 @@ async fn check_session(pool: &Pool, limit: Duration) -> Result<(), LedgerError> 
 
 async fn run_batcher(
     pool: Pool,
-    tls: MakeRustlsConnect,
     mut rx: mpsc::UnboundedReceiver<Waiter>,
     healthy: Arc<AtomicBool>,
     limit: Duration,
@@ -430,10 +433,9 @@ async fn run_batcher(
         };
         let batch = super::gather(first, std::iter::from_fn(|| rx.try_recv().ok()), MAX_BATCH);
         let pool = pool.clone();
-        let tls = tls.clone();
         let healthy = healthy.clone();
         tokio::spawn(async move {
-            let result = insert_batch(&pool, &tls, &batch, limit, skew).await;
+            let result = insert_batch(&pool, &batch, limit, skew).await;
             healthy.store(result.is_ok(), Ordering::Relaxed);
             drop(permit);
             match result {
@@ -494,7 +496,6 @@ async fn run_batcher(
 /// reservation.
 async fn insert_batch(
     pool: &Pool,
-    tls: &MakeRustlsConnect,
     batch: &[Waiter],
     limit: Duration,
     skew: i64,
@@ -539,28 +540,23 @@ async fn insert_batch(
          SELECT id, NULL::bigint FROM ins
          UNION ALL SELECT NULL::bytea, horizon FROM h"
     );
-    let stmt = timed("prepare", limit, client.prepare_cached(&sql)).await?;
     let mut attempt = 0;
     let rows = loop {
         attempt += 1;
-        match tokio::time::timeout(
+        match durable_write(
+            "insert",
             limit,
-            client.query(&stmt, &[&ids, &expiries, &skew, &attempts]),
+            &client,
+            &sql,
+            &[&ids, &expiries, &skew, &attempts],
         )
         .await
         {
-            Ok(Ok(rows)) => break rows,
+            Ok(rows) => break rows,
             // A deadlock or serialization failure rolled the statement back
             // whole: nothing was committed, so one retry is safe.
-            Ok(Err(e)) if attempt < 3 && is_retryable(&e) => continue,
-            Ok(Err(e)) => return Err(db_err("insert", e.operator_text())),
-            Err(_) => {
-                abandon(client, tls);
-                return Err(LedgerError::Timeout {
-                    step: "insert",
-                    limit,
-                });
-            }
+            Err(WriteFailure::Database(e)) if attempt < 3 && is_retryable(&e) => continue,
+            Err(f) => return Err(f.settle("insert", client)),
         }
     };
     let mut inserted = Vec::with_capacity(rows.len());
@@ -613,17 +609,94 @@ fn lease_end(until: i64, now: i64) -> LeaseEnd {
     }
 }
 
-/// A connection whose statement passed the client timeout: the statement is
-/// cancelled on the server, and the connection is taken out of the pool (it
-/// closes when the last handle drops), never handed to the next caller.
-fn abandon(client: deadpool_postgres::Object, tls: &MakeRustlsConnect) {
-    let cancel = client.cancel_token();
-    let tls = tls.clone();
-    tokio::spawn(async move {
-        // Over the connection's own TLS settings.
-        let _ = cancel.cancel_query(tls).await;
-    });
+/// A connection whose statement passed the client timeout is taken out of
+/// the pool (it closes when the last handle drops), never handed to the
+/// next caller. No cancel request is sent: a write's statement is bounded by
+/// the server's statement timeout already, and a cancel that reached its
+/// COMMIT while it waited for a synchronous standby would make PostgreSQL
+/// commit locally and answer with a mere WARNING: the row visible on a
+/// primary whose standbys never got it, and lost at the failover.
+fn abandon(client: deadpool_postgres::Object) {
     drop(deadpool_postgres::Object::take(client));
+}
+
+/// One write (a consumption, reservation, renewal, commit or release),
+/// durable before its answer on a replicated PostgreSQL too: in a
+/// transaction of its own whose COMMIT runs without the statement timeout.
+/// In autocommit the session's statement timeout would cover the commit's
+/// wait for the synchronous standby; when it fires there, PostgreSQL keeps
+/// the transaction (committed locally, a WARNING, the rows returned as if
+/// replicated) and a failover then loses a consumption that was answered.
+/// Here the statement itself is bounded by the timeout, and the COMMIT
+/// waits for the standby as long as it takes (the caller's own bound then
+/// gives up on the connection, which is never reused).
+///
+/// The four messages go in one round trip, in order: `BEGIN`, the
+/// statement (prepared: its Bind and Execute are sent at once), `SET LOCAL
+/// statement_timeout = 0` and `COMMIT` (a COMMIT after a failed statement
+/// rolls back, and the connection is left idle).
+async fn durable_rows(
+    client: &tokio_postgres::Client,
+    stmt: &tokio_postgres::Statement,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
+    let (begin, rows, unbounded, commit) = futures_util::future::join4(
+        client.batch_execute("BEGIN"),
+        client.query(stmt, params),
+        client.batch_execute("SET LOCAL statement_timeout = 0"),
+        client.batch_execute("COMMIT"),
+    )
+    .await;
+    begin?;
+    let rows = rows?;
+    unbounded?;
+    commit?;
+    Ok(rows)
+}
+
+/// [`durable_rows`] on a pooled connection, bounded by `limit`: a
+/// connection that passes it is abandoned; the outcome is then unknown
+/// (`LEDGER_UNAVAILABLE`), never reported as done.
+async fn durable_write(
+    what: &'static str,
+    limit: Duration,
+    client: &deadpool_postgres::Object,
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<Vec<tokio_postgres::Row>, WriteFailure> {
+    let stmt = timed("prepare", limit, client.prepare_cached(sql))
+        .await
+        .map_err(WriteFailure::Ledger)?;
+    match tokio::time::timeout(limit, durable_rows(client, &stmt, params)).await {
+        Ok(Ok(rows)) => Ok(rows),
+        Ok(Err(e)) => Err(WriteFailure::Database(e)),
+        Err(_) => Err(WriteFailure::TimedOut(LedgerError::Timeout {
+            step: what,
+            limit,
+        })),
+    }
+}
+
+/// Why a durable write failed: the database refused it (the connection is
+/// fine), or it passed the bound (the connection must be abandoned).
+enum WriteFailure {
+    Database(tokio_postgres::Error),
+    TimedOut(LedgerError),
+    Ledger(LedgerError),
+}
+
+impl WriteFailure {
+    /// As the caller reports it, abandoning `client` after a timeout.
+    fn settle(self, what: &'static str, client: deadpool_postgres::Object) -> LedgerError {
+        match self {
+            WriteFailure::Database(e) => db_err(what, e.operator_text()),
+            WriteFailure::TimedOut(e) => {
+                abandon(client);
+                e
+            }
+            WriteFailure::Ledger(e) => e,
+        }
+    }
 }
 
 impl PgLedger {
@@ -721,12 +794,18 @@ impl Ledger for PgLedger {
                 AND {TABLE}.lease_until < extract(epoch FROM statement_timestamp())::bigint
              RETURNING lease_until, extract(epoch FROM statement_timestamp())::bigint"
         );
-        let rows = timed(
+        let rows = match durable_write(
             "reserve",
             self.timeout,
-            client.query(&sql, &[&id, &exp, &secs, &cap, &rid, &attempt, &self.skew]),
+            &client,
+            &sql,
+            &[&id, &exp, &secs, &cap, &rid, &attempt, &self.skew],
         )
-        .await?;
+        .await
+        {
+            Ok(rows) => rows,
+            Err(f) => return Err(f.settle("reserve", client)),
+        };
         if let Some(r) = rows.first() {
             return Ok(Reserved::Now(Lease {
                 rid: ask.rid,
@@ -786,21 +865,25 @@ impl Ledger for PgLedger {
         let secs = i64::from(seconds);
         let cap = i64::try_from(cap).unwrap_or(i64::MAX);
         let client = timed("connect", self.timeout, self.pool.get()).await?;
-        let row = timed(
+        let sql = format!(
+            "UPDATE {TABLE}
+                SET lease_until = GREATEST(lease_until,
+                      LEAST(extract(epoch FROM statement_timestamp())::bigint + $3, $4))
+              WHERE id = $1 AND state = 1 AND rid = $2
+          RETURNING lease_until, extract(epoch FROM statement_timestamp())::bigint"
+        );
+        let row = match durable_write(
             "renew",
             self.timeout,
-            client.query_opt(
-                &format!(
-                    "UPDATE {TABLE}
-                        SET lease_until = GREATEST(lease_until,
-                              LEAST(extract(epoch FROM statement_timestamp())::bigint + $3, $4))
-                      WHERE id = $1 AND state = 1 AND rid = $2
-                  RETURNING lease_until, extract(epoch FROM statement_timestamp())::bigint"
-                ),
-                &[&id, &rid, &secs, &cap],
-            ),
+            &client,
+            &sql,
+            &[&id, &rid, &secs, &cap],
         )
-        .await?;
+        .await
+        {
+            Ok(rows) => rows.into_iter().next(),
+            Err(f) => return Err(f.settle("renew", client)),
+        };
         Ok(match row {
             Some(r) => Held::Yes(Some(lease_end(r.get(0), r.get(1)))),
             None => Held::Lost,
@@ -813,18 +896,14 @@ impl Ledger for PgLedger {
         let client = timed("connect", self.timeout, self.pool.get()).await?;
         // Whether or not the lease ended: nobody took the token over. The
         // attempt is over: its hash is not kept.
-        let n = timed(
-            "commit",
-            self.timeout,
-            client.execute(
-                &format!(
-                    "UPDATE {TABLE} SET state = 2, lease_until = NULL, attempt = NULL
-                      WHERE id = $1 AND state = 1 AND rid = $2"
-                ),
-                &[&id, &rid],
-            ),
-        )
-        .await?;
+        let sql = format!(
+            "UPDATE {TABLE} SET state = 2, lease_until = NULL, attempt = NULL
+              WHERE id = $1 AND state = 1 AND rid = $2 RETURNING 1"
+        );
+        let n = match durable_write("commit", self.timeout, &client, &sql, &[&id, &rid]).await {
+            Ok(rows) => rows.len(),
+            Err(f) => return Err(f.settle("commit", client)),
+        };
         if n == 1 {
             return Ok(Held::Yes(None));
         }
@@ -849,16 +928,11 @@ impl Ledger for PgLedger {
         let id = &key.id[..];
         let rid = &rid[..];
         let client = timed("connect", self.timeout, self.pool.get()).await?;
-        timed(
-            "release",
-            self.timeout,
-            client.execute(
-                &format!("DELETE FROM {TABLE} WHERE id = $1 AND state = 1 AND rid = $2"),
-                &[&id, &rid],
-            ),
-        )
-        .await?;
-        Ok(())
+        let sql = format!("DELETE FROM {TABLE} WHERE id = $1 AND state = 1 AND rid = $2");
+        match durable_write("release", self.timeout, &client, &sql, &[&id, &rid]).await {
+            Ok(_) => Ok(()),
+            Err(f) => Err(f.settle("release", client)),
+        }
     }
 
     async fn remove_expired(&self, before_unix: u64, limit: usize) -> Result<usize, LedgerError> {

@@ -391,6 +391,9 @@ impl SledLedger {
         self.stats
             .lease_collection_margin
             .store(seconds, Ordering::Relaxed);
+        self.stats
+            .lease_collection_by_own_clock
+            .store(true, Ordering::Relaxed);
         self
     }
 
@@ -1253,8 +1256,16 @@ impl Ledger for SledLedger {
     }
 
     async fn remove_expired(&self, before_unix: u64, limit: usize) -> Result<usize, LedgerError> {
-        let margin = self.stats.lease_collection_margin.load(Ordering::Relaxed);
-        let lease_before = before_unix.min(self.clock.now_unix().saturating_sub(margin));
+        let lease_before = if self
+            .stats
+            .lease_collection_by_own_clock
+            .load(Ordering::Relaxed)
+        {
+            let margin = self.stats.lease_collection_margin.load(Ordering::Relaxed);
+            before_unix.min(self.clock.now_unix().saturating_sub(margin))
+        } else {
+            before_unix
+        };
         self.ask(|reply| Job::Collect {
             before: before_unix,
             lease_before,

@@ -104,20 +104,26 @@ async fn waits_for_a_lock(watch: &tokio_postgres::Client, prefix: &str) -> bool 
     waiting > 0
 }
 
+/// Collects in batches of `batch` with the horizon `before()` until `want`
+/// records went, or nothing more goes and the horizon is past `until` by
+/// PostgreSQL's trail ([`PG_COLLECT_TRAIL`]: its own horizon trails its
+/// clock by the skew and the statement timeout), or 30 s passed; how many
+/// went.
 async fn collect_past(
     l: &Arc<dyn Ledger>,
     before: impl Fn() -> u64,
     batch: usize,
+    want: usize,
     until: u64,
 ) -> usize {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     let mut removed = 0;
-    while std::time::Instant::now() < deadline {
+    while removed < want && std::time::Instant::now() < deadline {
         let horizon = before();
         let n = l.remove_expired(horizon, batch).await.unwrap();
         removed += n;
         if n == 0 {
-            if horizon > until {
+            if horizon > until + PG_COLLECT_TRAIL.as_secs() {
                 break;
             }
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
@@ -125,6 +131,12 @@ async fn collect_past(
     }
     removed
 }
+
+/// How far PostgreSQL's collection horizon trails its clock with the
+/// contract's settings (no skew, the default 2 s bound: a 1.5 s statement
+/// timeout, rounded up to whole seconds), and a second for the rounding of
+/// the clock.
+const PG_COLLECT_TRAIL: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// sled's horizon is exclusive and moves only when collection raises it: a
 /// record expiring exactly on it is kept and answers `Before`, a key below it
@@ -420,7 +432,7 @@ async fn gc_removes_expired_and_only_those(l: Arc<dyn Ledger>) {
     }
     // Past the old keys' expiry by every clock (the database's too).
     tokio::time::sleep(std::time::Duration::from_millis(2200)).await;
-    let removed = collect_past(&l, || now + 2, 7, now + 1).await;
+    let removed = collect_past(&l, || now + 2, 7, 30, now + 1).await;
     assert!(removed >= 30, "removed {removed}");
     for k in &live {
         assert_eq!(
@@ -784,7 +796,7 @@ async fn gc_frees_ended_leases(l: Arc<dyn Ledger>) {
     // Earlier cases leave ended leases of their own in PostgreSQL's table,
     // so a count of one could be theirs (it was, once, in CI): the
     // collection goes on until the horizon is past this lease's end.
-    let removed = collect_past(&l, wall_now, 1000, e.end.until).await;
+    let removed = collect_past(&l, wall_now, 1000, usize::MAX, e.end.until).await;
     assert!(removed >= 1, "removed {removed}");
     // Freed: the holder's late commit finds nothing; the token reserves afresh.
     assert_eq!(l.commit(&ended, e.rid).await.unwrap(), Held::Lost);
@@ -800,8 +812,12 @@ async fn gc_counts_records_and_leases_it_removes(l: Arc<dyn Ledger>) {
     let expiring = key(wall_now() + 1);
     assert_eq!(l.consume(&expiring).await.unwrap(), Consumed::Now);
     let e = reserved_now(l.reserve(&key(FAR), ask(1, 1)).await.unwrap());
-    // Past the record's expiry and the lease's end, by whole seconds.
-    tokio::time::sleep(PAST_A_ONE_SECOND_LEASE + std::time::Duration::from_secs(1)).await;
+    // Past the record's expiry and the lease's end, by whole seconds, and
+    // past PostgreSQL's trailing horizon.
+    tokio::time::sleep(
+        PAST_A_ONE_SECOND_LEASE + std::time::Duration::from_secs(1) + PG_COLLECT_TRAIL,
+    )
+    .await;
     let horizon = wall_now();
     assert!(horizon > expiring.expires_at && horizon > e.end.until);
     assert_eq!(l.remove_expired(horizon, 1000).await.unwrap(), 2);
@@ -962,7 +978,7 @@ async fn consume_twenty_then_collect(l: &PgLedger) -> usize {
     for _ in 0..20 {
         assert_eq!(l.consume(&key(now + 3)).await.unwrap(), Consumed::Now);
     }
-    tokio::time::sleep(std::time::Duration::from_millis(4200)).await;
+    tokio::time::sleep(std::time::Duration::from_millis(4200) + PG_COLLECT_TRAIL).await;
     l.remove_expired(now + 4, 1000).await.unwrap()
 }
 
@@ -1562,6 +1578,23 @@ async fn options_rewriting_proxy(upstream: String, options: Option<&'static str>
     addr
 }
 
+/// Whether a read from a client holds a Bind message (`B`) at a message
+/// boundary: a write's statement, alone or pipelined after its `BEGIN`.
+/// Reads start at a boundary here (the client writes whole messages).
+fn has_bind(mut b: &[u8]) -> bool {
+    while b.len() >= 5 {
+        if b[0] == b'B' {
+            return true;
+        }
+        let len = u32::from_be_bytes([b[1], b[2], b[3], b[4]]) as usize;
+        if len < 4 || 1 + len > b.len() {
+            return false;
+        }
+        b = &b[1 + len..];
+    }
+    false
+}
+
 /// A relay on 127.0.0.1 in front of the test database. While it is armed,
 /// a connection that runs a prepared statement (a write that starts with a
 /// Bind message, `B`: the ledger's insert once prepared on it) goes silent
@@ -1591,7 +1624,7 @@ impl StallingRelay {
             let mut buf = vec![0u8; 16 * 1024];
             loop {
                 let n = from.read(&mut buf).await?;
-                if buf[..n].first() == Some(&b'B') && stalled.load(Ordering::SeqCst) {
+                if stalled.load(Ordering::SeqCst) && has_bind(&buf[..n]) {
                     std::future::pending::<()>().await;
                 }
                 if n == 0 {
