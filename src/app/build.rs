@@ -259,6 +259,10 @@ impl ServeArgs {
                     pool_size: self.db_pool_size.clamp(1, 256),
                     timeout: std::time::Duration::from_millis(self.db_timeout_ms.max(10)),
                     skew: self.clock_skew,
+                    require_synchronous: self.require_synchronous_replication,
+                    replication_every: std::time::Duration::from_millis(
+                        self.replication_check_interval_ms.max(100),
+                    ),
                     tls: crate::ledger::pgtls::PgTlsFlags {
                         mode: self.database_sslmode,
                         root_cert: self.database_sslrootcert.clone(),

@@ -243,6 +243,7 @@ pub async fn run(
                 keys: sealer.keys().clone(),
                 reload: opts.reload_stats.clone(),
                 flush: ledger.flush_stats(),
+                replication: ledger.replication(),
                 backend: ledger.backend(),
                 conns: conn_stats.clone(),
                 guard: sealer.guard().clone(),

@@ -274,6 +274,20 @@ pub struct ServeArgs {
     /// Bound on connecting to PostgreSQL and on each statement, in milliseconds.
     #[arg(long, env = "STATESEAL_DB_TIMEOUT_MS", default_value_t = 2000)]
     pub db_timeout_ms: u64,
+    /// PostgreSQL: refuse to write (LEDGER_UNAVAILABLE, and NOT_SERVING)
+    /// unless the primary has a synchronous standby. Without it, asynchronous
+    /// replication is logged as a warning and shown in
+    /// stateseal_ledger_replication.
+    #[arg(long, env = "STATESEAL_REQUIRE_SYNCHRONOUS_REPLICATION")]
+    pub require_synchronous_replication: bool,
+    /// How often the PostgreSQL primary's replication is checked, in
+    /// milliseconds (and at start).
+    #[arg(
+        long,
+        env = "STATESEAL_REPLICATION_CHECK_INTERVAL_MS",
+        default_value_t = 60_000
+    )]
+    pub replication_check_interval_ms: u64,
     /// How many stateseal replicas share this deployment. sled refuses to
     /// start when more than one is declared: each would keep its own ledger.
     #[arg(long, env = "STATESEAL_EXPECTED_REPLICAS", default_value_t = 1)]

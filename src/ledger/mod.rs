@@ -226,6 +226,75 @@ pub enum LedgerError {
     /// work.
     #[error("ledger unavailable: {0}")]
     Config(ConfigFault),
+    /// `--require-synchronous-replication`, and the primary's last check did
+    /// not find a synchronous standby: nothing is written.
+    #[error("ledger unavailable: replication is {0}, and synchronous replication is required")]
+    NotSynchronous(&'static str),
+}
+
+/// How the ledger's database replicates what it acknowledges, as its
+/// primary last said (PostgreSQL; checked at start and periodically).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ReplicationMode {
+    /// Not checked yet, or the check could not tell (no privilege to read
+    /// `pg_stat_replication`'s states, or a standby answered).
+    Unknown = 0,
+    /// No standby streams: one server, nothing to fail over to.
+    Standalone = 1,
+    /// Standbys stream, none synchronously: a failover can lose
+    /// acknowledged consumptions.
+    Asynchronous = 2,
+    /// A synchronous standby confirms every commit before it is answered.
+    Synchronous = 3,
+}
+
+impl ReplicationMode {
+    pub const ALL: [ReplicationMode; 4] = [
+        ReplicationMode::Unknown,
+        ReplicationMode::Standalone,
+        ReplicationMode::Asynchronous,
+        ReplicationMode::Synchronous,
+    ];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ReplicationMode::Unknown => "unknown",
+            ReplicationMode::Standalone => "standalone",
+            ReplicationMode::Asynchronous => "asynchronous",
+            ReplicationMode::Synchronous => "synchronous",
+        }
+    }
+
+    fn from_u8(v: u8) -> Self {
+        match v {
+            1 => ReplicationMode::Standalone,
+            2 => ReplicationMode::Asynchronous,
+            3 => ReplicationMode::Synchronous,
+            _ => ReplicationMode::Unknown,
+        }
+    }
+}
+
+/// The replication of a ledger's database, for readiness and metrics.
+#[derive(Debug, Default)]
+pub struct Replication {
+    mode: std::sync::atomic::AtomicU8,
+    /// Standbys streaming from the primary, and those synchronous.
+    pub standbys: AtomicU64,
+    pub synchronous: AtomicU64,
+}
+
+impl Replication {
+    pub fn mode(&self) -> ReplicationMode {
+        ReplicationMode::from_u8(self.mode.load(std::sync::atomic::Ordering::Relaxed))
+    }
+    pub fn set(&self, mode: ReplicationMode, standbys: u64, synchronous: u64) -> ReplicationMode {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.standbys.store(standbys, Relaxed);
+        self.synchronous.store(synchronous, Relaxed);
+        ReplicationMode::from_u8(self.mode.swap(mode as u8, Relaxed))
+    }
 }
 
 /// Why a ledger's settings cannot work.
@@ -383,6 +452,10 @@ pub trait Ledger: Reference + Send + Sync + 'static {
     fn backend(&self) -> &'static str;
     /// Group-commit figures, where the backend keeps them.
     fn flush_stats(&self) -> Option<Arc<FlushStats>> {
+        None
+    }
+    /// How the database replicates, where the backend checks it.
+    fn replication(&self) -> Option<Arc<Replication>> {
         None
     }
     /// The tenants in force changed (a reload of the tenants file): a

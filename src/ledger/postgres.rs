@@ -68,6 +68,11 @@ pub struct PgOptions {
     pub skew: u64,
     /// TLS settings given as flags; they override the URL's.
     pub tls: PgTlsFlags,
+    /// Refuse writes (and readiness) unless the primary has a synchronous
+    /// standby (`--require-synchronous-replication`).
+    pub require_synchronous: bool,
+    /// How often the primary's replication is checked.
+    pub replication_every: Duration,
 }
 
 impl Default for PgOptions {
@@ -77,6 +82,8 @@ impl Default for PgOptions {
             timeout: Duration::from_secs(2),
             skew: 60,
             tls: PgTlsFlags::default(),
+            require_synchronous: false,
+            replication_every: Duration::from_secs(60),
         }
     }
 }
@@ -104,6 +111,12 @@ pub struct PgLedger {
     /// statement's start, and one that stalled (up to the timeout) must not
     /// land after collection deleted a record it would have found.
     collect_margin: i64,
+    /// What the primary said of its standbys at the last check, when it
+    /// was, and whether a synchronous one is required.
+    replication: Arc<super::Replication>,
+    replication_checked: std::sync::Mutex<Option<std::time::Instant>>,
+    replication_every: Duration,
+    require_synchronous: bool,
     /// Autovacuum does not cover the table: the collector vacuums it itself.
     self_vacuum: bool,
     last_vacuum: std::sync::Mutex<Option<std::time::Instant>>,
@@ -248,10 +261,126 @@ impl PgLedger {
             skew,
             collect_margin: skew
                 .saturating_add(i64::try_from(statement_ms.div_ceil(1000)).unwrap_or(i64::MAX)),
+            replication: Arc::default(),
+            replication_checked: std::sync::Mutex::new(None),
+            replication_every: opts.replication_every,
+            require_synchronous: opts.require_synchronous,
             self_vacuum,
             last_vacuum: std::sync::Mutex::new(None),
-        })
+        }
+        .with_replication_checked()
+        .await)
     }
+
+    /// The first replication check, before the server starts: its result
+    /// is logged (a warning for asynchronous standbys), and with
+    /// `require_synchronous` an answer other than synchronous keeps the
+    /// server NOT_SERVING until a later check finds one.
+    async fn with_replication_checked(self) -> Self {
+        self.check_replication().await;
+        self
+    }
+
+    /// Asks the primary how it replicates, records it, and says so in the
+    /// log when it changed. A check that fails (the database unreachable)
+    /// changes nothing: the probe reports that.
+    async fn check_replication(&self) {
+        *self
+            .replication_checked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(std::time::Instant::now());
+        let Ok((mode, standbys, synchronous)) = replication_of(&self.pool, self.timeout).await
+        else {
+            return;
+        };
+        let before = self.replication.set(mode, standbys, synchronous);
+        if before == mode {
+            return;
+        }
+        match mode {
+            super::ReplicationMode::Asynchronous => tracing::warn!(
+                standbys,
+                required = self.require_synchronous,
+                "PostgreSQL replicates asynchronously: a failover can lose consumptions already \
+                 answered (and repeat handlers); run synchronous replication (Patroni: \
+                 synchronous_mode: true; see docs/operations.md)"
+            ),
+            super::ReplicationMode::Unknown => tracing::warn!(
+                required = self.require_synchronous,
+                "PostgreSQL replication cannot be checked (grant the ledger's role pg_monitor, \
+                 or the database answered as a standby)"
+            ),
+            super::ReplicationMode::Standalone if self.require_synchronous => {
+                tracing::warn!("PostgreSQL has no standby, and synchronous replication is required")
+            }
+            _ => tracing::info!(
+                standbys,
+                synchronous,
+                mode = mode.as_str(),
+                "PostgreSQL replication"
+            ),
+        }
+    }
+
+    fn replication_due(&self) -> bool {
+        self.replication_checked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_none_or(|t| t.elapsed() >= self.replication_every)
+    }
+
+    /// With `--require-synchronous-replication`: nothing is written while
+    /// the last check found no synchronous standby.
+    fn admit_write(&self) -> Result<(), LedgerError> {
+        let mode = self.replication.mode();
+        if self.require_synchronous && mode != super::ReplicationMode::Synchronous {
+            return Err(LedgerError::NotSynchronous(mode.as_str()));
+        }
+        Ok(())
+    }
+}
+
+/// How the primary replicates: its streaming standbys, the synchronous
+/// ones, and whether commits wait for them (`synchronous_commit` as this
+/// session has it, and `synchronous_standby_names`). The standbys' states
+/// are visible to superusers and members of `pg_read_all_stats` (or
+/// `pg_monitor`) only: without, they read as NULL and the mode is unknown.
+async fn replication_of(
+    pool: &Pool,
+    limit: Duration,
+) -> Result<(super::ReplicationMode, u64, u64), LedgerError> {
+    use super::ReplicationMode as M;
+    let client = timed("connect", limit, pool.get()).await?;
+    let row = timed(
+        "replication check",
+        limit,
+        client.query_one(
+            "SELECT pg_is_in_recovery(),
+                    current_setting('synchronous_commit'),
+                    current_setting('synchronous_standby_names'),
+                    count(r.pid),
+                    count(r.pid) FILTER (WHERE r.state = 'streaming'
+                                           AND r.sync_state IN ('sync', 'quorum')),
+                    count(r.pid) FILTER (WHERE r.state IS NULL OR r.sync_state IS NULL)
+               FROM (SELECT 1) AS one LEFT JOIN pg_stat_replication r ON true",
+            &[],
+        ),
+    )
+    .await?;
+    let (recovery, commit, names): (bool, String, String) = (row.get(0), row.get(1), row.get(2));
+    let (standbys, sync, hidden): (i64, i64, i64) = (row.get(3), row.get(4), row.get(5));
+    let (standbys, sync) = (standbys.max(0) as u64, sync.max(0) as u64);
+    let waits = matches!(commit.as_str(), "on" | "remote_apply" | "remote_write");
+    let mode = if recovery || hidden > 0 {
+        M::Unknown
+    } else if standbys == 0 {
+        M::Standalone
+    } else if sync > 0 && waits && !names.trim().is_empty() {
+        M::Synchronous
+    } else {
+        M::Asynchronous
+    };
+    Ok((mode, standbys, sync))
 }
 
 fn is_retryable(e: &tokio_postgres::Error) -> bool {
@@ -755,6 +884,7 @@ impl Ledger for PgLedger {
         key: &LedgerKey,
         attempt: Option<[u8; 16]>,
     ) -> Result<Consumed, LedgerError> {
+        self.admit_write()?;
         let (tx, rx) = oneshot::channel();
         self.tx
             .send((*key, attempt, tx))
@@ -770,10 +900,18 @@ impl Ledger for PgLedger {
         };
         let ok = probe.await.is_ok();
         self.healthy.store(ok, Ordering::Relaxed);
-        ok
+        if ok && self.replication_due() {
+            self.check_replication().await;
+        }
+        ok && self.admit_write().is_ok()
+    }
+
+    fn replication(&self) -> Option<Arc<super::Replication>> {
+        Some(self.replication.clone())
     }
 
     async fn reserve(&self, key: &LedgerKey, ask: LeaseAsk) -> Result<Reserved, LedgerError> {
+        self.admit_write()?;
         let id = &key.id[..];
         let exp = i64::try_from(key.expires_at).unwrap_or(i64::MAX);
         let secs = i64::from(ask.seconds);
@@ -860,6 +998,7 @@ impl Ledger for PgLedger {
         seconds: u32,
         cap: u64,
     ) -> Result<Held, LedgerError> {
+        self.admit_write()?;
         let id = &key.id[..];
         let rid = &rid[..];
         let secs = i64::from(seconds);
@@ -891,6 +1030,7 @@ impl Ledger for PgLedger {
     }
 
     async fn commit(&self, key: &LedgerKey, rid: [u8; 16]) -> Result<Held, LedgerError> {
+        self.admit_write()?;
         let id = &key.id[..];
         let rid = &rid[..];
         let client = timed("connect", self.timeout, self.pool.get()).await?;
@@ -925,6 +1065,7 @@ impl Ledger for PgLedger {
     }
 
     async fn release(&self, key: &LedgerKey, rid: [u8; 16]) -> Result<(), LedgerError> {
+        self.admit_write()?;
         let id = &key.id[..];
         let rid = &rid[..];
         let client = timed("connect", self.timeout, self.pool.get()).await?;

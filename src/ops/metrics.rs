@@ -203,6 +203,8 @@ pub struct Sources {
     pub keys: Arc<KeyringHandle>,
     pub reload: Arc<ReloadStats>,
     pub flush: Option<Arc<FlushStats>>,
+    /// How the ledger's database replicates (PostgreSQL).
+    pub replication: Option<Arc<crate::ledger::Replication>>,
     pub backend: &'static str,
     /// The gRPC and health listeners' connection counters.
     pub conns: Arc<crate::net::conns::ConnStats>,
@@ -295,6 +297,31 @@ impl Collector for Owned {
     fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
         let src = &self.0;
         let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        if let Some(r) = &src.replication {
+            let now = r.mode();
+            let mut family = enc.encode_descriptor(
+                "stateseal_ledger_replication",
+                "How the PostgreSQL primary replicates, at its last check: 1 for the mode it is in (asynchronous: a failover can lose acknowledged consumptions).",
+                None,
+                MetricType::Gauge,
+            )?;
+            for mode in crate::ledger::ReplicationMode::ALL {
+                let labels = [("mode", mode.as_str())];
+                ConstGauge::new(i64::from(mode == now)).encode(family.encode_family(&labels)?)?;
+            }
+            gauge(
+                &mut enc,
+                "stateseal_ledger_standbys",
+                "Standbys streaming from the PostgreSQL primary at the last check.",
+                i64::try_from(r.standbys.load(Ordering::Relaxed)).unwrap_or(i64::MAX),
+            )?;
+            gauge(
+                &mut enc,
+                "stateseal_ledger_synchronous_standbys",
+                "Of those, the synchronous ones.",
+                i64::try_from(r.synchronous.load(Ordering::Relaxed)).unwrap_or(i64::MAX),
+            )?;
+        }
         if let Some(f) = &src.flush {
             counter(
                 &mut enc,

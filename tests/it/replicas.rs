@@ -405,3 +405,77 @@ async fn sslmode_disable_warns_at_start() {
         );
     }
 }
+
+/// Issue 57, item 4: stateseal reads how the primary replicates, at start
+/// and then periodically, and shows it (`stateseal_ledger_replication`).
+/// The test database has no standby: standalone, served; with
+/// `--require-synchronous-replication` the replica is NOT_SERVING and
+/// refuses consumptions `LEDGER_UNAVAILABLE` (and says why, once).
+/// Asynchronous and synchronous standbys are checked on the Patroni
+/// cluster (tests/patroni.rs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_replication_mode_is_checked_and_can_be_required() {
+    let pg = require_postgres!();
+    let tmp = tempfile::tempdir().unwrap();
+    let base = [
+        "--ledger",
+        "postgres",
+        "--database-url",
+        pg.url.as_str(),
+        "--health-listen",
+        "127.0.0.1:0",
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "--replication-check-interval-ms",
+        "200",
+    ];
+    let p = spawn(&tmp.path().join("plain"), &base, &[]);
+    let metrics =
+        crate::common::process::http_get(crate::common::process::metrics_addr(&p), "/metrics");
+    assert!(
+        metrics.contains("stateseal_ledger_replication{mode=\"standalone\"} 1"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("stateseal_ledger_replication{mode=\"asynchronous\"} 0"));
+    wait_health(
+        crate::common::process::health_addr(&p),
+        ServingStatus::Serving,
+    )
+    .await;
+    let mut c = connect(p.addr).await;
+    let t = c
+        .seal(seal_req(b"x", true))
+        .await
+        .unwrap()
+        .into_inner()
+        .request_state;
+    c.open(open_req(&t)).await.unwrap();
+    p.terminate();
+
+    let mut args = base.to_vec();
+    args.push("--require-synchronous-replication");
+    let p = spawn(&tmp.path().join("required"), &args, &[]);
+    wait_health(
+        crate::common::process::health_addr(&p),
+        ServingStatus::NotServing,
+    )
+    .await;
+    let mut c = connect(p.addr).await;
+    let t = c
+        .seal(seal_req(b"x", true))
+        .await
+        .unwrap()
+        .into_inner()
+        .request_state;
+    let e = c.open(open_req(&t)).await.unwrap_err();
+    assert_eq!(reason(&e), "LEDGER_UNAVAILABLE");
+    // Still consumable later: nothing was written.
+    let (_, log) = p.terminate();
+    assert_eq!(
+        log.iter()
+            .filter(|l| l.contains("no standby, and synchronous replication is required"))
+            .count(),
+        1,
+        "{log:?}"
+    );
+}
