@@ -11,6 +11,9 @@ as the handler returns (the handler itself starts it just before), lasts
 same retry, sending it again while it is answered "in progress" or
 "temporarily unavailable" as a client would: it is refused as already used,
 and the side effect happened once.
+
+Last, a Renew that hangs (issue 58, finding 5): abandoned within the lease,
+and the next one lands, so a handler slower than the lease still runs once.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import logging
 import os
 import subprocess
 from collections.abc import Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import urlsplit, urlunsplit
@@ -28,12 +32,13 @@ import anyio
 import grpc
 import mcp_types as types
 import pytest
+import uvicorn
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
 from stateseal_mcp import RequestStateClient, StatesealBoundary, StatesealError
 
-from conftest import start_stateseal
+from conftest import free_port, start_stateseal
 from test_e2e import (
     BOUNDARIES,
     SLOW,
@@ -43,6 +48,9 @@ from test_e2e import (
     assert_in_progress,
     deployment,
     error_of,
+    replica,
+    start_relay,
+    stop_relay,
     text_of,
 )
 
@@ -379,10 +387,10 @@ async def test_a_replay_here_never_takes_over_a_token_whose_commit_is_kept(state
             raise down()
         await commit(self, reservation)
 
-    async def failing_renew(self, reservation, lease_seconds=0):
+    async def failing_renew(self, reservation, lease_seconds=0, **kw):
         if outage["on"]:
             raise down()
-        return await renew(self, reservation, lease_seconds)
+        return await renew(self, reservation, lease_seconds, **kw)
 
     monkeypatch.setattr(RequestStateClient, "commit", failing_commit)
     monkeypatch.setattr(RequestStateClient, "renew", failing_renew)
@@ -411,3 +419,142 @@ async def test_a_replay_here_never_takes_over_a_token_whose_commit_is_kept(state
     assert any(lvl == logging.WARNING and "renew failed" in m for lvl, m in messages), caplog.text
     assert any("commit" in m and "landed after" in m for _, m in messages), caplog.text
     assert not [m for lvl, m in messages if lvl >= logging.ERROR], caplog.text
+
+
+@asynccontextmanager
+async def two_replicas(addrs: tuple[str, str], **boundary_options):
+    """Replicas A and B of test_e2e (no front: each test call names the
+    replica it reaches), B's boundary reaching stateseal at `addrs[1]`.
+    Yields their MCP URLs."""
+    served: list = []
+    BOUNDARIES.clear()
+    ports = [free_port(), free_port()]
+    servers = [
+        uvicorn.Server(
+            uvicorn.Config(
+                replica(tag, addr, served, **boundary_options).streamable_http_app(
+                    stateless_http=True, json_response=True
+                ),
+                host="127.0.0.1",
+                port=port,
+                log_level="warning",
+                lifespan="on",
+                timeout_keep_alive=60,
+            )
+        )
+        for tag, addr, port in zip(("A", "B"), addrs, ports)
+    ]
+    async with anyio.create_task_group() as tg:
+        for s in servers:
+            tg.start_soon(s.serve)
+        with anyio.fail_after(20):
+            while not all(s.started for s in servers):
+                await anyio.sleep(0.05)
+        try:
+            yield tuple(f"http://127.0.0.1:{p}/mcp" for p in ports)
+        finally:
+            for s in servers:
+                s.should_exit = True
+
+
+async def test_a_hung_renewal_is_abandoned_within_the_lease_and_retried(tmp_path, caplog, monkeypatch):
+    """Issue 58, finding 5: a Renew that hangs is abandoned within the lease
+    (its deadline is a third of the lease, not the client's 5 s timeout),
+    and the next one goes at once.
+
+    Replica B reaches stateseal round robin through two relays, the way a
+    headless service's replicas are reached; its handler runs longer than
+    the 3 s lease. As it starts, the second relay stops forwarding (a
+    replica that hangs): every Renew sent its way hangs. For at least 7 s
+    (a hung Renew with the 5 s timeout, sent a third of a lease after the
+    last one landed, outlasts the lease) the user's replay is sent again
+    and again to replica A: each is answered "in progress", because the
+    renewal after each abandoned one, through the first relay, lands in
+    time. Once the handler returned, the replay is refused as already used;
+    the body ran once."""
+    proc, addr = start_stateseal(tmp_path)
+    relays = [await start_relay(addr) for _ in range(2)]
+    hung = relays[1][2]["flowing"]
+    renew = RequestStateClient.renew
+    #: B's renewals: (started, ended, None or the failure's reason), on the
+    #: loop's clock.
+    renewals: list[tuple[float, float, str | None]] = []
+
+    async def recorded_renew(self, reservation, lease_seconds=0, **kw):
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            lease = await renew(self, reservation, lease_seconds, **kw)
+        except StatesealError as e:
+            if self._target.startswith("ipv4:"):
+                renewals.append((started, loop.time(), e.reason))
+            raise
+        if self._target.startswith("ipv4:"):
+            renewals.append((started, loop.time(), None))
+        return lease
+
+    def abandoned_then_renewed() -> bool:
+        hung_ends = [end for _, end, reason in renewals if reason == "DEADLINE_EXCEEDED"]
+        return bool(hung_ends) and any(reason is None and start >= hung_ends[0] for start, _, reason in renewals)
+
+    monkeypatch.setattr(RequestStateClient, "renew", recorded_renew)
+    caplog.set_level(logging.INFO, logger="stateseal_mcp")
+    SLOW.update(runs=0, gate=anyio.Event(), on_return=[])
+    b_target = "ipv4:" + ",".join(r[1] for r in relays)
+    outcome: dict = {}
+    replays = 0
+    try:
+        async with two_replicas((addr, b_target), lease_seconds=LEASE) as (url_a, url_b):
+            # gRPC's default authority for a list of addresses is the list,
+            # which HTTP/2 refuses; a DNS name would be its own authority.
+            BOUNDARIES[1]._client._options.append(("grpc.default_authority", "stateseal"))
+            try:
+                async with Client(url_a, elicitation_callback=accept) as on_a, Client(
+                    url_b, elicitation_callback=accept
+                ) as on_b:
+                    r = await on_a.session.call_tool("slow", {"amount": 14}, allow_input_required=True)
+                    assert isinstance(r, types.InputRequiredResult), r
+                    retry: dict[str, Any] = {"input_responses": answers(r), "request_state": r.request_state}
+
+                    async def run_retry() -> None:
+                        outcome["result"] = await on_b.session.call_tool("slow", {"amount": 14}, **retry)
+
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(run_retry)
+                        with anyio.fail_after(DEADLINE):
+                            while SLOW["runs"] == 0:
+                                await anyio.sleep(0.05)
+                        hung.clear()
+                        loop = asyncio.get_running_loop()
+                        held_since = loop.time()
+                        with anyio.fail_after(DEADLINE):
+                            while loop.time() - held_since < 7 or not abandoned_then_renewed():
+                                replay = on_a.session.call_tool(
+                                    "slow", {"amount": 14}, **retry, allow_input_required=True
+                                )
+                                assert_in_progress(await error_of(replay))
+                                replays += 1
+                                await anyio.sleep(0.25)
+                        hung.set()
+                        SLOW["gate"].set()
+                    assert "slow 14" in text_of(outcome["result"]), outcome
+                    assert await BOUNDARIES[1].drain(DEADLINE), "a Commit is still kept"
+                    replay = on_a.session.call_tool("slow", {"amount": 14}, **retry, allow_input_required=True)
+                    assert_already_used(await error_of(replay))
+            finally:
+                hung.set()
+                SLOW["gate"].set()  # never leave a handler waiting at shutdown
+        assert SLOW["runs"] == 1, SLOW
+        assert replays >= 2, replays
+        # A Renew was abandoned well within the lease (its deadline is a
+        # third of it), and a later one landed.
+        hung_for = [end - start for start, end, reason in renewals if reason == "DEADLINE_EXCEEDED"]
+        assert hung_for and max(hung_for) < LEASE, renewals
+        assert abandoned_then_renewed(), renewals
+        messages = [(rec.levelno, rec.getMessage()) for rec in caplog.records if rec.name == "stateseal_mcp"]
+        assert any(lvl == logging.WARNING and "renew failed" in m and "DEADLINE_EXCEEDED" in m for lvl, m in messages)
+        assert not [m for lvl, m in messages if lvl >= logging.ERROR], caplog.text
+    finally:
+        SLOW["gate"] = None
+        relays[1][0].close()
+        await stop_relay(relays[0][0], relays[0][3] + relays[1][3], proc)

@@ -159,6 +159,12 @@ const sleep = (ms: number) =>
 
 /** The shortest renewal period, in milliseconds. */
 const MIN_RENEW_MS = 500;
+/** The shortest deadline of a Renew, in milliseconds. A Renew's deadline is
+ * a third of the lease granted (at least this, and never more than the
+ * client's `timeoutMs`): a Renew that hangs is abandoned, and the next one
+ * sent at once, while the lease still runs. With the client's 5 s deadline
+ * a hung Renew outlasted a 2 s lease (issue 58, finding 5). */
+const MIN_RENEW_DEADLINE_MS = 250;
 
 /** The pause between two tries of a kept Commit or Release, which an Open
  * of its token in this process ends early (`wake`). Its timer never keeps
@@ -186,10 +192,16 @@ class Pause {
 /** Keeps one reservation's lease: renews it every third of the lease
  * stateseal granted (the granted seconds, never local time against the
  * lease's end) from the Open until its Commit gets a definite answer, or
- * until the Release. Renewals and Commit tries go one at a time
- * (`exclusive`), so that no Renew reaches stateseal after the Commit (it
- * would answer LEASE_EXPIRED there, and count a lost lease). The timer
- * never keeps the process alive. */
+ * until the Release. Each Renew's deadline is that third too (at least
+ * MIN_RENEW_DEADLINE_MS, at most the client's), counted from when it was
+ * sent, as is the next one: due a third after a Renew that landed was
+ * sent, and once the deadline of one that failed has passed. So a Renew
+ * that hangs is abandoned and the next goes at once (on a new connection:
+ * the transport stops using one that let a call run out its deadline): two
+ * Renews are tried within every lease. Renewals and
+ * Commit tries go one at a time (`exclusive`), so that no Renew reaches
+ * stateseal after the Commit (it would answer LEASE_EXPIRED there, and
+ * count a lost lease). The timer never keeps the process alive. */
 class LeaseKeeper {
   /** `running`: the handler runs, and a lost renewal is an operator alarm.
    * `finishing`: it returned and its Commit is being tried; the Commit's
@@ -241,16 +253,33 @@ class LeaseKeeper {
     await this.#lane;
   }
 
-  #schedule(): void {
-    this.#timer = setTimeout(() => void this.#renew(), Math.max(MIN_RENEW_MS, (this.granted * 1000) / 3));
+  #interval(): number {
+    return Math.max(MIN_RENEW_MS, (this.granted * 1000) / 3);
+  }
+
+  #schedule(delayMs = this.#interval()): void {
+    this.#timer = setTimeout(() => void this.#renew(), delayMs);
     this.#timer.unref();
   }
 
   async #renew(): Promise<void> {
+    let sent = performance.now();
+    // Never longer than the interval: Renews never overlap.
+    const deadlineMs = Math.max(MIN_RENEW_DEADLINE_MS, (this.granted * 1000) / 3);
+    let next = this.#interval();
     try {
-      const lease = await this.exclusive(async () => (this.#phase === 'stopped' ? undefined : this.client.renew(this.reservation, this.asked)));
+      const lease = await this.exclusive(async () => {
+        if (this.#phase === 'stopped') return undefined;
+        sent = performance.now();
+        return this.client.renew(this.reservation, this.asked, deadlineMs);
+      });
       if (lease && lease.leaseSeconds > 0) this.granted = lease.leaseSeconds;
+      // Due a third of the lease after this one was sent.
+      next = this.#interval();
     } catch (e) {
+      // Failed: the next goes once this one's deadline has passed, so at
+      // once after a Renew that ran it out.
+      next = deadlineMs;
       if (this.#phase === 'stopped') return;
       try {
         if (renewalLost(e)) {
@@ -273,7 +302,7 @@ class LeaseKeeper {
         // The logger's own failure: renewing goes on.
       }
     }
-    if (this.#phase !== 'stopped') this.#schedule();
+    if (this.#phase !== 'stopped') this.#schedule(Math.max(0, sent + next - performance.now()));
   }
 }
 
@@ -334,7 +363,9 @@ export interface BoundaryOptions {
   /** Lease asked for when a token is reserved and at each renewal, in
    * seconds (0 = the service default, `--default-lease-s`; the service caps
    * it). While the handler runs, the boundary renews the lease every third
-   * of what the service granted. */
+   * of what the service granted, each Renew with a deadline of that third
+   * (at least 250 ms, at most the client's `timeoutMs`): one that hangs is
+   * abandoned and the next sent at once, before the lease runs out. */
   leaseSeconds?: number;
   /** A `requestState` longer than this in UTF-8 bytes is refused with
    * `-32602 Invalid or expired requestState` before stateseal is called,

@@ -233,12 +233,12 @@ export class RequestStateClient {
     codecs();
   }
 
-  async #call<Res>(rpc: Rpc, req: object, waitForReady = false): Promise<Res> {
+  async #call<Res>(rpc: Rpc, req: object, waitForReady = false, timeoutMs = this.#timeoutMs): Promise<Res> {
     const c = codecs()[rpc];
     const body = c.request.encode(c.request.fromObject(req)).finish();
     let answer: Buffer;
     try {
-      answer = await this.#channel.call(c.path, body, this.#timeoutMs, waitForReady);
+      answer = await this.#channel.call(c.path, body, timeoutMs, waitForReady);
     } catch (e) {
       throw e instanceof CallError ? toError(e) : e;
     }
@@ -316,12 +316,17 @@ export class RequestStateClient {
   /** Extends a reservation's lease by `leaseSeconds` from now (0 = the
    * server default; capped by the server). Fails with `LEASE_EXPIRED` once
    * another attempt took the token over, or the reservation was released or
-   * collected. */
-  async renew(reservation: string, leaseSeconds = 0): Promise<Lease> {
-    const r = await this.#call<RenewResponse__Output>('Renew', {
-      reservation,
-      lease_seconds: leaseSeconds,
-    });
+   * collected. `timeoutMs`: this call's deadline, never more than the
+   * client's `timeoutMs` (absent: the client's); a renewal that outlives
+   * its lease is of no use, so keep it well within the lease. */
+  async renew(reservation: string, leaseSeconds = 0, timeoutMs?: number): Promise<Lease> {
+    if (timeoutMs !== undefined && !(timeoutMs > 0)) throw new RangeError('timeoutMs must be a positive number of milliseconds');
+    const r = await this.#call<RenewResponse__Output>(
+      'Renew',
+      { reservation, lease_seconds: leaseSeconds },
+      false,
+      Math.min(timeoutMs ?? this.#timeoutMs, this.#timeoutMs),
+    );
     return { leaseExpiresAtUnix: r.lease_expires_at_unix, leaseSeconds: r.lease_seconds };
   }
 

@@ -5,13 +5,16 @@
 // after the handler returned it is `-32602 requestState already used`. The
 // handler runs exactly once. On sled, and on PostgreSQL when
 // STATESEAL_TEST_DATABASE_URL is set. Then the documented limit: stateseal
-// unreachable from the holder for longer than the lease.
+// unreachable from the holder for longer than the lease. Then a Renew that
+// hangs: abandoned within the lease, and the next one lands (issue 58,
+// finding 5).
 import assert from 'node:assert/strict';
 import { type Server as HttpServer } from 'node:http';
+import { createConnection, createServer as createNetServer, type Socket } from 'node:net';
 import { test } from 'node:test';
 
 import { serveHttp, transferServer } from '../examples/transfer-server.js';
-import { RequestStateClient, StatesealBoundary } from '../src/index.js';
+import { RequestStateClient, StatesealBoundary, StatesealError } from '../src/index.js';
 import {
   addSlowTool,
   call,
@@ -20,6 +23,7 @@ import {
   front,
   port,
   recordingLogger,
+  type Round,
   rpcError,
   settle,
   SlowTool,
@@ -233,6 +237,170 @@ test('stateseal unreachable from the holder for longer than the lease: another a
     await assert.rejects(call(client, 'slow_transfer', args, retry), rpcError(-32602, 'requestState already used', 'request_state_used'));
   } finally {
     slow.release();
+    await client?.close();
+    lb?.close();
+    for (const s of replicas) s.close();
+    holderGrpc.close();
+    otherGrpc.close();
+    relay.close();
+    ss.proc.kill('SIGTERM');
+  }
+});
+
+/** A TCP relay to `addr` whose connections can hang: `hang()` stops
+ * forwarding, both ways, on every connection open now (their bytes wait),
+ * while connections made later go through; `flow()` lets the held ones go
+ * on. */
+async function hangingRelay(addr: string) {
+  const i = addr.lastIndexOf(':');
+  const [host, p] = [addr.slice(0, i), Number(addr.slice(i + 1))];
+  const pairs = new Set<[Socket, Socket]>();
+  const held = new Set<[Socket, Socket]>();
+  const server = createNetServer((down: Socket) => {
+    const up = createConnection({ host, port: p });
+    const pair: [Socket, Socket] = [down, up];
+    pairs.add(pair);
+    for (const s of pair) s.on('error', () => undefined);
+    down.pipe(up);
+    up.pipe(down);
+    up.on('close', () => {
+      down.destroy();
+      pairs.delete(pair);
+      held.delete(pair);
+    });
+    down.on('close', () => up.destroy());
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  return {
+    addr: `127.0.0.1:${(server.address() as { port: number }).port}`,
+    hang() {
+      for (const pair of pairs) {
+        const [down, up] = pair;
+        down.unpipe(up);
+        up.unpipe(down);
+        down.pause();
+        up.pause();
+        held.add(pair);
+      }
+    },
+    flow() {
+      for (const [down, up] of held) {
+        down.pipe(up);
+        up.pipe(down);
+      }
+      held.clear();
+    },
+    close() {
+      for (const [down, up] of pairs) {
+        down.destroy();
+        up.destroy();
+      }
+      server.close();
+    },
+  };
+}
+
+/** Records each renewal: when it was sent and ended (ms, monotonic), and
+ * the reason it failed with. */
+class RenewalLog extends RequestStateClient {
+  readonly renewals: Array<{ sent: number; ended: number; failed?: string }> = [];
+  override async renew(reservation: string, leaseSeconds = 0, timeoutMs?: number) {
+    const sent = performance.now();
+    try {
+      const lease = await super.renew(reservation, leaseSeconds, timeoutMs);
+      this.renewals.push({ sent, ended: performance.now() });
+      return lease;
+    } catch (e) {
+      this.renewals.push({ sent, ended: performance.now(), failed: e instanceof StatesealError ? e.reason : String(e) });
+      throw e;
+    }
+  }
+  /** A renewal ran out its deadline, and one sent after it landed. */
+  abandonedThenRenewed(): boolean {
+    const hung = this.renewals.find((r) => r.failed === 'DEADLINE_EXCEEDED');
+    return hung !== undefined && this.renewals.some((r) => r.failed === undefined && r.sent >= hung.ended);
+  }
+}
+
+test('a Renew that hangs is abandoned within the lease and the next one lands: one execution, replays refused', async () => {
+  // Issue 58, finding 5: a Renew's deadline is a third of the lease (not
+  // the client's 5 s), and the next goes at once. The holder reaches
+  // stateseal through a relay whose connection hangs as the handler starts
+  // (3 s lease, a handler slower than it): every byte on it waits. For at
+  // least 7 s (a hung Renew with the 5 s deadline, sent a third of a lease
+  // after the last one landed, outlasts the lease) the user's replay goes
+  // again and again to the other replica: each is answered "in progress",
+  // because the Renew after the abandoned one, on a new connection, lands
+  // in time. Then the handler returns, and the replay is refused as used.
+  const leaseS = 3;
+  const ss = await startStateseal('--default-lease-s', String(leaseS));
+  const relay = await hangingRelay(ss.addr);
+  const slow = new SlowTool(0);
+  const holderLog = recordingLogger();
+  const otherLog = recordingLogger();
+  const holderGrpc = new RenewalLog(relay.addr);
+  const otherGrpc = new RequestStateClient(ss.addr);
+  const replicas: HttpServer[] = [];
+  const boundaries: StatesealBoundary[] = [];
+  const route: number[] = [];
+  let lb: (HttpServer & { served: number[] }) | undefined;
+  let client: Awaited<ReturnType<typeof connect>> | undefined;
+  try {
+    for (const [c, logger] of [
+      [holderGrpc, holderLog],
+      [otherGrpc, otherLog],
+    ] as const) {
+      const boundary = new StatesealBoundary(c, { audience: 'transfer-service', logger });
+      boundaries.push(boundary);
+      replicas.push(await serveHttp(() => addSlowTool(transferServer(boundary), slow), 0));
+    }
+    const [holder, other] = replicas.map(port);
+    lb = await front([holder, other], route);
+    client = await connect(`http://127.0.0.1:${port(lb)}/mcp`);
+    const args = { amount: 15 };
+
+    route.push(other, holder);
+    const r = await call(client, 'slow_transfer', args);
+    assert.equal(r.resultType, 'input_required');
+    const retry = { inputResponses: yes(r), requestState: r.requestState };
+    const running = settle(call(client, 'slow_transfer', args, retry));
+    await until(() => slow.started >= 1, 60_000, 'the handler to start');
+    relay.hang();
+    const since = performance.now();
+    let replays = 0;
+    while (performance.now() - since < 7000 || !holderGrpc.abandonedThenRenewed()) {
+      assert.ok(performance.now() - since < 90_000, `no renewal landed after a hung one: ${JSON.stringify(holderGrpc.renewals)}`);
+      route.push(other);
+      const replay: { ok: true; value: Round } | { ok: false; error: unknown } = await settle(call(client, 'slow_transfer', args, retry));
+      assert.equal(slow.started, 1, 'a replay took the token over and ran the handler again');
+      assert.equal(replay.ok, false, `a replay got a result: ${replay.ok && `${replay.value.resultType} ${text(replay.value)}`}`);
+      if (!replay.ok) rpcError(-32603, 'Request in progress; retry later', 'in_progress')(replay.error as never);
+      replays++;
+      await sleep(250);
+    }
+    relay.flow();
+    slow.release();
+    const done = await running;
+    assert.ok(done.ok, `the slow retry failed: ${!done.ok && String(done.error)}`);
+    if (done.ok) assert.match(text(done.value), /slow 15 done/);
+    assert.equal(await boundaries[0].drain(60_000), true, 'a Commit is still kept');
+    route.push(other);
+    await assert.rejects(call(client, 'slow_transfer', args, retry), rpcError(-32602, 'requestState already used', 'request_state_used'));
+
+    assert.equal(slow.started, 1, 'executed exactly once');
+    assert.ok(replays >= 2, `replays: ${replays}`);
+    // A Renew was abandoned well within the lease, and a later one landed.
+    const hung = holderGrpc.renewals.filter((x) => x.failed === 'DEADLINE_EXCEEDED').map((x) => x.ended - x.sent);
+    assert.ok(hung.length > 0 && Math.max(...hung) < leaseS * 1000, JSON.stringify(holderGrpc.renewals));
+    assert.ok(holderGrpc.abandonedThenRenewed(), JSON.stringify(holderGrpc.renewals));
+    assert.ok(
+      holderLog.lines.warn.some((m) => m === 'stateseal: renew on tools/call failed: DEADLINE_EXCEEDED; retrying'),
+      holderLog.lines.warn.join('\n'),
+    );
+    assert.deepEqual([...holderLog.lines.error, ...otherLog.lines.error], []);
+  } finally {
+    slow.release();
+    relay.flow();
     await client?.close();
     lb?.close();
     for (const s of replicas) s.close();

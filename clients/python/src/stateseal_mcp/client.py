@@ -286,15 +286,20 @@ class RequestStateClient:
         except grpc.aio.AioRpcError as e:
             raise _error(e) from None
 
-    async def renew(self, reservation: str, lease_seconds: int = 0) -> Lease:
+    async def renew(self, reservation: str, lease_seconds: int = 0, *, timeout: float | None = None) -> Lease:
         """Extends a reservation's lease from now (`lease_seconds` 0 = the
         server default; capped by the server). LEASE_EXPIRED once another
         attempt took the token over, or the reservation was released or
-        collected."""
+        collected. `timeout`: this call's deadline in seconds, never more
+        than the client's `timeout` (None: the client's); a renewal that
+        outlives its lease is of no use, so keep it well within the lease."""
+        if timeout is not None and not timeout > 0:
+            raise ValueError("timeout must be a positive number of seconds")
+        deadline = self._timeout if timeout is None else min(timeout, self._timeout)
         try:
             r = await self._stub.Renew(
                 stateseal_pb2.RenewRequest(reservation=reservation, lease_seconds=lease_seconds),
-                timeout=self._timeout,
+                timeout=deadline,
                 metadata=self._metadata,
             )
         except grpc.aio.AioRpcError as e:

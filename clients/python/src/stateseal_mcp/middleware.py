@@ -13,7 +13,8 @@ Inbound (`tools/call`, `prompts/get`, `resources/read` carrying
 and, for single-use targets, consumed at most once across every replica:
 - by default in two phases: stateseal *reserves* the token for a lease, the
   handler runs (the lease renewed in the background every third of its
-  length, so a slow handler keeps it), and the reservation is *committed*
+  length, each Renew abandoned after that third, so a slow handler keeps
+  it even when a Renew hangs), and the reservation is *committed*
   when the handler returns, off the response path: carried by this
   replica's next durable Open, or sent on its own after `commit_delay`
   (25 ms) when none comes. A Commit that cannot land yet (stateseal or its
@@ -106,6 +107,12 @@ logger = logging.getLogger("stateseal_mcp")
 
 #: The shortest pause between two renewals of a lease, in seconds.
 _MIN_RENEW_INTERVAL = 0.5
+#: The shortest deadline of a Renew, in seconds. A Renew's deadline is a
+#: third of the lease granted (at least this, and never more than the
+#: client's `timeout`): a Renew that hangs is abandoned, and the next one
+#: sent at once, while the lease still runs. With the client's 5 s timeout
+#: a hung Renew outlasted a 2 s lease (issue 58, finding 5).
+_MIN_RENEW_DEADLINE = 0.25
 
 #: The longest `requestState` (UTF-8 bytes) sent to stateseal. The service
 #: accepts a state of up to 64 KiB (`--max-state-bytes 65536`) sealed with a
@@ -299,7 +306,10 @@ class StatesealBoundary:
     - `ttl_seconds`: 0 = the stateseal server's default.
     - `lease_seconds`: the lease asked for when reserving and renewing; 0 =
       the stateseal server's default. The lease is renewed every third of
-      what the server granted while the handler runs.
+      what the server granted while the handler runs, each Renew with a
+      deadline of that third (at least 0.25 s, at most the client's
+      `timeout`): one that hangs is abandoned and the next sent at once,
+      before the lease runs out.
     - `max_request_state_bytes`, `max_input_responses_bytes`: a
       `requestState` (UTF-8 bytes) or `inputResponses` (its JSON as sent,
       UTF-8 bytes) over these is refused with -32602 before stateseal is
@@ -680,15 +690,16 @@ class StatesealBoundary:
                 logger.info("stateseal commit on %s landed after %d failed tries", method, tries)
             return
 
-    async def _renew_once(self, method: str, reservation: str) -> int | None:
-        """One renewal of `reservation`: the lease granted (0 when the
+    async def _renew_once(self, method: str, reservation: str, deadline: float) -> int | None:
+        """One renewal of `reservation`, abandoned after `deadline` seconds
+        (or the client's timeout, if shorter): the lease granted (0 when the
         server does not say, or when the renewal failed and the next is
-        tried a third of the lease later), or None when stateseal says the
-        reservation no longer holds the token (`LEASE_EXPIRED`): another
-        attempt took it over, or this one's Commit landed. The caller logs
-        that (see _Renewal)."""
+        tried a third of the lease after this one was sent), or None when
+        stateseal says the reservation no longer holds the token
+        (`LEASE_EXPIRED`): another attempt took it over, or this one's
+        Commit landed. The caller logs that (see _Renewal)."""
         try:
-            lease = await self._client.renew(reservation, self._lease)
+            lease = await self._client.renew(reservation, self._lease, timeout=deadline)
         except StatesealError as e:
             if renewal_lost(e):
                 return None
@@ -1092,7 +1103,14 @@ class _Renewal:
     kept Commit: a timer, and a task only while a Renew is in flight, so a
     handler that ends before the first renewal costs no task and its Commit
     waits for nothing. Only the granted length is used, never
-    `lease_expires_at_unix`: this replica's clock is not the ledger's."""
+    `lease_expires_at_unix`: this replica's clock is not the ledger's.
+
+    Each Renew's deadline is that third too (at least _MIN_RENEW_DEADLINE,
+    at most the client's timeout), counted from when it was sent, as is the
+    next one: due a third after a Renew that landed was sent, and once the
+    deadline of one that failed has passed. So a Renew that hangs is
+    abandoned and the next goes at once (to the next stateseal replica,
+    under round robin): two Renews are tried within every lease."""
 
     def __init__(self, boundary: StatesealBoundary, method: str, reservation: str, granted: int) -> None:
         self._boundary = boundary
@@ -1111,8 +1129,11 @@ class _Renewal:
         self._timer: asyncio.TimerHandle | None = None
         self._schedule()
 
-    def _schedule(self) -> None:
-        self._timer = self._loop.call_later(max(_MIN_RENEW_INTERVAL, self._granted / 3), self._due)
+    def _interval(self) -> float:
+        return max(_MIN_RENEW_INTERVAL, self._granted / 3)
+
+    def _schedule(self, delay: float | None = None) -> None:
+        self._timer = self._loop.call_later(self._interval() if delay is None else delay, self._due)
 
     def _due(self) -> None:
         self._timer = None
@@ -1124,8 +1145,11 @@ class _Renewal:
         self._inflight = self._loop.create_task(self._renew())
 
     async def _renew(self) -> None:
+        sent = self._loop.time()
+        # The deadline never exceeds the interval, so Renews never overlap.
+        deadline = max(_MIN_RENEW_DEADLINE, self._granted / 3)
         try:
-            granted = await self._boundary._renew_once(self._method, self._reservation)
+            granted = await self._boundary._renew_once(self._method, self._reservation, deadline)
         except asyncio.CancelledError:
             self._inflight = None
             if not self._stopped:
@@ -1155,7 +1179,13 @@ class _Renewal:
             return
         if granted > 0:
             self._granted = granted
-        self._schedule()
+            # Due a third of the lease after this one was sent.
+            due = sent + self._interval()
+        else:
+            # Failed: the next goes once this one's deadline has passed, so
+            # at once after a Renew that ran it out.
+            due = sent + deadline
+        self._schedule(max(0.0, due - self._loop.time()))
 
     def answered(self) -> None:
         """The handler answered: renewing goes on between the tries of its
