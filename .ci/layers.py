@@ -19,7 +19,7 @@ import sys
 LAYERS = [
     ("clock", None),
     ("ledger", None),
-    ("domain", [["error", "canon", "codec"], ["binding", "manifest"], ["keyring"], ["token"], ["sealer"]]),
+    ("domain", [["error", "canon", "codec", "credential"], ["binding", "manifest"], ["keyring"], ["token"], ["sealer"]]),
     ("net", [["conns"], ["limits"], ["accept", "budget"], ["tls"]]),
     ("ops", [["hardening"], ["kek", "audit"], ["reload"], ["metrics"]]),
     ("grpc", [["status"], ["auth", "canon_pool"], ["service"]]),

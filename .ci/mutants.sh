@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Mutation testing of a change (docs/security.md, "Mutation testing"):
+# Mutation testing of a change (docs/testing.md, "Mutation testing"):
 # cargo-mutants mutates the lines of the core files that changed since
 # STATESEAL_MUTANTS_BASE (default HEAD~1: CI sees a clone of main, so the
 # last commit; set it to the commit a branch started from to cover a whole
@@ -30,6 +30,7 @@ declare -A tests=(
   [src/domain/canon.rs]="$domain_tests"
   [src/domain/sealer.rs]="$domain_tests manifest:: grpc:: at_most_once:: sealer::"
   [src/domain/manifest.rs]="domain:: manifest::"
+  [src/domain/credential.rs]="domain:: manifest::"
   [src/ledger/mod.rs]="ledger:: ledger_contract:: ledger_bound::"
   [src/ledger/journal.rs]="ledger:: ledger_contract::sled ledger_bound::"
   [src/ledger/sled.rs]="ledger:: ledger_contract::sled ledger_bound:: disk::an_unfinished_sled_snapshot disk::a_sled_writer_dead"
@@ -77,7 +78,7 @@ m="$out/mutants.out"
 count() { if [ -f "$m/$1" ]; then awk 'NF { n++ } END { print n + 0 }' "$m/$1"; else echo 0; fi; }
 echo "mutants: caught $(count caught.txt), missed $(count missed.txt), timeout $(count timeout.txt), unviable $(count unviable.txt)"
 if [ "$(count missed.txt)" != 0 ]; then
-  echo "FATAL: mutants no test caught (add a test, or list an equivalent mutant in .cargo/mutants.toml and docs/security.md):"
+  echo "FATAL: mutants no test caught (add a test, or list an equivalent mutant in .cargo/mutants.toml and count it in docs/testing.md's table):"
   cat "$m/missed.txt"
   exit 1
 fi

@@ -206,7 +206,7 @@ fn digest(c: &mut Criterion) {
         });
     }
     g.finish();
-    // The load bench's `params_json` (`benches/load.rs`, `json_binding`)
+    // The load bench's `params_json` (`benches/load/clients.rs`, `json_binding`)
     // under the default binding version.
     let json = r#"{"name":"deploy","arguments":{"service":"api","replicas":3,"confirm":true}}"#;
     c.bench_function("params_digest_v2/tools_call_load_bench", |b| {

@@ -1,4 +1,4 @@
-//! The nemesis run (docs/security.md, "The nemesis"):
+//! The nemesis run (docs/testing.md, "The nemesis: combined faults"):
 //!
 //!     cargo bench --bench nemesis -- --duration SECS --history FILE [--seed N]
 //!         [--store postgres|sled] [--callers N] [--svg FILE]

@@ -1,8 +1,8 @@
-//! The nemesis in its short mode (docs/security.md, "The nemesis"): three
-//! replicas on PostgreSQL for two minutes, then one on sled, under combined
-//! faults; the checker must find no violation and resolve every
-//! indeterminate outcome. And the checker itself, on histories that break
-//! each of its rules.
+//! The nemesis in its short mode (docs/testing.md, "The nemesis: combined
+//! faults"): three replicas on PostgreSQL for two minutes, then one on sled,
+//! under combined faults; the checker must find no violation and resolve
+//! every indeterminate outcome. And the checker itself, on histories that
+//! break each of its rules.
 #![allow(clippy::unwrap_used)]
 
 #[path = "../benches/nemesis/mod.rs"]

@@ -1,7 +1,9 @@
 //! The system under test: the replicas (processes of the real binary, under
 //! the clock shim, each in its own network namespace on PostgreSQL), the
 //! private PostgreSQL, the proxies, and the operations the nemesis applies
-//! to them.
+//! to them; and the servers' settings that the schedule and the callers are
+//! sized by (`LEASE_S`, `DB_TIMEOUT_MS`, `CLOCK_SKEW_S`). `schedule.rs` and
+//! `clients.rs` use this module, never the reverse.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -18,6 +20,8 @@ use super::{Config, Store};
 pub const LEASE_S: u32 = 2;
 /// The servers' `--db-timeout-ms`.
 pub const DB_TIMEOUT_MS: u64 = 1000;
+/// The servers' `--clock-skew`, in seconds.
+pub const CLOCK_SKEW_S: u64 = 5;
 const GRPC_PORT: u16 = 50051;
 
 pub struct Replica {
@@ -64,7 +68,7 @@ impl Cluster {
                 "--keyset",
                 &keyset,
                 "--clock-skew",
-                &super::schedule::CLOCK_SKEW_S.to_string(),
+                &CLOCK_SKEW_S.to_string(),
                 "--default-lease-s",
                 &lease,
                 "--max-lease-s",

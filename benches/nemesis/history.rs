@@ -1,5 +1,5 @@
 //! The history: one JSON object per line, one line per operation
-//! (docs/security.md, "The history format"), and the fault windows beside
+//! (docs/testing.md, "The history format"), and the fault windows beside
 //! it in `HISTORY.faults`, one JSON object per line.
 
 use std::io::Write;

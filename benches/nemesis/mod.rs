@@ -2,8 +2,8 @@
 //! replica on sled) under partitions, latency and loss, clock offsets,
 //! pauses, kills and database restarts at once, with callers running the
 //! MCP flow and every operation written to a history that [`checker`]
-//! reads back. docs/security.md ("The nemesis") describes the topology, the
-//! faults, the history format and the checker's rules.
+//! reads back. docs/testing.md ("The nemesis: combined faults") describes
+//! the topology, the faults, the history format and the checker's rules.
 //!
 //! Entry points: `cargo bench --bench nemesis -- --duration SECS --history
 //! FILE [--seed N]` (benches/nemesis.rs) and `cargo test --test nemesis`

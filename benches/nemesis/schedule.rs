@@ -8,13 +8,11 @@ use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
 
-use super::cluster::{Cluster, DB_TIMEOUT_MS, LEASE_S};
+use super::cluster::{Cluster, CLOCK_SKEW_S, DB_TIMEOUT_MS, LEASE_S};
 use super::history::{Fault, FaultLog};
 use super::net::Chain;
 use super::{Stop, Store};
 
-/// The servers' `--clock-skew`, in seconds.
-pub const CLOCK_SKEW_S: u64 = 5;
 /// Offsets "beyond" the skew reach this far.
 pub const CLOCK_BEYOND_MAX_S: u64 = 60;
 const MAX_ACTIVE: usize = 2;
