@@ -51,8 +51,30 @@ declare -A PATHS=(
     [open]=/stateseal.v1.RequestState/Open
     [echo-noop]=/grpc.health.v1.Health/Check
     [echo]=/stateseal.v1.RequestState/Seal
+    [a-noop]=/grpc.health.v1.Health/Check
+    [a-seal]=/stateseal.v1.RequestState/Seal
+    [a-open]=/stateseal.v1.RequestState/Open
 )
-declare -A BODY=([noop]=noop [seal]=seal [seal_json]=seal_json [open]=open [echo-noop]=noop [echo]=seal)
+declare -A BODY=([noop]=noop [seal]=seal [seal_json]=seal_json [open]=open [echo-noop]=noop [echo]=seal
+    [a-noop]=noop [a-seal]=seal [a-open]=open)
+
+# h2_start_audited: a second server of the same build and keyset with an
+# audit log (closed mode, the default: each answer waits for its line),
+# every Seal logged (--audit-sample-seals 1); sets AUD_PID and AUD_ADDR.
+h2_start_audited() {
+    local port
+    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    "$SERVER" serve --listen "127.0.0.1:$port" --data-dir "$WORK/data-audited" \
+        --keyset "$WORK/data/keyset.json" --audit-log "$WORK/audit.log" \
+        --audit-sample-seals 1 2>"$WORK/audited.log" &
+    AUD_PID=$!
+    EXTRA_PIDS="$EXTRA_PIDS $AUD_PID"
+    for _ in $(seq 300); do
+        grep -q "addr=" "$WORK/audited.log" 2>/dev/null && break
+        sleep 0.1
+    done
+    AUD_ADDR=127.0.0.1:$port
+}
 
 # h2_run SCENARIO ADDR REQUESTS [h2load options]: h2load's output in $H2OUT;
 # exits unless every request succeeded.

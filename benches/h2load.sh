@@ -1,5 +1,9 @@
 #!/usr/bin/env bash
 # Seal and Open against the no-op under h2load (nghttp2's load generator,
+# with, beside them, the same calls to a second server of the same build
+# whose audit log is on (closed mode: a-noop, a-seal, a-open), each ratio
+# against the no-op of its own server, and a last table of audited against
+# unaudited: the throughput ratio and the CPU per call it adds),
 # Debian package nghttp2-client), whose client costs far less CPU than the
 # bundled bench's tonic client. One release server on a temporary directory,
 # loopback only; rounds interleave noop, seal, seal_json, open. Then the echo
@@ -33,18 +37,20 @@ for _ in $(seq 50); do
     sleep 0.1
 done
 ECHO_ADDR=$(sed -n 's/^addr=//p' "$WORK/echo.out")
+h2_start_audited
 
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 HZ=$(getconf CLK_TCK)
 
 printf '%-6s %-10s %10s %7s %8s %8s %12s %10s\n' round scenario calls/s "× noop" "p50 µs" "p99 µs" "CPU µs/call" "bytes/call"
 for r in $(seq "$ROUNDS"); do
-    for sc in noop seal seal_json open echo-noop echo; do
+    for sc in noop seal seal_json open a-noop a-seal a-open echo-noop echo; do
         case $sc in
-            noop | echo-noop) noop_rate= ;;
+            noop | echo-noop | a-noop) noop_rate= ;;
         esac
         case $sc in
             echo*) pid=$ECHO_PID addr=$ECHO_ADDR ;;
+            a-*) pid=$AUD_PID addr=$AUD_ADDR ;;
             *) pid=$PID addr=127.0.0.1:$PORT ;;
         esac
         t0=$(ticks $pid)
@@ -75,8 +81,8 @@ if [ "$ROUNDS" -gt 1 ]; then
     printf '%-10s %18s %20s %22s\n' scenario "× noop (range)" "p99 / noop p99" "CPU µs/call"
     awk '
         {
-            side = ($2 ~ /^echo/) ? "e" : "s"
-            if ($2 == "noop" || $2 == "echo-noop") p99noop[$1, side] = $4
+            side = ($2 ~ /^echo/) ? "e" : ($2 ~ /^a-/) ? "a" : "s"
+            if ($2 == "noop" || $2 == "echo-noop" || $2 == "a-noop") p99noop[$1, side] = $4
             n[$2]++; x[$2, n[$2]] = $3; q[$2, n[$2]] = $4 / p99noop[$1, side]; c[$2, n[$2]] = $5
             if (!($2 in seen)) { seen[$2] = 1; order[++k] = $2 }
         }
@@ -96,3 +102,26 @@ if [ "$ROUNDS" -gt 1 ]; then
             }
         }' "$WORK/rows"
 fi
+
+# Audited against unaudited, each round's pair: calls/s of the audited call
+# over the same call unaudited (its ratio to its own server's no-op, over the
+# unaudited one's), and the server CPU per call the audit log adds.
+echo
+printf '%-8s %26s %28s\n' call "audited ÷ unaudited (range)" "CPU µs/call added (range)"
+awk '
+    { r[$1, $2] = $3; c[$1, $2] = $5; if ($1 > rounds) rounds = $1 }
+    function med(v, m,    i, j, t) {
+        for (i = 1; i <= m; i++) for (j = i + 1; j <= m; j++) if (v[j] < v[i]) { t = v[i]; v[i] = v[j]; v[j] = t }
+        lo = v[1]; hi = v[m]
+        return m % 2 ? v[(m + 1) / 2] : (v[m / 2] + v[m / 2 + 1]) / 2
+    }
+    END {
+        split("seal open", calls, " ")
+        for (k = 1; k <= 2; k++) {
+            s = calls[k]; delete x; delete d
+            for (i = 1; i <= rounds; i++) { x[i] = r[i, "a-" s] / r[i, s]; d[i] = c[i, "a-" s] - c[i, s] }
+            v = med(x, rounds); a = sprintf("%.2f (%.2f-%.2f)", v, lo, hi)
+            v = med(d, rounds); b = sprintf("%+.1f (%+.1f to %+.1f)", v, lo, hi)
+            printf "%-8s %26s %28s\n", s, a, b
+        }
+    }' "$WORK/rows"

@@ -27,11 +27,10 @@
 //!   overrides it). A statement that passes the client timeout is given up
 //!   on the server by its statement timeout, and its connection is
 //!   discarded, never reused (no cancel request: see [`abandon`]).
-//! - Each write runs in a transaction of its own whose COMMIT has no
-//!   statement timeout (`durable_rows`, one round trip): on a synchronously
-//!   replicated PostgreSQL a timeout that fired while the COMMIT waited for
-//!   the standby would leave the row committed on the primary alone, answered
-//!   as done, and lost at a failover.
+//! - A write's COMMIT that waits for a synchronous standby is never
+//!   cancelled: PostgreSQL answers a cancel there by committing on the
+//!   primary alone (a WARNING), visible to the next statement and lost at a
+//!   failover (a retry of the same attempt would be told it consumed).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -749,43 +748,14 @@ fn abandon(client: deadpool_postgres::Object) {
     drop(deadpool_postgres::Object::take(client));
 }
 
-/// One write (a consumption, reservation, renewal, commit or release),
-/// durable before its answer on a replicated PostgreSQL too: in a
-/// transaction of its own whose COMMIT runs without the statement timeout.
-/// In autocommit the session's statement timeout would cover the commit's
-/// wait for the synchronous standby; when it fires there, PostgreSQL keeps
-/// the transaction (committed locally, a WARNING, the rows returned as if
-/// replicated) and a failover then loses a consumption that was answered.
-/// Here the statement itself is bounded by the timeout, and the COMMIT
-/// waits for the standby as long as it takes (the caller's own bound then
-/// gives up on the connection, which is never reused).
-///
-/// The four messages go in one round trip, in order: `BEGIN`, the
-/// statement (prepared: its Bind and Execute are sent at once), `SET LOCAL
-/// statement_timeout = 0` and `COMMIT` (a COMMIT after a failed statement
-/// rolls back, and the connection is left idle).
-async fn durable_rows(
-    client: &tokio_postgres::Client,
-    stmt: &tokio_postgres::Statement,
-    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
-) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
-    let (begin, rows, unbounded, commit) = futures_util::future::join4(
-        client.batch_execute("BEGIN"),
-        client.query(stmt, params),
-        client.batch_execute("SET LOCAL statement_timeout = 0"),
-        client.batch_execute("COMMIT"),
-    )
-    .await;
-    begin?;
-    let rows = rows?;
-    unbounded?;
-    commit?;
-    Ok(rows)
-}
-
-/// [`durable_rows`] on a pooled connection, bounded by `limit`: a
-/// connection that passes it is abandoned; the outcome is then unknown
-/// (`LEDGER_UNAVAILABLE`), never reported as done.
+/// One write (a consumption, reservation, renewal, commit or release) on a
+/// pooled connection, in autocommit, bounded by `limit`: a connection that
+/// passes it is abandoned (no cancel request, see [`abandon`]); the outcome
+/// is then unknown (`LEDGER_UNAVAILABLE`), never reported as done. The
+/// statement is bounded on the server by its statement timeout, which
+/// PostgreSQL lifts before the commit: a COMMIT that waits for a
+/// synchronous standby waits as long as it takes, and becomes visible only
+/// once the standby has it.
 async fn durable_write(
     what: &'static str,
     limit: Duration,
@@ -796,7 +766,7 @@ async fn durable_write(
     let stmt = timed("prepare", limit, client.prepare_cached(sql))
         .await
         .map_err(WriteFailure::Ledger)?;
-    match tokio::time::timeout(limit, durable_rows(client, &stmt, params)).await {
+    match tokio::time::timeout(limit, client.query(&stmt, params)).await {
         Ok(Ok(rows)) => Ok(rows),
         Ok(Err(e)) => Err(WriteFailure::Database(e)),
         Err(_) => Err(WriteFailure::TimedOut(LedgerError::Timeout {

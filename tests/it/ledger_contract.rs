@@ -1737,3 +1737,73 @@ async fn postgres_refuses_sessions_that_drop_its_durability_or_timeout() {
         }
     }
 }
+
+/// Issue 57: a consumption whose COMMIT waits for a synchronous standby
+/// that is gone (a primary cut from its standbys) passes the client's bound
+/// and is answered `LEDGER_UNAVAILABLE`; its connection is dropped without
+/// a cancel request. A cancel would make PostgreSQL commit it on the
+/// primary alone ("canceling wait for synchronous replication … committed
+/// locally"): visible at once, so a retry of the same attempt would be told
+/// it consumed the token, and the consumption would be lost at the
+/// failover. Here the row stays invisible and the retry is never a success.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_commit_waiting_for_a_standby_is_never_cancelled() {
+    use stateseal::internals::ledger::Ledger as _;
+    let bin = match crate::common::private_pg::available() {
+        Ok(b) => b,
+        Err(why) => {
+            crate::common::skip::skipped("postgresql-sync-wait", why);
+            return;
+        }
+    };
+    let pg = crate::common::private_pg::PrivatePg::start(&bin, None, "");
+    let url = format!(
+        "postgres://postgres@127.0.0.1:{}/postgres?sslmode=disable",
+        pg.port
+    );
+    let l = PgLedger::connect(
+        &url,
+        PgOptions {
+            timeout: std::time::Duration::from_millis(1000),
+            ..PgOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    // From now on every commit waits for a standby that never comes.
+    let admin = pg_client(&url).await;
+    admin
+        .batch_execute("ALTER SYSTEM SET synchronous_standby_names = 'gone'")
+        .await
+        .unwrap();
+    admin
+        .batch_execute("SELECT pg_reload_conf()")
+        .await
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let k = key(FAR);
+    let attempt = Some([7u8; 16]);
+    let first = l.consume_as(&k, attempt).await;
+    assert!(
+        first.is_err(),
+        "answered while its commit waited: {first:?}"
+    );
+    // Time for a cancel request to arrive, were one sent.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let visible: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM stateseal_consumed_v1 WHERE id = $1",
+            &[&&k.id[..]],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(visible, 0, "committed on the primary alone");
+    let again = l.consume_as(&k, attempt).await;
+    assert!(
+        again.is_err(),
+        "the same attempt was told it consumed: {again:?}"
+    );
+    drop(l);
+    drop(pg);
+}

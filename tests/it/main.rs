@@ -24,6 +24,7 @@ mod kek;
 mod ledger_bound;
 mod ledger_contract;
 mod manifest;
+mod patroni;
 mod pg_tls;
 mod pod;
 mod process;

@@ -1,0 +1,371 @@
+//! Replicated PostgreSQL, the way operators run it (issue 57): three
+//! PostgreSQL 15 nodes managed by Patroni with etcd (tests/patroni/), and
+//! stateseal connected with a multi-host URL and
+//! `target_session_attrs=read-write`.
+//!
+//! - Synchronous replication: through a `kill -9` of the primary, a planned
+//!   switchover and the primary cut from its standbys and etcd (its clients
+//!   still reach it), every answer is a consumption that holds or
+//!   `LEDGER_UNAVAILABLE`; every consumption answered before or during the
+//!   fault is `REPLAYED` after it, on the new primary; stateseal finds the
+//!   new primary by itself. The time from each fault to the first durable
+//!   Open is printed.
+//! - Asynchronous replication: reported (WARN, `stateseal_ledger_replication`)
+//!   and, with `--require-synchronous-replication`, refused.
+//!
+//! Needs root (cgroups, nftables), Patroni, etcd and PostgreSQL 15
+//! (`.ci/run` installs them; `STATESEAL_PATRONI` names Patroni).
+#![allow(clippy::unwrap_used)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::common::process::{http_get, metrics_addr, spawn, ServerProcess};
+use crate::common::*;
+
+const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/patroni/cluster.py");
+
+/// Why the topology cannot run here, if it cannot.
+fn unavailable() -> Option<String> {
+    if !rustix::process::geteuid().is_root() {
+        return Some("needs root (cgroups, nftables)".into());
+    }
+    let patroni = std::env::var("STATESEAL_PATRONI").unwrap_or_else(|_| "patroni".into());
+    for tool in [patroni.as_str(), "etcd", "nft", "python3"] {
+        let found = if tool.contains('/') {
+            std::path::Path::new(tool).exists()
+        } else {
+            Command::new("sh")
+                .args(["-c", &format!("command -v {tool}")])
+                .output()
+                .is_ok_and(|o| o.status.success())
+        };
+        if !found {
+            return Some(format!("{tool} is not installed (.ci/run installs it)"));
+        }
+    }
+    if !std::path::Path::new("/usr/lib/postgresql/15/bin/postgres").exists() {
+        return Some("PostgreSQL 15's binaries are not installed".into());
+    }
+    None
+}
+
+/// A running topology; torn down on drop.
+struct Cluster {
+    supervisor: Child,
+    dir: tempfile::TempDir,
+    info: Value,
+}
+
+impl Cluster {
+    fn up(asynchronous: bool) -> Cluster {
+        // Under /tmp: the postgres user must reach it.
+        let dir = tempfile::Builder::new()
+            .prefix("ss-patroni-")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let mut args = vec![
+            SCRIPT.to_owned(),
+            "up".into(),
+            dir.path().display().to_string(),
+            "--ttl".into(),
+            "15".into(),
+            "--loop-wait".into(),
+            "3".into(),
+            "--retry-timeout".into(),
+            "5".into(),
+        ];
+        if asynchronous {
+            args.push("--async".into());
+        }
+        let mut supervisor = Command::new("python3")
+            .args(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(supervisor.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let info: Value = serde_json::from_str(&line)
+            .unwrap_or_else(|_| panic!("cluster.py up printed {line:?}"));
+        assert!(info.get("error").is_none(), "cluster.py up: {info}");
+        Cluster {
+            supervisor,
+            dir,
+            info,
+        }
+    }
+
+    fn url(&self) -> String {
+        self.info["url"].as_str().unwrap().to_owned()
+    }
+
+    /// One subcommand on this cluster; its JSON answer.
+    fn run(&self, what: &[&str]) -> Value {
+        let dir = self.dir.path().display().to_string();
+        let mut args = vec![SCRIPT, what[0], dir.as_str()];
+        args.extend_from_slice(&what[1..]);
+        let out = Command::new("python3").args(&args).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let v: Value =
+            serde_json::from_str(text.lines().last().unwrap_or("")).unwrap_or_else(|_| {
+                panic!(
+                    "cluster.py {what:?}: {text} {}",
+                    String::from_utf8_lossy(&out.stderr)
+                )
+            });
+        assert!(
+            out.status.success() && v.get("error").is_none(),
+            "cluster.py {what:?}: {v}"
+        );
+        v
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let dir = self.dir.path().display().to_string();
+        let _ = Command::new("python3")
+            .args([SCRIPT, "down", dir.as_str(), "--purge"])
+            .output();
+        let _ = self.supervisor.kill();
+        let _ = self.supervisor.wait();
+    }
+}
+
+fn stateseal(url: &str, data: &std::path::Path, extra: &[&str]) -> ServerProcess {
+    let mut args = vec![
+        "--ledger",
+        "postgres",
+        "--database-url",
+        url,
+        "--db-timeout-ms",
+        "2000",
+        "--replication-check-interval-ms",
+        "500",
+        "--health-listen",
+        "127.0.0.1:0",
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ];
+    args.extend_from_slice(extra);
+    spawn(data, &args, &[])
+}
+
+/// Waits for `stateseal_ledger_replication{mode="…"} 1`.
+fn wait_mode(p: &ServerProcess, mode: &str) {
+    let want = format!("stateseal_ledger_replication{{mode=\"{mode}\"}} 1");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let m = http_get(metrics_addr(p), "/metrics");
+        if m.contains(&want) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "never {want}: {m}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// What one single-use Open answered.
+enum Use {
+    Consumed(String),
+    Unavailable,
+}
+
+/// Seals a fresh single-use token and consumes it: consumed, or
+/// `LEDGER_UNAVAILABLE` (fail closed). Anything else is a wrong answer.
+async fn use_one(
+    c: &mut stateseal::proto::request_state_client::RequestStateClient<tonic::transport::Channel>,
+) -> Use {
+    let t = c
+        .seal(seal_req(b"s", true))
+        .await
+        .unwrap()
+        .into_inner()
+        .request_state;
+    let mut open = open_req(&t);
+    open.attempt_id = format!("a-{}", rand::random::<u64>());
+    match c.open(open).await {
+        Ok(_) => Use::Consumed(t),
+        Err(e) => {
+            assert_eq!(
+                reason(&e),
+                "LEDGER_UNAVAILABLE",
+                "a fresh token refused: {e:?}"
+            );
+            Use::Unavailable
+        }
+    }
+}
+
+/// Consumes tokens until `stop` says so; the tokens consumed.
+async fn use_until(
+    c: &mut stateseal::proto::request_state_client::RequestStateClient<tonic::transport::Channel>,
+    deadline: Duration,
+    mut stop: impl FnMut(usize, usize) -> bool,
+) -> Result<(Vec<String>, usize), String> {
+    let end = Instant::now() + deadline;
+    let (mut acked, mut refused) = (Vec::new(), 0);
+    while !stop(acked.len(), refused) {
+        if Instant::now() >= end {
+            return Err(format!(
+                "no durable Open within {deadline:?} ({refused} refused)"
+            ));
+        }
+        match use_one(c).await {
+            Use::Consumed(t) => acked.push(t),
+            Use::Unavailable => {
+                refused += 1;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    Ok((acked, refused))
+}
+
+/// Fails with what the cluster and the replica say.
+fn stuck(cluster: &Cluster, p: &ServerProcess, fault: &str, when: &str, e: &str) -> ! {
+    let status = cluster.run(&["status"]);
+    let log = p.log.lock().unwrap().clone();
+    let tail = &log[log.len().saturating_sub(40)..];
+    panic!(
+        "{fault} ({when} the fault): {e}\ncluster: {status}\nstateseal:\n{}",
+        tail.join("\n")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failovers_lose_no_acknowledged_consumption() {
+    if let Some(why) = unavailable() {
+        crate::common::skip::skipped("patroni-failover", &why);
+        return;
+    }
+    let cluster = Cluster::up(false);
+    let data = tempfile::tempdir().unwrap();
+    let p = stateseal(
+        &cluster.url(),
+        data.path(),
+        &["--require-synchronous-replication"],
+    );
+    wait_mode(&p, "synchronous");
+    let mut c = connect(p.addr).await;
+    let mut acked = Vec::new();
+    let mut report = Vec::new();
+    for fault in ["kill-primary", "switchover", "partition-primary"] {
+        // A leader, two streaming standbys, a synchronous one in etcd (only
+        // that one may be promoted): a failover can happen.
+        cluster.run(&["wait-healthy"]);
+        // Before: every use lands.
+        let (before, refused) = use_until(&mut c, Duration::from_secs(60), |n, _| n >= 20)
+            .await
+            .unwrap_or_else(|e| stuck(&cluster, &p, fault, "before", &e));
+        assert_eq!(refused, 0, "{fault}: refused before the fault");
+        acked.extend(before);
+        let leader = cluster.run(&["status"])["leader"].clone();
+        let at = Instant::now();
+        // A switchover returns once the new leader leads: run it beside
+        // the uses, as the other faults are.
+        let injected = {
+            let dir = cluster.dir.path().display().to_string();
+            std::thread::spawn(move || {
+                Command::new("python3")
+                    .args([SCRIPT, fault, dir.as_str()])
+                    .output()
+                    .unwrap()
+            })
+        };
+        // Uses go on through the fault: each holds or is refused; then
+        // the first durable Open on the new primary.
+        let mut seen_refusal = false;
+        let (during, refused) = use_until(&mut c, Duration::from_secs(150), |n, refused| {
+            seen_refusal |= refused > 0;
+            // Done once a use landed after the leader changed.
+            n > 0 && at.elapsed() > Duration::from_secs(1) && {
+                let now = cluster.run(&["status"])["leader"].clone();
+                now != leader && !now.is_null()
+            }
+        })
+        .await
+        .unwrap_or_else(|e| stuck(&cluster, &p, fault, "through", &e));
+        let took = at.elapsed();
+        let out = injected.join().unwrap();
+        assert!(
+            out.status.success(),
+            "{fault}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        acked.extend(during);
+        report.push(format!(
+            "{fault}: {:.1} s to a durable Open on the new primary ({refused} refused meanwhile)",
+            took.as_secs_f64()
+        ));
+        // Every consumption answered so far is REPLAYED on the new primary
+        // (a refusal while the pool still finds the old one is fail-closed:
+        // asked again).
+        for t in &acked {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                match c.open(open_req(t)).await {
+                    Ok(_) => {
+                        panic!("{fault}: an acknowledged consumption was lost: it opened again")
+                    }
+                    Err(e) if reason(&e) == "LEDGER_UNAVAILABLE" && Instant::now() < deadline => {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    Err(e) => {
+                        assert_eq!(reason(&e), "REPLAYED", "{fault}: {e:?}");
+                        break;
+                    }
+                }
+            }
+        }
+        if fault != "switchover" {
+            cluster.run(&["heal", "--wait"]);
+        }
+        wait_mode(&p, "synchronous");
+    }
+    println!(
+        "patroni failovers ({} acknowledged consumptions, none lost):",
+        acked.len()
+    );
+    for r in report {
+        println!("  {r}");
+    }
+    p.terminate();
+}
+
+/// Asynchronous standbys are reported, and refused when synchronous
+/// replication is required.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn asynchronous_replication_is_reported_and_can_be_refused() {
+    if let Some(why) = unavailable() {
+        crate::common::skip::skipped("patroni-asynchronous", &why);
+        return;
+    }
+    let cluster = Cluster::up(true);
+    let data = tempfile::tempdir().unwrap();
+    let p = stateseal(&cluster.url(), &data.path().join("a"), &[]);
+    wait_mode(&p, "asynchronous");
+    let mut c = connect(p.addr).await;
+    assert!(matches!(use_one(&mut c).await, Use::Consumed(_)));
+    let (_, log) = p.terminate();
+    assert!(
+        log.iter()
+            .any(|l| l.contains("WARN") && l.contains("replicates asynchronously")),
+        "{log:?}"
+    );
+    let p = stateseal(
+        &cluster.url(),
+        &data.path().join("b"),
+        &["--require-synchronous-replication"],
+    );
+    wait_mode(&p, "asynchronous");
+    let mut c = connect(p.addr).await;
+    assert!(matches!(use_one(&mut c).await, Use::Unavailable));
+    p.terminate();
+}
