@@ -354,14 +354,16 @@ async fn replication_of(
         "replication check",
         limit,
         client.query_one(
-            "SELECT pg_is_in_recovery(),
-                    current_setting('synchronous_commit'),
-                    current_setting('synchronous_standby_names'),
+            // Schema-qualified: a view of the same name earlier on the
+            // role's search_path cannot answer for them.
+            "SELECT pg_catalog.pg_is_in_recovery(),
+                    pg_catalog.current_setting('synchronous_commit'),
+                    pg_catalog.current_setting('synchronous_standby_names'),
                     count(r.pid),
                     count(r.pid) FILTER (WHERE r.state = 'streaming'
                                            AND r.sync_state IN ('sync', 'quorum')),
                     count(r.pid) FILTER (WHERE r.state IS NULL OR r.sync_state IS NULL)
-               FROM (SELECT 1) AS one LEFT JOIN pg_stat_replication r ON true",
+               FROM (SELECT 1) AS one LEFT JOIN pg_catalog.pg_stat_replication r ON true",
             &[],
         ),
     )

@@ -330,7 +330,16 @@ impl Audit {
                 }
                 Ok(())
             }
-            OnFailure::Closed if d.method.completes() => {
+            // A refused completion while the sink fails finishes no
+            // handler's work: refused, with no line, as a Seal or an Open
+            // is at admission (kept, its lines would let a caller's garbage
+            // Renews push other tenants' Commits past the bound).
+            OnFailure::Closed
+                if d.method.completes() && d.refused.is_some() && !self.health.ok() =>
+            {
+                Err(Reject::AuditUnavailable)
+            }
+            OnFailure::Closed if d.method.completes() && d.refused.is_none() => {
                 self.keep(d).await;
                 Ok(())
             }
@@ -1016,27 +1025,18 @@ struct Ends {
     skipped: Option<(u64, u64)>,
 }
 
-/// Reads the first line's seq and, in the last 64 KiB, the last line whose
+/// Reads the file from its start, line by line, for the last line whose
 /// MAC verifies — against the line before it, or the last one that did (a
-/// planted line never verifies, so a restart neither chains on from it
-/// nor is stopped by it). The first complete line of the window anchors
-/// the chain (the lines before it are not read); a line that verifies
-/// against its own `prev` (a `start` line) anchors it better.
+/// planted line never verifies, so a restart neither chains on from it nor
+/// is stopped by it). The chain is anchored only by a line that verifies
+/// against its own `prev` (the `start` or `rotate` line every file begins
+/// with): a line without one, or that does not verify, anchors nothing.
+/// When no line verifies at all (the keys that made them are no longer in
+/// the keyset), the restart chains on from the last complete line, as
+/// before such checks, and says so.
 fn ends(f: &mut File, size: u64, ring: &Keyring) -> std::io::Result<Ends> {
-    const TAIL: u64 = 64 * 1024;
-    let mut head = vec![0u8; size.min(TAIL) as usize];
+    use std::io::BufRead;
     f.seek(SeekFrom::Start(0))?;
-    f.read_exact(&mut head)?;
-    let first = head
-        .split(|&b| b == b'\n')
-        .next()
-        .and_then(|l| verify::parse(l).ok())
-        .map(|(l, _)| l.seq);
-    let from = size.saturating_sub(TAIL);
-    let mut tail = vec![0u8; (size - from) as usize];
-    f.seek(SeekFrom::Start(from))?;
-    f.read_exact(&mut tail)?;
-    let torn = tail.last() != Some(&b'\n');
     let verifies = |line: &Line, raw: &[u8], over: &[u8; 32], mac: &[u8; 32]| {
         ring.get(KeyId(line.mac_key)).is_some_and(|k| {
             k.audit_keys()
@@ -1044,34 +1044,54 @@ fn ends(f: &mut File, size: u64, ring: &Keyring) -> std::io::Result<Ends> {
                 == *mac
         })
     };
-    // (seq, MAC) of the last good line, of the line before, and how many
-    // complete lines since the last good one did not verify.
+    // (seq, MAC) of the last good line, of the line before, how many
+    // complete lines since the last good one did not verify, and the last
+    // complete line at all.
     let mut good: Option<(u64, [u8; 32])> = None;
     let mut before: Option<[u8; 32]> = None;
     let mut bad = 0u64;
-    for raw in tail.split(|&b| b == b'\n') {
-        let Ok((line, mac)) = verify::parse(raw) else {
+    let mut last_parsed: Option<(u64, [u8; 32])> = None;
+    let (mut first, mut first_line) = (None, true);
+    let mut torn = false;
+    let mut lines = std::io::BufReader::new(&mut *f).split(b'\n');
+    let mut read = 0u64;
+    while let Some(raw) = lines.next().transpose()? {
+        read += raw.len() as u64 + 1;
+        if read > size {
+            // The last segment, without its newline: cut by a crash.
+            torn = true;
+            break;
+        }
+        let Ok((line, mac)) = verify::parse(&raw) else {
+            bad += 1;
+            first_line = false;
             continue;
         };
+        last_parsed = Some((line.seq, mac));
         let own = line
             .prev
             .as_deref()
             .and_then(|p| verify::unhex32(p.as_bytes()));
         let ok = match (good, own) {
             // A line with its own `prev` is checked against it, which
-            // must be the line before or the last good one.
+            // must be the line before or the last good one (or, for the
+            // first anchor, anything: its MAC proves it).
             (g, Some(p)) => {
                 (g.is_none() || before == Some(p) || g.is_some_and(|(_, m)| m == p))
-                    && verifies(&line, raw, &p, &mac)
+                    && verifies(&line, &raw, &p, &mac)
             }
-            (None, None) => true,
+            (None, None) => false,
             (Some((_, g)), None) => {
-                before.is_some_and(|b| verifies(&line, raw, &b, &mac))
-                    || verifies(&line, raw, &g, &mac)
+                before.is_some_and(|b| verifies(&line, &raw, &b, &mac))
+                    || verifies(&line, &raw, &g, &mac)
             }
         };
+        if first_line && ok {
+            first = Some(line.seq);
+        }
+        first_line = false;
         // A seq with no successor cannot be chained on from.
-        if ok && line.seq != u64::MAX {
+        if ok && line.seq < u64::MAX - 1 {
             good = Some((line.seq, mac));
             bad = 0;
         } else {
@@ -1079,7 +1099,20 @@ fn ends(f: &mut File, size: u64, ring: &Keyring) -> std::io::Result<Ends> {
         }
         before = Some(mac);
     }
+    drop(lines);
     f.seek(SeekFrom::End(0))?;
+    if good.is_none() && last_parsed.is_some() {
+        tracing::warn!(
+            "audit log: no line verifies under this keyset (its keys were removed?); chained \
+             on from the last complete line unchecked"
+        );
+        return Ok(Ends {
+            first,
+            last: last_parsed.filter(|(seq, _)| *seq < u64::MAX - 1),
+            torn,
+            skipped: None,
+        });
+    }
     Ok(Ends {
         first,
         last: good,

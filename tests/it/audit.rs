@@ -755,6 +755,46 @@ async fn a_rotation_that_fails_refuses_when_closed_until_it_succeeds() {
     drop(fs);
 }
 
+/// The review of issue 58: a restart anchors the chain only on a line that
+/// verifies against its own `prev`. More than 64 KiB of junk, then a forged
+/// line without `prev` (the largest seq but one, a made-up MAC), appended
+/// to the live log: the restart chains on from the honest stop line and
+/// records what it skipped.
+#[test]
+fn a_forged_line_past_junk_does_not_anchor_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = KeysetFile::generate(1_700_000_000);
+    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let log = dir.path().join("audit.log");
+    let audit = audit_in(dir.path(), &handle, 1 << 20);
+    decide(&audit, 3);
+    audit.close();
+    drop(audit);
+    let honest = lines(&log);
+    let last_seq = honest.last().unwrap()["seq"].as_u64().unwrap();
+    let mut junk = "x\n".repeat(40_000);
+    junk.push_str(&format!(
+        "{{\"seq\":{},\"time\":\"2026-12-06T00:00:00.000000Z\",\"replica\":\"r\",\"event\":\"stop\",\"mac_key\":1,\"mac\":\"{}\"}}\n",
+        u64::MAX - 1,
+        "cd".repeat(32)
+    ));
+    let mut f = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
+    std::io::Write::write_all(&mut f, junk.as_bytes()).unwrap();
+    drop(f);
+    let audit = audit_in(dir.path(), &handle, 1 << 20);
+    audit.close();
+    let text = std::fs::read_to_string(&log).unwrap();
+    let after: Vec<serde_json::Value> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|l| l["mac_key"].is_number())
+        .skip(honest.len() + 1)
+        .collect();
+    assert_eq!(after[0]["event"], "start", "{after:?}");
+    assert_eq!(after[0]["seq"].as_u64().unwrap(), last_seq + 1);
+    assert_eq!(after[1]["event"], "skipped");
+}
+
 /// A sink that fills up, then has room again: with `closed`, requests are
 /// refused `AUDIT_UNAVAILABLE` meanwhile; with `open`, they are served. In
 /// both, no line is lost: the chain verifies after.
@@ -861,6 +901,17 @@ async fn a_full_sink_refuses_when_closed_serves_when_open_and_loses_no_line() {
                 })
                 .await;
             assert!(released.is_ok(), "release refused: {released:?}");
+            // A completion refused on its own (a garbage reservation) finishes
+            // nothing: refused AUDIT_UNAVAILABLE with no line kept, so a
+            // flood of them cannot push others' lines past the bound.
+            let e = c
+                .renew(stateseal::proto::RenewRequest {
+                    reservation: "garbage".into(),
+                    lease_seconds: 30,
+                })
+                .await
+                .unwrap_err();
+            assert_eq!(reason(&e), "AUDIT_UNAVAILABLE");
         } else {
             assert_eq!((refused, served), (0, 200), "{policy}");
         }
