@@ -252,7 +252,7 @@ impl PgLedger {
             opts.pool_size.max(1),
             skew,
         ));
-        Ok(PgLedger {
+        let ledger = PgLedger {
             pool,
             tx,
             healthy,
@@ -266,18 +266,12 @@ impl PgLedger {
             require_synchronous: opts.require_synchronous,
             self_vacuum,
             last_vacuum: std::sync::Mutex::new(None),
-        }
-        .with_replication_checked()
-        .await)
-    }
-
-    /// The first replication check, before the server starts: its result
-    /// is logged (a warning for asynchronous standbys), and with
-    /// `require_synchronous` an answer other than synchronous keeps the
-    /// server NOT_SERVING until a later check finds one.
-    async fn with_replication_checked(self) -> Self {
-        self.check_replication().await;
-        self
+        };
+        // The first check, before the server starts: logged (a warning for
+        // asynchronous standbys); with `require_synchronous`, anything but
+        // synchronous keeps the replica NOT_SERVING until a check finds it.
+        ledger.check_replication().await;
+        Ok(ledger)
     }
 
     /// Asks the primary how it replicates, records it, and says so in the

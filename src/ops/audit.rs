@@ -15,12 +15,13 @@
 //! (`AUDIT_UNAVAILABLE`) until it can. Lines that could not be written are
 //! kept and written first once it can, so the chain has no gap.
 //!
-//! Commit, Renew and Release are never refused for the sink: they finish
-//! work a handler has already done, and refusing them would let the lease
-//! lapse under a handler that ran, so that the user's retry runs it again
-//! (an audit outage turned into a second execution). While the sink fails,
-//! their lines are kept (up to [`MAX_PENDING`] bytes; past it a `dropped`
-//! line counts them) and their answers do not wait for the write.
+//! A Commit, Renew or Release that succeeds is never refused for the sink:
+//! it finishes work a handler has already done, and refusing it would let
+//! the lease lapse under a handler that ran, so that the user's retry runs
+//! it again (an audit outage turned into a second execution). While the
+//! sink fails, their lines are kept (up to [`MAX_PENDING`] bytes; past it a
+//! `dropped` line counts them) and their answers do not wait for the write;
+//! one refused on its own is refused `AUDIT_UNAVAILABLE`, with no line.
 
 use std::fs::File;
 use std::io::{Seek, SeekFrom, Write};
@@ -312,7 +313,8 @@ impl Audit {
     /// Records a decision. With `Closed`, returns once its line is written
     /// (or `AUDIT_UNAVAILABLE` if it could not be); with `Open`, at once.
     /// A successful Seal outside the sample is not recorded. A completion
-    /// (Commit, Renew, Release) is never refused: see [`Audit::keep`].
+    /// (Commit, Renew, Release) that succeeded is never refused: see
+    /// [`Audit::keep`].
     pub async fn record(&self, d: Decision) -> Result<(), Reject> {
         let sampled = if d.method == Method::Seal && d.refused.is_none() && self.sample_seals > 1 {
             let n = self.seals.fetch_add(1, Ordering::Relaxed);

@@ -136,6 +136,54 @@ async fn concurrent_consumptions_never_pass_the_bound() {
     }
 }
 
+/// The keys, a manual clock at [`T0`] and limits with a 5 s skew: the
+/// sealer side of the tests that drive a sled ledger's clock by hand.
+fn manual_time() -> (
+    Arc<stateseal::internals::keyring::KeyringHandle>,
+    Arc<stateseal::internals::clock::ManualClock>,
+    Limits,
+) {
+    use stateseal::internals::keyring::{Keyring, KeyringHandle};
+    let keys = Arc::new(KeyringHandle::new(
+        Keyring::from_file(&KeysetFile::generate(T0)).unwrap(),
+    ));
+    let clock = Arc::new(stateseal::internals::clock::ManualClock::new(T0));
+    let limits = Limits {
+        clock_skew: 5,
+        ..Limits::default()
+    };
+    (keys, clock, limits)
+}
+
+/// Seals a fresh single-use token of `tenant` (an hour to live) and
+/// reserves it for 2 s: its reservation.
+async fn reserve_fresh(
+    s: &stateseal::internals::sealer::Sealer,
+    tenant: &stateseal::internals::binding::Tenant,
+) -> Result<String, stateseal::internals::error::Reject> {
+    use stateseal::internals::sealer::OpenMode;
+    let b = bind_json(
+        s,
+        tenant,
+        "alice",
+        "tools/call",
+        r#"{"name":"t","arguments":{}}"#,
+    )
+    .unwrap();
+    let t = s.seal(&b, b"x", 3600, true, None).unwrap().token;
+    let u = s.precheck(&t).unwrap();
+    let o = s
+        .open(
+            &b,
+            u,
+            OpenMode::Reserve { lease_seconds: 2 },
+            None,
+            &mut Default::default(),
+        )
+        .await?;
+    Ok(o.reservation.expect("reserved").0)
+}
+
 /// One tenant at its share of the ledger (`--max-ledger-records-per-tenant`)
 /// is refused `OVERLOADED` for new tokens, and another tenant is not: here
 /// the abuser reserves long-lived tokens and never commits. Its ended
@@ -147,18 +195,10 @@ async fn one_tenant_at_its_bound_does_not_block_another() {
     use stateseal::internals::binding::Tenant;
     use stateseal::internals::clock::Clock;
     use stateseal::internals::error::Reject;
-    use stateseal::internals::keyring::{Keyring, KeyringHandle};
-    use stateseal::internals::sealer::{OpenMode as Mode, Sealer};
+    use stateseal::internals::sealer::Sealer;
 
     let dir = tempfile::tempdir().unwrap();
-    let keys = Arc::new(KeyringHandle::new(
-        Keyring::from_file(&KeysetFile::generate(T0)).unwrap(),
-    ));
-    let clock = Arc::new(stateseal::internals::clock::ManualClock::new(T0));
-    let limits = Limits {
-        clock_skew: 5,
-        ..Limits::default()
-    };
+    let (keys, clock, limits) = manual_time();
     let sealer =
         |sled: Arc<SledLedger>| Sealer::new(keys.clone(), sled, clock.clone(), limits.clone());
     let open_sled = || {
@@ -171,25 +211,7 @@ async fn one_tenant_at_its_bound_does_not_block_another() {
     };
     let (abuser, victim) = (Tenant::new("abuser"), Tenant::new("victim"));
     async fn reserve(s: &Sealer, tenant: &Tenant) -> Result<(), Reject> {
-        let b = bind_json(
-            s,
-            tenant,
-            "alice",
-            "tools/call",
-            r#"{"name":"t","arguments":{}}"#,
-        )
-        .unwrap();
-        let t = s.seal(&b, b"x", 3600, true, None).unwrap().token;
-        let u = s.precheck(&t).unwrap();
-        s.open(
-            &b,
-            u,
-            Mode::Reserve { lease_seconds: 2 },
-            None,
-            &mut Default::default(),
-        )
-        .await
-        .map(|_| ())
+        reserve_fresh(s, tenant).await.map(|_| ())
     }
 
     let sled = open_sled();
@@ -297,46 +319,18 @@ async fn a_lease_ending_with_its_token_is_collected_once() {
 async fn a_wall_clock_ahead_does_not_collect_a_lease_early() {
     use stateseal::internals::binding::Tenant;
     use stateseal::internals::clock::Clock;
-    use stateseal::internals::keyring::{Keyring, KeyringHandle};
-    use stateseal::internals::sealer::{OpenMode as Mode, Sealer};
+    use stateseal::internals::sealer::Sealer;
 
     let dir = tempfile::tempdir().unwrap();
-    let keys = Arc::new(KeyringHandle::new(
-        Keyring::from_file(&KeysetFile::generate(T0)).unwrap(),
-    ));
-    let clock = Arc::new(stateseal::internals::clock::ManualClock::new(T0));
-    let limits = Limits {
-        clock_skew: 5,
-        ..Limits::default()
-    };
+    let (keys, clock, limits) = manual_time();
     let sled = Arc::new(
         crate::common::open_sled_again(&dir.path().join("ledger"))
             .with_clock(clock.clone())
             .with_lease_collection_margin(5),
     );
-    let s = Sealer::new(keys.clone(), sled.clone(), clock.clone(), limits);
+    let s = Sealer::new(keys, sled.clone(), clock.clone(), limits);
     let tenant = Tenant::new("t");
-    let b = bind_json(
-        &s,
-        &tenant,
-        "alice",
-        "tools/call",
-        r#"{"name":"t","arguments":{}}"#,
-    )
-    .unwrap();
-    let t = s.seal(&b, b"x", 3600, true, None).unwrap().token;
-    let u = s.precheck(&t).unwrap();
-    let o = s
-        .open(
-            &b,
-            u,
-            Mode::Reserve { lease_seconds: 2 },
-            None,
-            &mut Default::default(),
-        )
-        .await
-        .unwrap();
-    let (reservation, _) = o.reservation.expect("reserved");
+    let reservation = reserve_fresh(&s, &tenant).await.unwrap();
     // The lease ended 2 s ago by the ledger's clock (within the skew); the
     // wall clock runs 1000 s ahead and sets the horizon from it.
     clock.advance(2 + 2);
@@ -353,17 +347,7 @@ async fn a_wall_clock_ahead_does_not_collect_a_lease_early() {
         .unwrap();
     // Once the skew has passed by the ledger's clock, an ended lease nobody
     // committed is collected as before.
-    let t = s.seal(&b, b"y", 3600, true, None).unwrap().token;
-    let u = s.precheck(&t).unwrap();
-    s.open(
-        &b,
-        u,
-        Mode::Reserve { lease_seconds: 2 },
-        None,
-        &mut Default::default(),
-    )
-    .await
-    .unwrap();
+    reserve_fresh(&s, &tenant).await.unwrap();
     clock.advance(2 + 5 + 1);
     let removed = sled
         .remove_expired(clock.now_unix() + 1000 - 5, 100)

@@ -442,14 +442,7 @@ async fn the_replication_mode_is_checked_and_can_be_required() {
         ServingStatus::Serving,
     )
     .await;
-    let mut c = connect(p.addr).await;
-    let t = c
-        .seal(seal_req(b"x", true))
-        .await
-        .unwrap()
-        .into_inner()
-        .request_state;
-    c.open(open_req(&t)).await.unwrap();
+    consume_one(&mut connect(p.addr).await).await;
     p.terminate();
 
     let mut args = base.to_vec();
@@ -461,15 +454,9 @@ async fn the_replication_mode_is_checked_and_can_be_required() {
     )
     .await;
     let mut c = connect(p.addr).await;
-    let t = c
-        .seal(seal_req(b"x", true))
-        .await
-        .unwrap()
-        .into_inner()
-        .request_state;
+    let t = seal_tokens(&mut c, 1, true).await.remove(0);
     let e = c.open(open_req(&t)).await.unwrap_err();
     assert_eq!(reason(&e), "LEDGER_UNAVAILABLE");
-    // Still consumable later: nothing was written.
     let (_, log) = p.terminate();
     assert_eq!(
         log.iter()

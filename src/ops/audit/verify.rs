@@ -143,7 +143,7 @@ pub fn verify(
                     .is_some_and(|k| k.audit_keys().chain_mac(from, body) == mac)
             };
             let mut rejoined = false;
-            // Problems of the chain reported after the seq's.
+            // Problems of the chain and the MAC, reported after the seq's.
             let mut later = Vec::new();
             let chain_prev = match (prev, stated) {
                 (_, Some(None)) => {
@@ -180,10 +180,9 @@ pub fn verify(
             // The MAC first, to know where the line chains on from; its
             // problem is reported after the seq's.
             let mut ok = false;
-            let mut mac_problem = None;
             if let Some(from) = chain_prev {
                 if key.is_none() {
-                    mac_problem = Some(format!(
+                    later.push(format!(
                         "{at}: its chain key (root key {}) is not in this keyset: verify with a \
                          keyset that still holds it",
                         line.mac_key
@@ -196,7 +195,7 @@ pub fn verify(
                     rejoined = true;
                     ok = true;
                 } else {
-                    mac_problem = Some(format!(
+                    later.push(format!(
                         "{at}: MAC does not match: the line was changed, or a line before it \
                          was removed, inserted or reordered"
                     ));
@@ -227,7 +226,6 @@ pub fn verify(
                 }
             }
             r.problems.extend(later);
-            r.problems.extend(mac_problem);
             expect = line.seq.checked_add(1);
             if expect.is_none() {
                 r.problems.push(format!("{at}: seq at its largest value"));
