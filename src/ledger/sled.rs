@@ -1347,8 +1347,14 @@ mod tests {
         let k = LedgerKey { tenant, ..key(1) };
         let rid = [9u8; 16];
         {
-            // As an earlier version wrote it: no tag.
-            let db = sled::open(dir.path()).unwrap();
+            // As an earlier version wrote it: no tag. No flusher thread, so
+            // that dropping the store lets go of its lock at once (with one,
+            // the ledger's open below could find it still held).
+            let db = sled::Config::new()
+                .path(dir.path())
+                .flush_every_ms(None)
+                .open()
+                .unwrap();
             let tree = db.open_tree("consumed/v1").unwrap();
             let mut v = vec![V_RESERVED];
             v.extend_from_slice(&4_000_000_000u64.to_be_bytes());
