@@ -21,7 +21,7 @@ use std::time::Duration;
 fn usage() -> ! {
     eprintln!(
         "usage: cargo bench --bench nemesis -- --duration SECS --history FILE [--seed N] \
-         [--store postgres|sled] [--callers N] [--svg FILE]\n       \
+         [--store postgres|sled|patroni] [--async-replication] [--callers N] [--svg FILE]\n       \
          cargo bench --bench nemesis -- --check FILE [--sled] [--svg FILE]"
     );
     std::process::exit(2)
@@ -32,6 +32,7 @@ fn main() {
     let (mut duration, mut history, mut seed, mut store, mut callers) =
         (None, None, None, nemesis::Store::Postgres, 192usize);
     let (mut check, mut sled, mut svg, mut bench) = (None, false, None, false);
+    let mut asynchronous = false;
     while let Some(a) = args.next() {
         let mut val = || args.next().unwrap_or_else(|| usage());
         match a.as_str() {
@@ -43,6 +44,7 @@ fn main() {
             "--callers" => callers = val().parse().unwrap_or_else(|_| usage()),
             "--check" => check = Some(PathBuf::from(val())),
             "--sled" => sled = true,
+            "--async-replication" => asynchronous = true,
             "--svg" => svg = Some(PathBuf::from(val())),
             _ => usage(),
         }
@@ -80,19 +82,33 @@ fn main() {
         std::process::exit(1);
     }
     let seed = seed.unwrap_or_else(rand::random);
-    let cfg = nemesis::Config::timed(
-        Duration::from_secs(duration),
-        history.clone(),
-        seed,
-        store,
-        callers,
-    );
+    let cfg = nemesis::Config {
+        asynchronous,
+        ..nemesis::Config::timed(
+            Duration::from_secs(duration),
+            history.clone(),
+            seed,
+            store,
+            callers,
+        )
+    };
     let s = nemesis::run(&cfg);
     if let Some(out) = svg {
         nemesis::svg::write(&history, &out).expect("write the SVG");
     }
     report(&s.verdict);
     println!("faults by kind: {:?}", s.faults_by_kind);
+    if store == nemesis::Store::Patroni {
+        println!(
+            "failovers (another leader after a fault): {}; replication: {}",
+            s.failovers,
+            if asynchronous {
+                "asynchronous"
+            } else {
+                "synchronous"
+            }
+        );
+    }
     println!("replicas that exited on their own: {}", s.replica_exits);
     println!(
         "clock drift (real time against the monotonic clock): {:.3} s, in {} step(s) of at least {} s",

@@ -22,7 +22,11 @@
 //!    token with an acknowledged use, and no token whose every operation
 //!    failed definitely turned out used;
 //! 5. every `info` (indeterminate) outcome on a token is resolved by that
-//!    final replay: the token is known used or known unused.
+//!    final replay: the token is known used or known unused;
+//! 6. where the callers model the packages (`handler` lines, patroni): no
+//!    two attempts completed a handler of one token, whatever the ledger
+//!    answered, and no token whose handler completed was still unused at
+//!    the final replay (the user's retry would have run it again).
 //!
 //! `clock_steps`: the steps of the machine's own real-time clock, which
 //! the database judges leases by (`clock-host` windows, which the harness
@@ -307,6 +311,27 @@ fn check_token(token: &str, all: &[Op], steps: &[(f64, f64)], v: &mut Verdict) {
         .any(|o| o.outcome == "info" || (ok(o) && o.op == "open_reserve"));
     if fin == Final::Used && uses.is_empty() && !uncertain {
         violation("used, yet every operation on it failed definitely".into());
+    }
+
+    // 6. Handlers.
+    let mut handled: Vec<&str> = ops
+        .iter()
+        .filter(|o| o.op == "handler" && ok(o))
+        .map(|o| o.attempt.as_deref().unwrap_or(""))
+        .collect();
+    handled.sort();
+    handled.dedup();
+    if handled.len() > 1 {
+        violation(format!(
+            "handlers of {} attempts completed: {handled:?}",
+            handled.len()
+        ));
+    }
+    if !handled.is_empty() && fin == Final::Unused {
+        violation(format!(
+            "the handler of {} completed, yet the final replay consumed the token",
+            handled[0]
+        ));
     }
     v.violations.extend(found);
     v.excused += excused;

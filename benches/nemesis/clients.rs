@@ -6,8 +6,19 @@
 //! whose holders then try to Commit late), and retries with the same
 //! attempt id after an indeterminate answer. Every call is one history
 //! line.
+//!
+//! On patroni the callers model the packages (clients/*, "What at most
+//! once means"): a reserved handler runs while its lease is renewed every
+//! third of it, writes a `handler` line when it completes, and its Commit
+//! is then kept — tried again with backoff (50 ms doubling to 500 ms, each
+//! try's deadline a third of the lease) while the lease is renewed, until a
+//! definite answer or [`COMMIT_WINDOW`]; a handler that fails has its
+//! Release kept the same way. An Open of a token whose Commit is kept
+//! waits for it (5 s at most) and otherwise is not sent, as a package's
+//! in-process replay does. An Open CONSUME that consumed runs its handler
+//! too.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -22,14 +33,19 @@ use stateseal::proto::{
 };
 use tonic::transport::{Channel, Endpoint};
 
-use super::cluster::{Cluster, LEASE_S};
+use super::cluster::{Cluster, COMMIT_WINDOW, LEASE_S};
 use super::history::{Op, Writer};
-use super::{Config, Stop};
+use super::{Config, Stop, Store};
 
 /// A deadline the client sets on every call (sent as `grpc-timeout`), and
 /// the harness's own bound above it.
 const CALL_TIMEOUT: Duration = Duration::from_millis(1500);
 const HARD_TIMEOUT: Duration = Duration::from_millis(2500);
+/// The packages' deadline on each Renew and Commit try: a third of the
+/// lease.
+const TRY_DEADLINE: Duration = Duration::from_millis(LEASE_S as u64 * 1000 / 3);
+/// How long a package's in-process replay waits for a kept Commit.
+const KEPT_WAIT: Duration = Duration::from_secs(5);
 
 /// The reasons that mean nothing happened.
 const DEFINITE: &[&str] = &[
@@ -60,6 +76,10 @@ pub struct Workload {
     /// Every token sealed, for the final replay.
     tokens: Mutex<Vec<(u64, String)>>,
     later: Mutex<VecDeque<Abandoned>>,
+    /// The callers model the packages (patroni).
+    packaged: bool,
+    /// Tokens whose handler returned and whose Commit is kept.
+    kept: Mutex<HashSet<u64>>,
 }
 
 enum Answer<T> {
@@ -103,6 +123,8 @@ impl Workload {
             reservations: Mutex::new(HashMap::new()),
             tokens: Mutex::new(Vec::new()),
             later: Mutex::new(VecDeque::new()),
+            packaged: cfg.store == Store::Patroni,
+            kept: Mutex::new(HashSet::new()),
         })
     }
 
@@ -292,55 +314,77 @@ impl Workload {
         rng: &mut StdRng,
     ) -> bool {
         for _ in 0..3 {
-            let replica = rng.gen_range(0..self.clients.len());
-            let mut c = self.clients[replica].clone();
-            let r = reservation.to_owned();
-            let t0 = self.hist.now();
-            let (a, lease): (Answer<()>, Option<f64>) = match op {
-                "commit" if rng.gen_bool(0.5) => (self.carried_commit(&mut c, r).await, None),
-                "commit" => {
-                    let a = self.call(c.commit(CommitRequest { reservation: r })).await;
-                    (map(a, |_| ()), None)
-                }
-                "release" => {
-                    let a = self
-                        .call(c.release(ReleaseRequest { reservation: r }))
-                        .await;
-                    (map(a, |_| ()), None)
-                }
-                _ => {
-                    let a = self
-                        .call(c.renew(RenewRequest {
-                            reservation: r,
-                            lease_seconds: LEASE_S,
-                        }))
-                        .await;
-                    let lease = match &a {
-                        Answer::Ok(x) => Some(f64::from(x.lease_seconds)),
-                        _ => None,
-                    };
-                    (map(a, |_| ()), lease)
-                }
-            };
-            self.record(
-                p,
-                op,
-                n,
-                Some(attempt),
-                Some(rid.to_owned()),
-                t0,
-                replica,
-                &a,
-                None,
-                lease,
-            );
-            match a {
+            match self
+                .settle_once(p, op, n, attempt, rid, reservation, rng, None)
+                .await
+            {
                 Answer::Ok(()) => return true,
                 Answer::Fail(_) => return false,
                 Answer::Info(_) => {}
             }
         }
         false
+    }
+
+    /// One Commit (an RPC, or carried by an Open), Renew or Release of
+    /// `reservation` on a random replica, with `deadline` as the call's
+    /// `grpc-timeout` (the channel's otherwise); one history line.
+    #[allow(clippy::too_many_arguments)]
+    async fn settle_once(
+        &self,
+        p: &str,
+        op: &str,
+        n: u64,
+        attempt: &str,
+        rid: &str,
+        reservation: &str,
+        rng: &mut StdRng,
+        deadline: Option<Duration>,
+    ) -> Answer<()> {
+        let replica = rng.gen_range(0..self.clients.len());
+        let mut c = self.clients[replica].clone();
+        let r = reservation.to_owned();
+        let t0 = self.hist.now();
+        let (a, lease): (Answer<()>, Option<f64>) = match op {
+            "commit" if rng.gen_bool(0.5) => (self.carried_commit(&mut c, r, deadline).await, None),
+            "commit" => {
+                let a = self
+                    .call(c.commit(timed(CommitRequest { reservation: r }, deadline)))
+                    .await;
+                (map(a, |_| ()), None)
+            }
+            "release" => {
+                let a = self
+                    .call(c.release(timed(ReleaseRequest { reservation: r }, deadline)))
+                    .await;
+                (map(a, |_| ()), None)
+            }
+            _ => {
+                let req = RenewRequest {
+                    reservation: r,
+                    lease_seconds: LEASE_S,
+                };
+                let a = self.call(c.renew(timed(req, deadline))).await;
+                let lease = match &a {
+                    Answer::Ok(x) => Some(f64::from(x.lease_seconds)),
+                    _ => None,
+                };
+                (map(a, |_| ()), lease)
+            }
+        };
+        self.record(
+            p,
+            op,
+            n,
+            Some(attempt),
+            Some(rid.to_owned()),
+            t0,
+            replica,
+            &a,
+            None,
+            lease,
+        );
+        a
     }
 
     /// A Commit carried by an Open (`OpenRequest.commit`) of a reusable
@@ -350,6 +394,7 @@ impl Workload {
         &self,
         c: &mut RequestStateClient<tonic::transport::Channel>,
         reservation: String,
+        deadline: Option<Duration>,
     ) -> Answer<()> {
         let seal = SealRequest {
             binding: Some(Self::binding(u64::MAX)),
@@ -361,12 +406,15 @@ impl Workload {
         let Answer::Ok(carrier) = self.call(c.seal(seal)).await else {
             return Answer::Info("carrier not sealed".into());
         };
-        let open = OpenRequest {
-            request_state: carrier.request_state,
-            binding: Some(Self::binding(u64::MAX)),
-            commit: reservation,
-            ..OpenRequest::default()
-        };
+        let open = timed(
+            OpenRequest {
+                request_state: carrier.request_state,
+                binding: Some(Self::binding(u64::MAX)),
+                commit: reservation,
+                ..OpenRequest::default()
+            },
+            deadline,
+        );
         let outcome = match self.call(c.open(open)).await {
             Answer::Ok(r) => r.commits.into_iter().next(),
             // The carried commit was decided or not: unknown.
@@ -488,6 +536,191 @@ impl Workload {
         self.settle(p, op, t.n, &b, &rid, &r.reservation, rng).await;
     }
 
+    /// A package's in-process replay: waits while the token's Commit is
+    /// kept (5 s at most); false when it still is (the Open is not sent).
+    async fn gate(&self, n: u64) -> bool {
+        let until = Instant::now() + KEPT_WAIT;
+        while self.kept.lock().unwrap().contains(&n) {
+            if Instant::now() >= until {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        true
+    }
+
+    /// The handler of `attempt` completed (invoked at `invoke`).
+    fn handler(&self, p: &str, n: u64, attempt: &str, rid: Option<String>, invoke: f64) {
+        self.hist.record(&Op {
+            process: p.into(),
+            op: "handler".into(),
+            token: format!("t{n}"),
+            attempt: Some(attempt.into()),
+            reservation: rid,
+            invoke,
+            complete: self.hist.now(),
+            outcome: "ok".into(),
+            reason: None,
+            consumed: None,
+            replica: None,
+            lease: None,
+        });
+    }
+
+    /// The MCP flow as a package runs it (patroni): Open (CONSUME, or
+    /// RESERVE and a handler renewed while it runs, then its Commit or, when
+    /// it fails, its Release kept). `late`: an abandoned reservation of the
+    /// token whose holder tries to Commit once this Open took it over.
+    async fn packaged(
+        &self,
+        p: &str,
+        n: u64,
+        token: &str,
+        mode: OpenMode,
+        late: Option<&(String, String, String)>,
+        rng: &mut StdRng,
+    ) {
+        if !self.gate(n).await {
+            return;
+        }
+        let a = self.attempt();
+        let Some(r) = self.open(p, n, token, mode, &a, rng).await else {
+            return;
+        };
+        if mode == OpenMode::Consume {
+            if r.consumed {
+                let t0 = self.hist.now();
+                tokio::time::sleep(Duration::from_millis(rng.gen_range(0..50))).await;
+                self.handler(p, n, &a, None, t0);
+            }
+            return;
+        }
+        if r.reservation.is_empty() {
+            return;
+        }
+        let rid = self.reservation_id(&r.reservation);
+        if let Some((old, old_a, old_rid)) = late {
+            self.settle(p, "commit", n, old_a, old_rid, old, rng).await;
+        }
+        // The handler runs, its lease renewed every third of it.
+        let t0 = self.hist.now();
+        let done = Instant::now() + Duration::from_millis(rng.gen_range(0..1500));
+        let mut renewed = Instant::now();
+        let mut renewing = true;
+        while Instant::now() < done {
+            let next = (renewed + TRY_DEADLINE).min(done);
+            tokio::time::sleep_until(next.into()).await;
+            if renewing && renewed.elapsed() >= TRY_DEADLINE {
+                renewing = self.renew_kept(p, n, &a, &rid, &r.reservation, rng).await;
+                renewed = Instant::now();
+            }
+        }
+        let op = if rng.gen_bool(0.85) {
+            self.handler(p, n, &a, Some(rid.clone()), t0);
+            "commit"
+        } else {
+            "release"
+        };
+        self.keep(p, op, n, &a, &rid, &r.reservation, renewing, rng)
+            .await;
+    }
+
+    /// One Renew; false once the ledger says the lease is lost.
+    async fn renew_kept(
+        &self,
+        p: &str,
+        n: u64,
+        a: &str,
+        rid: &str,
+        reservation: &str,
+        rng: &mut StdRng,
+    ) -> bool {
+        !matches!(
+            self.settle_once(p, "renew", n, a, rid, reservation, rng, Some(TRY_DEADLINE))
+                .await,
+            Answer::Fail(_)
+        )
+    }
+
+    /// A Commit (the token marked kept meanwhile) or Release tried until a
+    /// definite answer or [`COMMIT_WINDOW`], 50 ms doubling to 500 ms
+    /// apart; a Commit's lease renewed meanwhile.
+    #[allow(clippy::too_many_arguments)]
+    async fn keep(
+        &self,
+        p: &str,
+        op: &str,
+        n: u64,
+        a: &str,
+        rid: &str,
+        reservation: &str,
+        mut renewing: bool,
+        rng: &mut StdRng,
+    ) {
+        let commit = op == "commit";
+        if commit {
+            self.kept.lock().unwrap().insert(n);
+        }
+        let until = Instant::now() + COMMIT_WINDOW;
+        let (mut pause, mut renewed) = (Duration::from_millis(50), Instant::now());
+        loop {
+            let x = self
+                .settle_once(p, op, n, a, rid, reservation, rng, Some(TRY_DEADLINE))
+                .await;
+            if !matches!(x, Answer::Info(_)) || Instant::now() + pause > until {
+                break;
+            }
+            if commit && renewing && renewed.elapsed() >= TRY_DEADLINE {
+                renewing = self.renew_kept(p, n, a, rid, reservation, rng).await;
+                renewed = Instant::now();
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(500));
+        }
+        if commit {
+            self.kept.lock().unwrap().remove(&n);
+        }
+    }
+
+    /// One round of a caller as a package runs it (patroni).
+    async fn packaged_round(&self, p: &str, n: u64, token: &str, rng: &mut StdRng) {
+        let mode = |rng: &mut StdRng| {
+            if rng.gen_bool(0.5) {
+                OpenMode::Reserve
+            } else {
+                OpenMode::Consume
+            }
+        };
+        match rng.gen_range(0..100) {
+            0..=49 => {
+                self.packaged(p, n, token, OpenMode::Reserve, None, rng)
+                    .await
+            }
+            50..=69 => {
+                self.packaged(p, n, token, OpenMode::Consume, None, rng)
+                    .await
+            }
+            70..=84 => {
+                // Two attempts at once.
+                let (mut r1, mut r2) = (
+                    StdRng::seed_from_u64(rng.gen()),
+                    StdRng::seed_from_u64(rng.gen()),
+                );
+                let (m1, m2) = (mode(rng), mode(rng));
+                tokio::join!(
+                    self.packaged(p, n, token, m1, None, &mut r1),
+                    self.packaged(p, n, token, m2, None, &mut r2)
+                );
+            }
+            _ => self.abandon(p, n, token, rng).await,
+        }
+        if rng.gen_bool(0.25) {
+            // The user's (or an attacker's) replay through the package.
+            let m = mode(rng);
+            self.packaged(p, n, token, m, None, rng).await;
+        }
+    }
+
     async fn caller(&self, id: usize, seed: u64, stop: &Stop) {
         let p = format!("c{id}");
         let mut rng = StdRng::seed_from_u64(seed.wrapping_add((id as u64 + 1) * 7919));
@@ -500,7 +733,13 @@ impl Workload {
                 }
             };
             if let Some(t) = ready {
-                self.take_over(&p, t, &mut rng).await;
+                if self.packaged {
+                    let (n, token) = (t.n, t.token.clone());
+                    self.packaged(&p, n, &token, OpenMode::Reserve, t.held.as_ref(), &mut rng)
+                        .await;
+                } else {
+                    self.take_over(&p, t, &mut rng).await;
+                }
                 continue;
             }
             let n = self.next_token.fetch_add(1, Ordering::Relaxed);
@@ -511,6 +750,10 @@ impl Workload {
                 continue;
             };
             self.tokens.lock().unwrap().push((n, token.clone()));
+            if self.packaged {
+                self.packaged_round(&p, n, &token, &mut rng).await;
+                continue;
+            }
             match rng.gen_range(0..100) {
                 0..=44 => self.reserve_flow(&p, n, &token, &mut rng).await,
                 45..=69 => {
@@ -582,6 +825,15 @@ impl Workload {
             w.await.unwrap();
         }
     }
+}
+
+/// A request with `deadline` as its `grpc-timeout`, when given.
+fn timed<M>(m: M, deadline: Option<Duration>) -> tonic::Request<M> {
+    let mut req = tonic::Request::new(m);
+    if let Some(d) = deadline {
+        req.set_timeout(d);
+    }
+    req
 }
 
 fn map<T, U>(a: Answer<T>, f: impl FnOnce(T) -> U) -> Answer<U> {

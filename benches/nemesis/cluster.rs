@@ -22,6 +22,22 @@ pub const LEASE_S: u32 = 2;
 pub const DB_TIMEOUT_MS: u64 = 1000;
 /// The servers' `--clock-skew`, in seconds.
 pub const CLOCK_SKEW_S: u64 = 5;
+/// On patroni: the servers' `--clock-skew` (its default), which is also how
+/// long past its lease's end a reservation outlives collection. A failover
+/// takes longer than [`CLOCK_SKEW_S`]; a Commit kept through it must find
+/// its reservation still there (docs/operations.md, "Running on replicated
+/// PostgreSQL").
+pub const PATRONI_SKEW_S: u64 = 60;
+/// On patroni: how long a caller keeps a returned handler's Commit (the
+/// packages' default commit window, no longer than [`PATRONI_SKEW_S`]).
+pub const COMMIT_WINDOW: Duration = Duration::from_secs(60);
+/// Patroni's timing on the nemesis's cluster: a dead leader is replaced
+/// after about `ttl`.
+const PATRONI_TIMING: super::patroni::Timing = super::patroni::Timing {
+    ttl: 10,
+    loop_wait: 2,
+    retry_timeout: 4,
+};
 const GRPC_PORT: u16 = 50051;
 
 pub struct Replica {
@@ -45,6 +61,8 @@ pub struct Cluster {
     pub pg: Option<std::sync::Mutex<PrivatePg>>,
     /// The sled replica's tmpfs.
     tmpfs: Option<PathBuf>,
+    /// The replicated PostgreSQL (patroni).
+    pub patroni: Option<super::patroni::Cluster>,
     exits: AtomicUsize,
 }
 
@@ -58,6 +76,11 @@ impl Cluster {
         let keyset = super::process::keys_init(dir);
         let ttl = (cfg.duration.as_secs() + 3600).to_string();
         let lease = LEASE_S.to_string();
+        let skew = if cfg.store == Store::Patroni {
+            PATRONI_SKEW_S
+        } else {
+            CLOCK_SKEW_S
+        };
         let common = |listen: String, data: &Path| -> Vec<String> {
             [
                 "serve",
@@ -68,7 +91,7 @@ impl Cluster {
                 "--keyset",
                 &keyset,
                 "--clock-skew",
-                &CLOCK_SKEW_S.to_string(),
+                &skew.to_string(),
                 "--default-lease-s",
                 &lease,
                 "--max-lease-s",
@@ -82,7 +105,51 @@ impl Cluster {
             .to_vec()
         };
         let mut replicas = Vec::new();
+        let mut patroni = None;
         let (pg, tmpfs) = match cfg.store {
+            Store::Patroni => {
+                let cluster = tokio::task::block_in_place(|| {
+                    super::patroni::Cluster::up(cfg.asynchronous, PATRONI_TIMING)
+                });
+                let url = cluster.url();
+                for idx in 0..3usize {
+                    let port = private_pg::free_port();
+                    let data = dir.join(format!("replica{idx}"));
+                    let mut args = common(format!("127.0.0.1:{port}"), &data);
+                    args.extend(
+                        [
+                            "--ledger",
+                            "postgres",
+                            "--database-url",
+                            &url,
+                            "--expected-replicas",
+                            "3",
+                            "--db-timeout-ms",
+                            &DB_TIMEOUT_MS.to_string(),
+                            "--replication-check-interval-ms",
+                            "1000",
+                            "--insecure-plaintext",
+                        ]
+                        .map(String::from),
+                    );
+                    if !cfg.asynchronous {
+                        args.push("--require-synchronous-replication".into());
+                    }
+                    replicas.push(Replica::new(
+                        idx,
+                        None,
+                        ([127, 0, 0, 1], port).into(),
+                        None,
+                        None,
+                        args,
+                        &shim,
+                        dir,
+                        data,
+                    ));
+                }
+                patroni = Some(cluster);
+                (None, None)
+            }
             Store::Postgres => {
                 let pg_bin = private_pg::available().unwrap();
                 let pg = PrivatePg::start(&pg_bin, None, "max_connections = 200\n");
@@ -165,6 +232,7 @@ impl Cluster {
             replicas,
             pg,
             tmpfs,
+            patroni,
             exits: AtomicUsize::new(0),
         };
         for r in &c.replicas {
@@ -239,6 +307,58 @@ impl Cluster {
         if let Some(mnt) = &self.tmpfs {
             let _ = sh(Command::new("umount").arg(mnt));
         }
+    }
+
+    /// One fault of the replicated PostgreSQL (patroni) and its heal: the
+    /// fault; for `kill-primary`, `partition-primary` and `switchover` a
+    /// wait for another node to lead (two minutes at most), for
+    /// `kill-etcd-member` `window`; then `heal --wait` (every node and
+    /// member back, both standbys streaming, a synchronous one set).
+    /// Returns what happened and whether another node led after it.
+    /// Panics when the cluster cannot be healed: the run would be void.
+    pub fn replicated_fault(&self, kind: &str, window: Duration) -> (String, bool) {
+        let c = self.patroni.as_ref().unwrap();
+        let before = c.leader();
+        let t = Instant::now();
+        let injected = c.try_run(&[kind]);
+        let mut led_after = None;
+        if injected.is_ok() && kind != "kill-etcd-member" {
+            while t.elapsed() < Duration::from_secs(120) {
+                match c.leader() {
+                    Some(l) if Some(&l) != before.as_ref() => {
+                        led_after = Some(t.elapsed());
+                        break;
+                    }
+                    _ => std::thread::sleep(Duration::from_millis(200)),
+                }
+            }
+        } else {
+            std::thread::sleep(window);
+        }
+        let healing = Instant::now();
+        if let Err(e) = c.try_run(&["heal", "--wait"]) {
+            eprintln!("nemesis: heal after {kind} failed, again: {e}");
+            c.run(&["heal", "--wait"]);
+        }
+        let after = c.leader();
+        let failover = led_after.is_some() && after.is_some() && after != before;
+        let what = match (&injected, led_after) {
+            (Err(e), _) => format!("{kind} failed: {e}"),
+            (Ok(_), Some(d)) => format!("{kind}: another leader after {:.1} s", d.as_secs_f64()),
+            (Ok(_), None) if kind == "kill-etcd-member" => {
+                format!("{kind}: down {} ms", window.as_millis())
+            }
+            (Ok(_), None) => format!("{kind}: no other leader within 120 s"),
+        };
+        (
+            format!(
+                "{what}; leader {} -> {}; healed in {:.1} s",
+                before.as_deref().unwrap_or("none"),
+                after.as_deref().unwrap_or("none"),
+                healing.elapsed().as_secs_f64()
+            ),
+            failover,
+        )
     }
 
     pub fn pg_restart(&self, mode: &str) {

@@ -5,6 +5,12 @@
 //! reads back. docs/testing.md ("The nemesis: combined faults") describes
 //! the topology, the faults, the history format and the checker's rules.
 //!
+//! With `--store patroni` the three replicas share a replicated PostgreSQL
+//! (three nodes under Patroni, synchronous unless `--async-replication`),
+//! the faults include failovers, and the callers model the packages: a
+//! handler that completes is recorded (`"op":"handler"`) and its Commit is
+//! kept until it lands.
+//!
 //! Entry points: `cargo bench --bench nemesis -- --duration SECS --history
 //! FILE [--seed N]` (benches/nemesis.rs) and `cargo test --test nemesis`
 //! (tests/nemesis.rs, the short mode).
@@ -19,6 +25,8 @@ mod proxy;
 mod schedule;
 pub mod svg;
 
+#[path = "../../tests/it/common/patroni.rs"]
+mod patroni;
 #[path = "../../tests/it/common/private_pg.rs"]
 mod private_pg;
 #[path = "../../tests/it/common/process.rs"]
@@ -40,6 +48,9 @@ pub enum Store {
     Postgres,
     /// One replica on sled, its data directory on a tmpfs of its own.
     Sled,
+    /// Three replicas on three PostgreSQL nodes under Patroni (a multi-host
+    /// URL), with failovers among the faults.
+    Patroni,
 }
 
 impl Store {
@@ -47,6 +58,7 @@ impl Store {
         match s {
             "postgres" | "pg" => Some(Store::Postgres),
             "sled" => Some(Store::Sled),
+            "patroni" => Some(Store::Patroni),
             _ => None,
         }
     }
@@ -54,6 +66,7 @@ impl Store {
         match self {
             Store::Postgres => "postgres",
             Store::Sled => "sled",
+            Store::Patroni => "patroni",
         }
     }
 }
@@ -70,7 +83,13 @@ pub struct Config {
     /// and faults, up to `max_duration` (the short mode's floors).
     pub min_operations: u64,
     pub min_faults: usize,
+    /// On patroni: the run goes on until this many failovers (a new leader
+    /// after a fault), up to `max_duration`.
+    pub min_failovers: usize,
     pub max_duration: Duration,
+    /// On patroni: asynchronous replication (the negative control: the
+    /// replicas then run without `--require-synchronous-replication`).
+    pub asynchronous: bool,
 }
 
 impl Config {
@@ -90,7 +109,9 @@ impl Config {
             callers,
             min_operations: 0,
             min_faults: 0,
+            min_failovers: 0,
             max_duration: duration,
+            asynchronous: false,
         }
     }
 }
@@ -100,6 +121,8 @@ impl Config {
 pub struct Stop {
     flag: std::sync::atomic::AtomicBool,
     pub faults: std::sync::atomic::AtomicUsize,
+    /// Faults after which another node led (patroni).
+    pub failovers: std::sync::atomic::AtomicUsize,
 }
 
 impl Stop {
@@ -113,6 +136,8 @@ impl Stop {
 pub struct Summary {
     pub verdict: checker::Verdict,
     pub faults_by_kind: std::collections::BTreeMap<String, usize>,
+    /// On patroni: faults after which another node led.
+    pub failovers: usize,
     pub replica_exits: usize,
     pub faults_file: PathBuf,
     /// How far the real-time clock moved against the history's monotonic
@@ -148,6 +173,11 @@ impl Summary {
 pub fn unavailable(store: Store) -> Option<String> {
     if !rustix::process::geteuid().is_root() {
         return Some("the nemesis needs root (network namespaces, nftables, tmpfs, initdb)".into());
+    }
+    if store == Store::Patroni {
+        if let Some(why) = patroni::unavailable() {
+            return Some(why);
+        }
     }
     if store == Store::Postgres {
         if let Err(e) = private_pg::available() {
@@ -226,7 +256,8 @@ async fn run_async(cfg: &Config) -> Summary {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let t = started.elapsed();
         let floors = hist.count() >= cfg.min_operations
-            && stop.faults.load(std::sync::atomic::Ordering::Relaxed) >= cfg.min_faults;
+            && stop.faults.load(std::sync::atomic::Ordering::Relaxed) >= cfg.min_faults
+            && stop.failovers.load(std::sync::atomic::Ordering::Relaxed) >= cfg.min_failovers;
         if (t >= cfg.duration && floors) || t >= cfg.max_duration {
             stop.flag.store(true, std::sync::atomic::Ordering::Relaxed);
             break;
@@ -253,6 +284,7 @@ async fn run_async(cfg: &Config) -> Summary {
     Summary {
         verdict,
         faults_by_kind: injected,
+        failovers: stop.failovers.load(std::sync::atomic::Ordering::Relaxed),
         replica_exits: exits,
         faults_file,
         clock_drift,

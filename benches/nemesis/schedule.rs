@@ -34,6 +34,31 @@ const PG_KINDS: &[&str] = &[
     "pg-restart-immediate",
 ];
 const SLED_KINDS: &[&str] = &["clock-within", "clock-beyond", "pause", "kill", "disk-full"];
+/// On patroni the database's faults come twice as often as a replica's:
+/// each is a failover (but the etcd member's) and then a heal, which take
+/// tens of seconds, one at a time.
+const PATRONI_KINDS: &[&str] = &[
+    "kill-primary",
+    "kill-primary",
+    "partition-primary",
+    "partition-primary",
+    "switchover",
+    "switchover",
+    "kill-etcd-member",
+    "pause",
+    "kill",
+];
+
+/// A fault of the database (the last target) rather than of a replica.
+fn on_database(kind: &str) -> bool {
+    kind.starts_with("pg-") || REPLICATED.contains(&kind)
+}
+const REPLICATED: &[&str] = &[
+    "kill-primary",
+    "partition-primary",
+    "switchover",
+    "kill-etcd-member",
+];
 
 /// Runs until `stop`, then waits for every heal; returns the faults
 /// injected by kind.
@@ -47,8 +72,9 @@ pub async fn run(
     let kinds = match cluster.store {
         Store::Postgres => PG_KINDS,
         Store::Sled => SLED_KINDS,
+        Store::Patroni => PATRONI_KINDS,
     };
-    let targets = cluster.replicas.len() + usize::from(cluster.store == Store::Postgres);
+    let targets = cluster.replicas.len() + usize::from(cluster.store != Store::Sled);
     let busy = Arc::new(std::sync::Mutex::new(vec![false; targets]));
     let mut injected: BTreeMap<String, usize> = BTreeMap::new();
     let mut tasks = Vec::new();
@@ -63,7 +89,7 @@ pub async fn run(
         }
         let kind = kinds[rng.gen_range(0..kinds.len())];
         // The database is the last target.
-        let target = if kind.starts_with("pg-") {
+        let target = if on_database(kind) {
             targets - 1
         } else {
             rng.gen_range(0..cluster.replicas.len())
@@ -80,13 +106,26 @@ pub async fn run(
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let window = Duration::from_millis(rng.gen_range(1000..6000));
         let param: u64 = rng.gen();
-        let (c, l, b) = (cluster.clone(), log.clone(), busy.clone());
+        let (c, l, b, s) = (cluster.clone(), log.clone(), busy.clone(), stop.clone());
         tasks.push(tokio::spawn(async move {
             let start = l.now();
-            let detail = apply(&c, kind, target, window, param).await;
+            let detail = if REPLICATED.contains(&kind) {
+                let cl = c.clone();
+                let (detail, failover) =
+                    tokio::task::spawn_blocking(move || cl.replicated_fault(kind, window))
+                        .await
+                        .unwrap();
+                if failover {
+                    s.failovers
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                detail
+            } else {
+                apply(&c, kind, target, window, param).await
+            };
             l.record(&Fault {
                 kind: kind.to_owned(),
-                target: if kind.starts_with("pg-") {
+                target: if on_database(kind) {
                     "postgres".into()
                 } else {
                     format!("replica{target}")

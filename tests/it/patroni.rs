@@ -17,126 +17,13 @@
 //! (`.ci/run` installs them; `STATESEAL_PATRONI` names Patroni).
 #![allow(clippy::unwrap_used)]
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
-
-use serde_json::Value;
 
 use crate::common::process::{http_get, metrics_addr, spawn, ServerProcess};
 use crate::common::*;
 
-const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/patroni/cluster.py");
-
-/// Why the topology cannot run here, if it cannot.
-fn unavailable() -> Option<String> {
-    if !rustix::process::geteuid().is_root() {
-        return Some("needs root (cgroups, nftables)".into());
-    }
-    let patroni = std::env::var("STATESEAL_PATRONI").unwrap_or_else(|_| "patroni".into());
-    for tool in [patroni.as_str(), "etcd", "nft", "python3"] {
-        let found = if tool.contains('/') {
-            std::path::Path::new(tool).exists()
-        } else {
-            Command::new("sh")
-                .args(["-c", &format!("command -v {tool}")])
-                .output()
-                .is_ok_and(|o| o.status.success())
-        };
-        if !found {
-            return Some(format!("{tool} is not installed (.ci/run installs it)"));
-        }
-    }
-    if !std::path::Path::new("/usr/lib/postgresql/15/bin/postgres").exists() {
-        return Some("PostgreSQL 15's binaries are not installed".into());
-    }
-    None
-}
-
-/// A running topology; torn down on drop.
-struct Cluster {
-    supervisor: Child,
-    dir: tempfile::TempDir,
-    info: Value,
-}
-
-impl Cluster {
-    fn up(asynchronous: bool) -> Cluster {
-        // Under /tmp: the postgres user must reach it.
-        let dir = tempfile::Builder::new()
-            .prefix("ss-patroni-")
-            .tempdir_in("/tmp")
-            .unwrap();
-        let mut args = vec![
-            SCRIPT.to_owned(),
-            "up".into(),
-            dir.path().display().to_string(),
-            "--ttl".into(),
-            "15".into(),
-            "--loop-wait".into(),
-            "3".into(),
-            "--retry-timeout".into(),
-            "5".into(),
-        ];
-        if asynchronous {
-            args.push("--async".into());
-        }
-        let mut supervisor = Command::new("python3")
-            .args(&args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(supervisor.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let info: Value = serde_json::from_str(&line)
-            .unwrap_or_else(|_| panic!("cluster.py up printed {line:?}"));
-        assert!(info.get("error").is_none(), "cluster.py up: {info}");
-        Cluster {
-            supervisor,
-            dir,
-            info,
-        }
-    }
-
-    fn url(&self) -> String {
-        self.info["url"].as_str().unwrap().to_owned()
-    }
-
-    /// One subcommand on this cluster; its JSON answer.
-    fn run(&self, what: &[&str]) -> Value {
-        let dir = self.dir.path().display().to_string();
-        let mut args = vec![SCRIPT, what[0], dir.as_str()];
-        args.extend_from_slice(&what[1..]);
-        let out = Command::new("python3").args(&args).output().unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        let v: Value =
-            serde_json::from_str(text.lines().last().unwrap_or("")).unwrap_or_else(|_| {
-                panic!(
-                    "cluster.py {what:?}: {text} {}",
-                    String::from_utf8_lossy(&out.stderr)
-                )
-            });
-        assert!(
-            out.status.success() && v.get("error").is_none(),
-            "cluster.py {what:?}: {v}"
-        );
-        v
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let dir = self.dir.path().display().to_string();
-        let _ = Command::new("python3")
-            .args([SCRIPT, "down", dir.as_str(), "--purge"])
-            .output();
-        let _ = self.supervisor.kill();
-        let _ = self.supervisor.wait();
-    }
-}
+use crate::common::patroni::{unavailable, Cluster, Timing, SCRIPT};
 
 fn stateseal(url: &str, data: &std::path::Path, extra: &[&str]) -> ServerProcess {
     let mut args = vec![
@@ -241,7 +128,7 @@ async fn failovers_lose_no_acknowledged_consumption() {
         crate::common::skip::skipped("patroni-failover", &why);
         return;
     }
-    let cluster = Cluster::up(false);
+    let cluster = Cluster::up(false, Timing::default());
     let data = tempfile::tempdir().unwrap();
     let p = stateseal(
         &cluster.url(),
@@ -341,7 +228,7 @@ async fn asynchronous_replication_is_reported_and_can_be_refused() {
         crate::common::skip::skipped("patroni-asynchronous", &why);
         return;
     }
-    let cluster = Cluster::up(true);
+    let cluster = Cluster::up(true, Timing::default());
     let data = tempfile::tempdir().unwrap();
     let p = stateseal(&cluster.url(), &data.path().join("a"), &[]);
     wait_mode(&p, "asynchronous");

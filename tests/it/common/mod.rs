@@ -16,6 +16,7 @@ use tonic::transport::Channel;
 
 pub mod hooked;
 pub mod logs;
+pub mod patroni;
 pub mod pg;
 pub mod pki;
 pub mod private_pg;
