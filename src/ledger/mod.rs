@@ -335,10 +335,17 @@ pub enum ConfigFault {
     )]
     SynchronousCommitOff(String),
     #[error(
-        "PostgreSQL sessions ignore the statement_timeout stateseal sets; connect without a \
-         pooler that drops startup options"
+        "PostgreSQL sessions ignore the statement_timeout stateseal sets (a pooler that drops \
+         startup options, such as PgBouncer with ignore_startup_parameters = options); connect \
+         stateseal to PostgreSQL directly"
     )]
     StatementTimeoutIgnored,
+    #[error(
+        "the database endpoint refused stateseal's session options (unsupported startup \
+         parameter), as PgBouncer does: stateseal does not run through PgBouncer in transaction \
+         pooling mode; connect it to PostgreSQL directly"
+    )]
+    StartupOptionsRefused,
 }
 
 impl LedgerError {

@@ -191,6 +191,13 @@ impl PgLedger {
                     if let Some(failure) = pgtls::tls_failure(be, tls.mode) {
                         return Err(LedgerError::Tls(failure));
                     }
+                    // PgBouncer refuses the `options` startup parameter.
+                    if be.as_db_error().is_some_and(|d| {
+                        *d.code() == tokio_postgres::error::SqlState::PROTOCOL_VIOLATION
+                            && d.message().starts_with("unsupported startup parameter")
+                    }) {
+                        return Err(LedgerError::Config(ConfigFault::StartupOptionsRefused));
+                    }
                     // A server that answers the TLS request with `N` fails
                     // the connection before any TLS runs: ask it the same
                     // question (one short connection, at most a second).

@@ -221,9 +221,11 @@ async fn failovers_lose_no_acknowledged_consumption() {
 }
 
 /// Asynchronous standbys are reported, and refused when synchronous
-/// replication is required.
+/// replication is required; on the same cluster, PgBouncer in transaction
+/// pooling mode in front of the primary is refused at start with one line
+/// that names it, with and without `ignore_startup_parameters = options`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn asynchronous_replication_is_reported_and_can_be_refused() {
+async fn asynchronous_replication_and_pgbouncer_are_refused_in_clear_words() {
     if let Some(why) = unavailable() {
         crate::common::skip::skipped("patroni-asynchronous", &why);
         return;
@@ -249,4 +251,17 @@ async fn asynchronous_replication_is_reported_and_can_be_refused() {
     let mut c = connect(p.addr).await;
     assert!(matches!(use_one(&mut c).await, Use::Unavailable));
     p.terminate();
+
+    for (ignore, want) in [
+        ("", "refused stateseal's session options (unsupported startup parameter), as PgBouncer does"),
+        ("options", "ignore the statement_timeout stateseal sets (a pooler that drops startup options, such as PgBouncer"),
+    ] {
+        let pgb = cluster.run(&["pgbouncer", "--pool-mode", "transaction", "--ignore-startup-parameters", ignore]);
+        let url = pgb["url"].as_str().unwrap();
+        crate::common::process::assert_refuses(
+            &["--listen", "127.0.0.1:0", "--ledger", "postgres", "--database-url", url],
+            &data.path().join("c"),
+            want,
+        );
+    }
 }
