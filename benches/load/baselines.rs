@@ -281,7 +281,10 @@ pub async fn start_echo(journal: Option<Journal>) -> String {
         lim.max_tls_handshakes,
         lim.tls_handshake_timeout,
         stateseal::internals::conns::Conns::new(
-            lim.conn_policy(lim.max_connections, false),
+            lim.conn_policy(
+                lim.max_connections,
+                stateseal::internals::limits::CallerAuth::None,
+            ),
             Arc::default(),
         ),
     );

@@ -98,6 +98,7 @@ impl tower_service::Service<http::Uri> for Coalescing {
                     auth_deadline: None,
                     max_auth_failures: u32::MAX,
                     max_stream_age: std::time::Duration::from_secs(86_400),
+                    callers_authenticate: false,
                 },
                 Arc::default(),
             );

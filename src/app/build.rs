@@ -219,22 +219,27 @@ impl ServeArgs {
     /// Opens the configured ledger.
     /// `tenants`: how many the tenants file names (1 without one).
     pub async fn open_ledger(&self, tenants: u64) -> Result<Arc<dyn Ledger>, ConfigError> {
+        // The record bound, and each tenant's: by default the bound divided
+        // among the tenants in force, again at each reload of the tenants
+        // file. The same on either backend.
+        let max = match self.max_ledger_records {
+            0 => u64::MAX,
+            n => n,
+        };
+        let share = match (self.max_ledger_records_per_tenant, self.auth) {
+            (Some(0), _) | (None, AuthMode::None) => Share::Fixed(u64::MAX),
+            (Some(n), _) => Share::Fixed(n),
+            (None, _) => Share::Among(tenants),
+        };
         match self.ledger {
             LedgerKind::Sled => {
                 if self.expected_replicas > 1 {
                     return Err(Misconfigured::SledWithReplicas(self.expected_replicas).into());
                 }
-                let max = match self.max_ledger_records {
-                    0 => u64::MAX,
-                    n => n,
-                };
                 let sled = SledLedger::open(&self.data_dir.join("ledger"))?.with_max_records(max);
-                // The default share: the bound divided among the tenants in
-                // force, again at each reload of the tenants file.
-                let sled = match (self.max_ledger_records_per_tenant, self.auth) {
-                    (Some(0), _) | (None, AuthMode::None) => sled.with_max_tenant_records(u64::MAX),
-                    (Some(n), _) => sled.with_max_tenant_records(n),
-                    (None, _) => sled.with_share_among(tenants),
+                let sled = match share {
+                    Share::Fixed(n) => sled.with_max_tenant_records(n),
+                    Share::Among(t) => sled.with_share_among(t),
                 };
                 Ok(Arc::new(
                     sled.with_inherited_lease_grace(self.clock_skew.saturating_mul(2))
@@ -270,7 +275,11 @@ impl ServeArgs {
                         client_key: self.database_sslkey.clone(),
                     },
                 };
-                Ok(Arc::new(PgLedger::connect(&url, opts).await?))
+                let pg = PgLedger::connect(&url, opts).await?.with_max_records(max);
+                Ok(Arc::new(match share {
+                    Share::Fixed(n) => pg.with_max_tenant_records(n),
+                    Share::Among(t) => pg.with_share_among(t),
+                }))
             }
         }
     }
@@ -421,4 +430,14 @@ fn create_private_dir(dir: &Path) -> Result<(), ConfigError> {
     {
         std::fs::create_dir_all(dir).map_err(io)
     }
+}
+
+/// One tenant's share of the ledger's record bound.
+#[derive(Clone, Copy)]
+enum Share {
+    /// A configured number (`u64::MAX`: none).
+    Fixed(u64),
+    /// The bound divided among this many tenants, and among those in force
+    /// after each reload.
+    Among(u64),
 }

@@ -21,7 +21,7 @@ use crate::ledger::run_gc;
 use crate::net::accept::limited_incoming;
 use crate::net::budget::InflightBytesLayer;
 use crate::net::conns::{ConnActivityLayer, Conns};
-use crate::net::limits::TransportLimits;
+use crate::net::limits::{CallerAuth, TransportLimits};
 use crate::net::tls::{self, TlsInForce};
 use crate::ops::reload::{keyset_applier, watch_file, ReloadStats};
 use crate::proto::request_state_server::RequestStateServer;
@@ -287,7 +287,11 @@ pub async fn run(
     let conns = Conns::new(
         lim.conn_policy(
             lim.max_connections,
-            matches!(opts.auth, Authenticator::Bearer(_)),
+            match opts.auth {
+                Authenticator::Implicit(_) => CallerAuth::None,
+                Authenticator::Bearer(_) => CallerAuth::Bearer,
+                Authenticator::MutualTls(_) => CallerAuth::Certificate,
+            },
         ),
         conn_stats.clone(),
     );
@@ -491,7 +495,7 @@ where
         lim.max_tls_handshakes,
         lim.tls_handshake_timeout,
         Conns::new(
-            lim.conn_policy(lim.max_aux_connections, false),
+            lim.conn_policy(lim.max_aux_connections, CallerAuth::None),
             conn_stats.clone(),
         ),
     );

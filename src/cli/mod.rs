@@ -200,12 +200,12 @@ pub struct ServeArgs {
     /// Seconds ledger records outlive their token, to cover clock skew.
     #[arg(long, env = "STATESEAL_CLOCK_SKEW", default_value_t = 60)]
     pub clock_skew: u64,
-    /// Most records the sled ledger may hold (each costs about 200 bytes of
-    /// memory); past it, consuming a token it does not hold is refused
-    /// (OVERLOADED) until expired records are collected. 0: no bound.
+    /// Most records the ledger may hold, sled (each costs about 200 bytes of
+    /// memory) or PostgreSQL; past it, consuming a token it does not hold is
+    /// refused (OVERLOADED) until expired records are collected. 0: no bound.
     #[arg(long, env = "STATESEAL_MAX_LEDGER_RECORDS", default_value_t = 250_000)]
     pub max_ledger_records: u64,
-    /// Most sled ledger records one tenant may hold, so that no tenant (nor
+    /// Most ledger records one tenant may hold, so that no tenant (nor
     /// any two) can refuse everyone else: past it, that tenant's new tokens
     /// are refused (OVERLOADED) and no other tenant's. Default: with --auth
     /// bearer or mtls, --max-ledger-records divided by the number of tenants

@@ -404,6 +404,17 @@ pub struct FlushStats {
     pub share_by_tenants: AtomicBool,
 }
 
+/// The default share of one tenant: the record bound `max` divided among
+/// `tenants` (at least one record each; none without a bound), so that no
+/// set of tenants can take the room the others are given.
+pub fn default_share(max: u64, tenants: u64) -> u64 {
+    if max == u64::MAX {
+        u64::MAX
+    } else {
+        (max / tenants.max(1)).max(1)
+    }
+}
+
 /// A ledger is also the clock guard's [`Reference`]: the database's clock
 /// (PostgreSQL) or the high-water mark it keeps (sled).
 #[async_trait::async_trait]

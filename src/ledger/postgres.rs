@@ -31,9 +31,26 @@
 //!   cancelled: PostgreSQL answers a cancel there by committing on the
 //!   primary alone (a WARNING), visible to the next statement and lost at a
 //!   failover (a retry of the same attempt would be told it consumed).
+//! - Records are bounded as on sled (`--max-ledger-records` and each
+//!   tenant's share): counted in [`COUNTS`], `(tenant, shard) -> n` with
+//!   the total under the empty tenant and [`SHARDS`] rows each (by a byte
+//!   of the id), so that replicas do not all wait for one row. Every
+//!   statement that inserts or deletes records updates the counts itself
+//!   (a data-modifying CTE, in the same autocommit statement: no
+//!   transaction, no COMMIT to cancel), and an insert checks the room in
+//!   its own `WHERE`, against the counts its snapshot sees. Counting is
+//!   exact; the check is not serialized: statements running at once do not
+//!   see each other's records, so each admits up to the room it saw. Over
+//!   the bound by at most what the other statements in flight at that
+//!   moment add: one per Reserve, up to a batch ([`MAX_BATCH`]) per
+//!   consume statement, so at most (replicas x `--db-pool-size` - 1) x 512
+//!   records, in practice the consumptions of a few milliseconds. Counter
+//!   rows are locked after the records (their update reads the records'
+//!   statement to its end) and in (tenant, shard) order, so two statements
+//!   never wait for each other in a cycle there.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -50,6 +67,13 @@ use crate::clock::guard::{Reference, ReferenceError};
 
 /// The table; the suffix is the schema version.
 pub const TABLE: &str = "stateseal_consumed_v1";
+/// The record counts: `(tenant, shard) -> n`, the total under the empty
+/// tenant (a tag has 8 bytes), records of no tenant (written before tenant
+/// tags) in the total only.
+pub const COUNTS: &str = "stateseal_counts_v1";
+/// Counter rows per tenant (and for the total): a record counts in the
+/// row of its id's last byte modulo this.
+pub const SHARDS: u8 = 8;
 /// Advisory lock ids ("stateseal" in ASCII, then a purpose).
 const LOCK_MIGRATE: i64 = 0x7374_6174_6573_0001;
 const LOCK_GC: i64 = 0x7374_6174_6573_0002;
@@ -99,9 +123,40 @@ type Waiter = (
 /// a reservation's lease is live, and the attempt that made it.
 type Existing = HashMap<[u8; 32], (i16, bool, Option<Vec<u8>>)>;
 
+/// The record bounds, read by every statement that inserts a record.
+#[derive(Debug)]
+struct Bounds {
+    /// Records in all (`u64::MAX`: no bound).
+    max_records: AtomicU64,
+    /// Records of one tenant (`u64::MAX`: no bound).
+    max_tenant_records: AtomicU64,
+    /// The tenant bound follows the tenants in force (the record bound
+    /// divided among them).
+    share_by_tenants: AtomicBool,
+}
+
+impl Bounds {
+    /// (total, per tenant) as statement parameters.
+    fn params(&self) -> (i64, i64) {
+        let p = |a: &AtomicU64| i64::try_from(a.load(Ordering::Relaxed)).unwrap_or(i64::MAX);
+        (p(&self.max_records), p(&self.max_tenant_records))
+    }
+}
+
+impl Default for Bounds {
+    fn default() -> Self {
+        Bounds {
+            max_records: AtomicU64::new(u64::MAX),
+            max_tenant_records: AtomicU64::new(u64::MAX),
+            share_by_tenants: AtomicBool::new(false),
+        }
+    }
+}
+
 pub struct PgLedger {
     pool: Pool,
     tx: mpsc::UnboundedSender<Waiter>,
+    bounds: Arc<Bounds>,
     healthy: Arc<AtomicBool>,
     timeout: Duration,
     skew: i64,
@@ -245,6 +300,7 @@ impl PgLedger {
             );
         }
         let healthy = Arc::new(AtomicBool::new(true));
+        let bounds = Arc::new(Bounds::default());
         let (tx, rx) = mpsc::unbounded_channel();
         let skew = i64::try_from(opts.skew).unwrap_or(i64::MAX);
         // The batcher ends when the ledger, its only sender, is dropped (after
@@ -258,10 +314,12 @@ impl PgLedger {
             opts.timeout,
             opts.pool_size.max(1),
             skew,
+            bounds.clone(),
         ));
         let ledger = PgLedger {
             pool,
             tx,
+            bounds,
             healthy,
             timeout: opts.timeout,
             skew,
@@ -279,6 +337,31 @@ impl PgLedger {
         // synchronous keeps the replica NOT_SERVING until a check finds it.
         ledger.check_replication().await;
         Ok(ledger)
+    }
+
+    /// Bounds the records the ledger may hold (`u64::MAX`: none): past it,
+    /// a consumption or reservation of a key it does not hold is answered
+    /// [`Consumed::Full`], nothing recorded, until collection makes room.
+    /// Concurrent statements can pass it by what they add at once (see the
+    /// module's notes).
+    pub fn with_max_records(self, max: u64) -> Self {
+        self.bounds.max_records.store(max, Ordering::Relaxed);
+        self
+    }
+
+    /// Bounds the records of any one tenant (`u64::MAX`: none), as
+    /// [`Self::with_max_records`] does all of them.
+    pub fn with_max_tenant_records(self, max: u64) -> Self {
+        self.bounds.max_tenant_records.store(max, Ordering::Relaxed);
+        self
+    }
+
+    /// Divides the record bound among `tenants` (the default share, set
+    /// again at each reload of the tenants file).
+    pub fn with_share_among(self, tenants: u64) -> Self {
+        self.bounds.share_by_tenants.store(true, Ordering::Relaxed);
+        self.share_among(tenants);
+        self
     }
 
     /// Asks the primary how it replicates, records it, and says so in the
@@ -479,6 +562,15 @@ async fn migrate(pool: &Pool, limit: Duration) -> Result<(), LedgerError> {
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LOCK_MIGRATE]),
     )
     .await?;
+    // The counts are new in this version: made from the records once, when
+    // the table of counts is created (under the lock, so once).
+    let uncounted: bool = timed(
+        "migration check",
+        slow,
+        tx.query_one(&format!("SELECT to_regclass('{COUNTS}') IS NULL"), &[]),
+    )
+    .await?
+    .get(0);
     let ddl = format!(
         "CREATE TABLE IF NOT EXISTS {TABLE} (
              id bytea PRIMARY KEY CHECK (octet_length(id) = 32),
@@ -495,9 +587,25 @@ async fn migrate(pool: &Pool, limit: Duration) -> Result<(), LedgerError> {
          -- Reservations by the end of their lease: collected once it ended
          -- (by the database's clock) and nobody took them over.
          CREATE INDEX IF NOT EXISTS {TABLE}_lease_until ON {TABLE} (lease_until)
-          WHERE state = 1;"
+          WHERE state = 1;
+         -- The owner's tenant tag (NULL: written before tags), for the
+         -- per-tenant record bound.
+         ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS tenant bytea;
+         CREATE TABLE IF NOT EXISTS {COUNTS} (
+             tenant bytea NOT NULL,
+             shard smallint NOT NULL,
+             n bigint NOT NULL,
+             PRIMARY KEY (tenant, shard)
+         );"
     );
     timed("migrate", slow, tx.batch_execute(&ddl)).await?;
+    if uncounted {
+        let count = format!(
+            "WITH r AS (SELECT id, tenant, true AS fresh FROM {TABLE}) {}",
+            count_cte("r", '+')
+        );
+        timed("count records", slow, tx.execute(&count, &[])).await?;
+    }
     timed("commit", limit, tx.commit()).await?;
     Ok(())
 }
@@ -554,6 +662,7 @@ async fn run_batcher(
     limit: Duration,
     in_flight: usize,
     skew: i64,
+    bounds: Arc<Bounds>,
 ) {
     let slots = Arc::new(Semaphore::new(in_flight));
     while let Some(first) = rx.recv().await {
@@ -565,8 +674,9 @@ async fn run_batcher(
         let batch = super::gather(first, std::iter::from_fn(|| rx.try_recv().ok()), MAX_BATCH);
         let pool = pool.clone();
         let healthy = healthy.clone();
+        let room = bounds.params();
         tokio::spawn(async move {
-            let result = insert_batch(&pool, &batch, limit, skew).await;
+            let result = insert_batch(&pool, &batch, limit, skew, room).await;
             healthy.store(result.is_ok(), Ordering::Relaxed);
             drop(permit);
             match result {
@@ -582,7 +692,8 @@ async fn run_batcher(
                         // attempt and Before if not, as if it had come a
                         // batch later; a key found in the table is judged by
                         // what is there; a key below the database's horizon,
-                        // PastHorizon.
+                        // PastHorizon; one neither inserted nor there, Full
+                        // (no room for it, or its tenant's share is held).
                         let c = match fresh.get_mut(&key.id) {
                             Some(first @ None) => {
                                 *first = Some(attempt);
@@ -605,7 +716,8 @@ async fn run_batcher(
                                 {
                                     Consumed::Again
                                 }
-                                _ => Consumed::Before,
+                                Some(_) => Consumed::Before,
+                                None => Consumed::Full,
                             },
                         };
                         let _ = reply.send(Ok(c));
@@ -621,22 +733,24 @@ async fn run_batcher(
     }
 }
 
-/// Inserts the batch; returns the ids inserted now (or taken over from an
-/// expired reservation), the database's horizon for this statement (keys
-/// that expired before it are not inserted), and the ids held by a live
-/// reservation.
+/// Inserts the batch, within `room` (the record bound, and each tenant's,
+/// as statement parameters); returns the ids inserted now (or taken over
+/// from an expired reservation), the database's horizon for this statement
+/// (keys that expired before it are not inserted), and what the table holds
+/// of the others.
 async fn insert_batch(
     pool: &Pool,
     batch: &[Waiter],
     limit: Duration,
     skew: i64,
+    room: (i64, i64),
 ) -> Result<(Vec<[u8; 32]>, i64, Existing), LedgerError> {
     // Rows go in sorted by id (ORDER BY below), so that concurrent batches on
     // other replicas take their row locks in the same order and cannot
     // deadlock on overlapping keys. A stable sort keeps the first waiter of
     // an id first: its attempt is the one recorded.
-    /// (id, expiry, attempt hash) of one row to insert.
-    type Row<'a> = (&'a [u8], i64, Option<&'a [u8]>);
+    /// (id, expiry, attempt hash, tenant tag) of one row to insert.
+    type Row<'a> = (&'a [u8], i64, Option<&'a [u8]>, &'a [u8]);
     let mut keys: Vec<Row<'_>> = batch
         .iter()
         .map(|(k, a, _)| {
@@ -644,6 +758,7 @@ async fn insert_batch(
                 &k.id[..],
                 i64::try_from(k.expires_at).unwrap_or(i64::MAX),
                 a.as_ref().map(|a| &a[..]),
+                &k.tenant.0[..],
             )
         })
         .collect();
@@ -652,24 +767,53 @@ async fn insert_batch(
     let ids: Vec<&[u8]> = keys.iter().map(|k| k.0).collect();
     let expiries: Vec<i64> = keys.iter().map(|k| k.1).collect();
     let attempts: Vec<Option<&[u8]>> = keys.iter().map(|k| k.2).collect();
+    let tenants: Vec<&[u8]> = keys.iter().map(|k| k.3).collect();
+    let (max_records, max_tenant) = room;
     let client = timed("connect", limit, pool.get()).await?;
-    // One statement: the horizon by the database's clock, the insert of
-    // every key at or above it, and the horizon itself as the last row.
+    // One statement: the horizon by the database's clock; the room, as the
+    // counts in this statement's snapshot have it: each tenant's new keys
+    // (not in the table: a replay or takeover needs no room), in id order,
+    // up to its share, then all of them up to the bound; the insert of
+    // every key at or above the horizon and within the room; the counts of
+    // the rows inserted (not those taken over); and the horizon itself as
+    // the last row.
     let sql = format!(
         "WITH h AS (SELECT extract(epoch FROM statement_timestamp())::bigint - $3 AS horizon),
+              t AS (
+                SELECT u.id, u.expires_at, u.attempt, u.tenant,
+                       EXISTS (SELECT 1 FROM {TABLE} x WHERE x.id = u.id) AS present
+                  FROM unnest($1::bytea[], $2::bigint[], $4::bytea[], $5::bytea[])
+                       AS u(id, expires_at, attempt, tenant), h
+                 WHERE u.expires_at >= h.horizon),
+              held AS (
+                SELECT c.tenant, greatest(sum(c.n), 0)::bigint AS n FROM {COUNTS} c
+                 WHERE c.tenant = ANY($5::bytea[]) OR c.tenant = ''::bytea
+                 GROUP BY c.tenant),
+              by_tenant AS (
+                SELECT t.*, count(*) FILTER (WHERE NOT t.present)
+                              OVER (PARTITION BY t.tenant ORDER BY t.id) AS nth
+                  FROM t),
+              in_share AS (
+                SELECT b.* FROM by_tenant b LEFT JOIN held ON held.tenant = b.tenant
+                 WHERE b.present OR b.nth <= $7 - coalesce(held.n, 0)),
+              in_all AS (
+                SELECT i.*, count(*) FILTER (WHERE NOT i.present) OVER (ORDER BY i.id) AS nth_all
+                  FROM in_share i),
               ins AS (
-                INSERT INTO {TABLE} (id, expires_at, attempt)
-                SELECT t.id, t.expires_at, t.attempt
-                  FROM unnest($1::bytea[], $2::bigint[], $4::bytea[]) AS t(id, expires_at, attempt), h
-                 WHERE t.expires_at >= h.horizon
-                 ORDER BY t.id
+                INSERT INTO {TABLE} (id, expires_at, attempt, tenant)
+                SELECT a.id, a.expires_at, a.attempt, a.tenant FROM in_all a
+                 WHERE a.present
+                    OR a.nth_all <= $6 - coalesce((SELECT n FROM held WHERE tenant = ''::bytea), 0)
+                 ORDER BY a.id
                 ON CONFLICT (id) DO UPDATE
                    SET state = 2, lease_until = NULL, rid = NULL, attempt = EXCLUDED.attempt
                  WHERE {TABLE}.state = 1
                    AND {TABLE}.lease_until < extract(epoch FROM statement_timestamp())::bigint
-                RETURNING id)
+                RETURNING id, tenant, xmax = 0 AS fresh),
+              counted AS ({count})
          SELECT id, NULL::bigint FROM ins
-         UNION ALL SELECT NULL::bytea, horizon FROM h"
+         UNION ALL SELECT NULL::bytea, horizon FROM h",
+        count = count_cte("ins", '+')
     );
     let mut attempt = 0;
     let rows = loop {
@@ -679,7 +823,15 @@ async fn insert_batch(
             limit,
             &client,
             &sql,
-            &[&ids, &expiries, &skew, &attempts],
+            &[
+                &ids,
+                &expiries,
+                &skew,
+                &attempts,
+                &tenants,
+                &max_records,
+                &max_tenant,
+            ],
         )
         .await
         {
@@ -703,9 +855,9 @@ async fn insert_batch(
     }
     let horizon = horizon.ok_or(LedgerError::Corrupt("no horizon row"))?;
     // Keys that were not inserted: consumed before (by this attempt or
-    // another), or reserved under a live lease (IN_USE). Asked only when
-    // there are any; a reservation's state is 1 only while its lease lives
-    // (an ended one was taken over by the insert).
+    // another), reserved under a live lease (IN_USE), or not there (no
+    // room). Asked only when there are any; a reservation's state is 1 only
+    // while its lease lives (an ended one was taken over by the insert).
     let mut existing = Existing::new();
     if inserted.len() < ids.len() {
         let rows = timed(
@@ -730,6 +882,25 @@ async fn insert_batch(
         }
     }
     Ok((inserted, horizon, existing))
+}
+
+/// A statement's CTE that counts the records the CTE `rows` returned
+/// (columns `id`, `tenant`, and `fresh`: only those with it set count) into
+/// [`COUNTS`], added with `sign` `+` or subtracted with `-`: into their
+/// tenant's row (none for a record of no tenant) and the total's, by
+/// shard. In (tenant, shard) order, after every row of `rows` (the
+/// grouping reads them all first): see the module's notes on locks. A
+/// count may go below zero (a record an older version inserted uncounted,
+/// deleted by this one); checks read it as zero.
+fn count_cte(rows: &str, sign: char) -> String {
+    format!(
+        "INSERT INTO {COUNTS} AS c (tenant, shard, n)
+         SELECT k.tenant, (get_byte(r.id, 31) % {SHARDS})::smallint, {sign}count(*)
+           FROM {rows} r CROSS JOIN LATERAL (VALUES (r.tenant), (''::bytea)) AS k(tenant)
+          WHERE r.fresh AND k.tenant IS NOT NULL
+          GROUP BY 1, 2 ORDER BY 1, 2
+         ON CONFLICT (tenant, shard) DO UPDATE SET n = c.n + EXCLUDED.n"
+    )
 }
 
 /// A lease ending at `until`, read at the database's `now`.
@@ -891,26 +1062,53 @@ impl Ledger for PgLedger {
         let cap = i64::try_from(ask.cap).unwrap_or(i64::MAX);
         let rid = &ask.rid[..];
         let attempt = ask.attempt.as_ref().map(|a| &a[..]);
+        let tenant = &key.tenant.0[..];
+        let (max_records, max_tenant) = self.bounds.params();
         let client = timed("connect", self.timeout, self.pool.get()).await?;
         // Every time here is the database's: the lease's end, whether a
-        // held lease ended (a takeover), and the horizon.
+        // held lease ended (a takeover), and the horizon. A key not in the
+        // table needs room (its tenant's share, and the bound), as the
+        // counts in this statement's snapshot have it; a row inserted is
+        // counted in the same statement.
         let sql = format!(
-            "WITH h AS (SELECT extract(epoch FROM statement_timestamp())::bigint AS now)
-             INSERT INTO {TABLE} (id, expires_at, state, lease_until, rid, attempt)
-             SELECT $1, $2, 1, LEAST(h.now + $3, $4), $5, $6 FROM h WHERE $2 >= h.now - $7
-             ON CONFLICT (id) DO UPDATE
-                SET state = 1, lease_until = EXCLUDED.lease_until, rid = EXCLUDED.rid,
-                    attempt = EXCLUDED.attempt
-              WHERE {TABLE}.state = 1
-                AND {TABLE}.lease_until < extract(epoch FROM statement_timestamp())::bigint
-             RETURNING lease_until, extract(epoch FROM statement_timestamp())::bigint"
+            "WITH h AS (SELECT extract(epoch FROM statement_timestamp())::bigint AS now),
+                  held AS (
+                    SELECT greatest(coalesce(sum(n) FILTER (WHERE tenant = $8), 0), 0)::bigint AS mine,
+                           greatest(coalesce(sum(n) FILTER (WHERE tenant = ''::bytea), 0), 0)::bigint AS all
+                      FROM {COUNTS} WHERE tenant = $8 OR tenant = ''::bytea),
+                  ins AS (
+                    INSERT INTO {TABLE} (id, expires_at, state, lease_until, rid, attempt, tenant)
+                    SELECT $1, $2, 1, LEAST(h.now + $3, $4), $5, $6, $8 FROM h, held
+                     WHERE $2 >= h.now - $7
+                       AND (EXISTS (SELECT 1 FROM {TABLE} WHERE id = $1)
+                            OR (held.mine < $9 AND held.all < $10))
+                    ON CONFLICT (id) DO UPDATE
+                       SET state = 1, lease_until = EXCLUDED.lease_until, rid = EXCLUDED.rid,
+                           attempt = EXCLUDED.attempt
+                     WHERE {TABLE}.state = 1
+                       AND {TABLE}.lease_until < extract(epoch FROM statement_timestamp())::bigint
+                    RETURNING id, tenant, lease_until, xmax = 0 AS fresh),
+                  counted AS ({count})
+             SELECT lease_until, extract(epoch FROM statement_timestamp())::bigint FROM ins",
+            count = count_cte("ins", '+')
         );
         let rows = match durable_write(
             "reserve",
             self.timeout,
             &client,
             &sql,
-            &[&id, &exp, &secs, &cap, &rid, &attempt, &self.skew],
+            &[
+                &id,
+                &exp,
+                &secs,
+                &cap,
+                &rid,
+                &attempt,
+                &self.skew,
+                &tenant,
+                &max_tenant,
+                &max_records,
+            ],
         )
         .await
         {
@@ -927,27 +1125,40 @@ impl Ledger for PgLedger {
         let row = timed(
             "reserve check",
             self.timeout,
-            client.query_opt(
+            client.query_one(
                 &format!(
-                    "SELECT state, lease_until, rid, attempt,
-                            extract(epoch FROM statement_timestamp())::bigint
-                       FROM {TABLE} WHERE id = $1"
+                    "SELECT t.state, t.lease_until, t.rid, t.attempt, h.now, $2 >= h.now - $3
+                       FROM (SELECT extract(epoch FROM statement_timestamp())::bigint AS now) h
+                       LEFT JOIN {TABLE} t ON t.id = $1"
                 ),
-                &[&id],
+                &[&id, &exp, &self.skew],
             ),
         )
         .await?;
-        let Some(row) = row else {
-            // Not inserted and not there: below the database's horizon.
-            return Ok(Reserved::PastHorizon);
-        };
-        let (state, held_until, held_rid, held_attempt, now): (
-            i16,
+        let (state, held_until, held_rid, held_attempt, now, above_horizon): (
+            Option<i16>,
             Option<i64>,
             Option<&[u8]>,
             Option<&[u8]>,
             i64,
-        ) = (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
+            bool,
+        ) = (
+            row.get(0),
+            row.get(1),
+            row.get(2),
+            row.get(3),
+            row.get(4),
+            row.get(5),
+        );
+        let Some(state) = state else {
+            // Not inserted and not there: no room for it, or below the
+            // database's horizon.
+            return Ok(if above_horizon {
+                Reserved::Full
+            } else {
+                Reserved::PastHorizon
+            });
+        };
         Ok(match state {
             1 if attempt.is_some() && held_attempt == attempt => {
                 let rid = held_rid
@@ -1042,7 +1253,13 @@ impl Ledger for PgLedger {
         let id = &key.id[..];
         let rid = &rid[..];
         let client = timed("connect", self.timeout, self.pool.get()).await?;
-        let sql = format!("DELETE FROM {TABLE} WHERE id = $1 AND state = 1 AND rid = $2");
+        let sql = format!(
+            "WITH d AS (DELETE FROM {TABLE} WHERE id = $1 AND state = 1 AND rid = $2
+                        RETURNING id, tenant, true AS fresh),
+                  counted AS ({count})
+             SELECT 1 FROM d",
+            count = count_cte("d", '-')
+        );
         match durable_write("release", self.timeout, &client, &sql, &[&id, &rid]).await {
             Ok(_) => Ok(()),
             Err(f) => Err(f.settle("release", client)),
@@ -1074,36 +1291,51 @@ impl Ledger for PgLedger {
         // changed meanwhile (a takeover committed while the DELETE waited
         // for it) PostgreSQL re-checks only the DELETE's own conditions on
         // the new version, never the subquery's.
+        // Each counts down what it deleted, in the same statement.
         let sql = format!(
-            "DELETE FROM {TABLE} WHERE id IN
-               (SELECT id FROM {TABLE}
-                 WHERE expires_at < LEAST($1, extract(epoch FROM statement_timestamp())::bigint - $3)
-                 ORDER BY expires_at LIMIT $2)
-               AND expires_at < LEAST($1, extract(epoch FROM statement_timestamp())::bigint - $3)"
+            "WITH d AS (
+               DELETE FROM {TABLE} WHERE id IN
+                 (SELECT id FROM {TABLE}
+                   WHERE expires_at < LEAST($1, extract(epoch FROM statement_timestamp())::bigint - $3)
+                   ORDER BY expires_at LIMIT $2)
+                 AND expires_at < LEAST($1, extract(epoch FROM statement_timestamp())::bigint - $3)
+               RETURNING id, tenant, true AS fresh),
+                  counted AS ({count})
+             SELECT count(*) FROM d",
+            count = count_cte("d", '-')
         );
-        let mut removed = timed(
+        let deleted: i64 = timed(
             "gc delete",
             self.timeout,
-            tx.execute(&sql, &[&before, &n, &self.collect_margin]),
+            tx.query_one(&sql, &[&before, &n, &self.collect_margin]),
         )
-        .await?;
+        .await?
+        .get(0);
+        let mut removed = u64::try_from(deleted).unwrap_or(0);
         // Reservations whose lease ended the skew ago (by both clocks) and
         // that nobody took over: the token is as if never opened.
         let sql = format!(
-            "DELETE FROM {TABLE} WHERE id IN
-               (SELECT id FROM {TABLE}
-                 WHERE state = 1
-                   AND lease_until < LEAST($1, extract(epoch FROM statement_timestamp())::bigint - $3)
-                 LIMIT $2)
-               AND state = 1
-               AND lease_until < LEAST($1, extract(epoch FROM statement_timestamp())::bigint - $3)"
+            "WITH d AS (
+               DELETE FROM {TABLE} WHERE id IN
+                 (SELECT id FROM {TABLE}
+                   WHERE state = 1
+                     AND lease_until < LEAST($1, extract(epoch FROM statement_timestamp())::bigint - $3)
+                   LIMIT $2)
+                 AND state = 1
+                 AND lease_until < LEAST($1, extract(epoch FROM statement_timestamp())::bigint - $3)
+               RETURNING id, tenant, true AS fresh),
+                  counted AS ({count})
+             SELECT count(*) FROM d",
+            count = count_cte("d", '-')
         );
-        removed += timed(
+        let deleted: i64 = timed(
             "gc delete leases",
             self.timeout,
-            tx.execute(&sql, &[&before, &n, &self.collect_margin]),
+            tx.query_one(&sql, &[&before, &n, &self.collect_margin]),
         )
-        .await?;
+        .await?
+        .get(0);
+        removed += u64::try_from(deleted).unwrap_or(0);
         timed("gc commit", self.timeout, tx.commit()).await?;
         if removed > 0 && self.self_vacuum && self.vacuum_due() {
             // Outside any transaction; skips rather than waits if another
@@ -1135,6 +1367,15 @@ impl Ledger for PgLedger {
 
     fn backend(&self) -> &'static str {
         "postgres"
+    }
+
+    fn share_among(&self, tenants: u64) {
+        if self.bounds.share_by_tenants.load(Ordering::Relaxed) {
+            let max = self.bounds.max_records.load(Ordering::Relaxed);
+            self.bounds
+                .max_tenant_records
+                .store(super::default_share(max, tenants), Ordering::Relaxed);
+        }
     }
 }
 

@@ -1303,14 +1303,9 @@ impl Ledger for SledLedger {
             return;
         }
         let max = self.stats.max_records.load(Ordering::Relaxed);
-        let share = if max == u64::MAX {
-            u64::MAX
-        } else {
-            (max / tenants.max(1)).max(1)
-        };
         self.stats
             .max_tenant_records
-            .store(share, Ordering::Relaxed);
+            .store(super::default_share(max, tenants), Ordering::Relaxed);
     }
 
     fn flush_stats(&self) -> Option<Arc<FlushStats>> {

@@ -433,7 +433,7 @@ mod tests {
         assert!(tcp.is_write_vectored(), "the socket itself writes vectored");
         let permit = Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap();
         let registry = Conns::new(
-            TransportLimits::default().conn_policy(4, false),
+            TransportLimits::default().conn_policy(4, crate::net::limits::CallerAuth::None),
             Arc::default(),
         );
         let mut conn = Counted::new(tcp, permit, registry.register(peer.ip()).unwrap());
@@ -463,7 +463,7 @@ mod tests {
         let (near, far) = tokio::io::duplex(1024);
         let permit = Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap();
         let registry = Conns::new(
-            TransportLimits::default().conn_policy(4, false),
+            TransportLimits::default().conn_policy(4, crate::net::limits::CallerAuth::None),
             Arc::default(),
         );
         let conn = Counted::new(
@@ -602,7 +602,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let registry = Conns::new(
-            TransportLimits::default().conn_policy(cap, false),
+            TransportLimits::default().conn_policy(cap, crate::net::limits::CallerAuth::None),
             Arc::default(),
         );
         let incoming =

@@ -7,7 +7,11 @@
 //! - When the listener is at its cap, an arriving connection evicts the
 //!   oldest connection still in its handshake, else the established one
 //!   idle (no open stream) longest; while every connection has a stream
-//!   open it waits, looking again every half second.
+//!   open it waits, looking again every half second. Where callers
+//!   authenticate (bearer, mTLS), a connection that never carried an
+//!   authenticated call goes first, busy or not (the idlest of them, else
+//!   the oldest, closed at once): stalled health checks from a peer
+//!   without credentials must not keep it ahead of a caller's idle one.
 //! - At most `per_ip` connections per source address (an IPv4-mapped IPv6
 //!   address counts as its IPv4 address), counting those still in their
 //!   handshake, and closing ones only while a stream is open on them: over
@@ -64,6 +68,9 @@ pub struct ConnPolicy {
     /// answer (a zero flow-control window), keeping its connection busy
     /// and never evicted.
     pub max_stream_age: Duration,
+    /// Callers authenticate (bearer, mTLS): eviction takes connections
+    /// that never carried an authenticated call first.
+    pub callers_authenticate: bool,
 }
 
 /// Counters for the metrics endpoint, shared by the listeners that report
@@ -405,11 +412,12 @@ impl Conns {
         }
     }
 
-    /// Marks the established connection idle longest to be closed; in
-    /// bearer mode, when none is idle, the oldest that has not
-    /// authenticated (busy or not: a held stream, a health check on the
-    /// gRPC port, buys an unauthenticated peer nothing). False if there is
-    /// no such connection.
+    /// Marks a connection to be closed to make room: the established one
+    /// idle longest. Where callers authenticate, one that never carried an
+    /// authenticated call goes first: the idlest of those, else (busy: a
+    /// held stream, a health check on the gRPC port, buys an
+    /// unauthenticated peer nothing) the oldest, closed at once; only then
+    /// an authenticated one. False if there is no such connection.
     pub fn evict_idlest(&self) -> bool {
         let live: Vec<_> = self
             .live()
@@ -421,35 +429,48 @@ impl Conns {
 
     /// [`Self::evict_idlest`] among `live` (none of them closing); with
     /// `handshaking`, a connection still in its handshake is a candidate,
-    /// idle since it opened.
+    /// idle since it opened (and, having carried no call, unauthenticated).
     fn evict_among(&self, live: &[Arc<Conn>], handshaking: bool) -> bool {
-        let now = self.now_ms();
-        // Idle longest; of those idle as long (to the millisecond), the
-        // oldest.
-        let idle = live
+        if !self.policy.callers_authenticate {
+            return self.evict_idlest_of(live.iter(), handshaking);
+        }
+        let (authenticated, unauthenticated): (Vec<_>, Vec<_>) = live
             .iter()
-            .filter_map(|c| c.idle_for_ms(now, handshaking).map(|ms| (ms, c)))
-            .max_by_key(|(ms, c)| (*ms, std::cmp::Reverse(c.id)));
-        if let Some((_, c)) = idle {
-            self.stats.evicted.fetch_add(1, Ordering::Relaxed);
-            c.close(SOFT);
+            .partition(|c| c.authenticated.load(Ordering::Relaxed));
+        if self.evict_idlest_of(unauthenticated.iter().copied(), handshaking) {
             return true;
         }
-        if self.policy.auth_deadline.is_some() {
-            let unauthenticated = live
-                .iter()
-                .filter(|c| {
-                    c.established.load(Ordering::Relaxed)
-                        && !c.authenticated.load(Ordering::Relaxed)
-                })
-                .min_by_key(|c| c.opened_ms);
-            if let Some(c) = unauthenticated {
-                self.stats.evicted.fetch_add(1, Ordering::Relaxed);
-                c.close(HARD);
-                return true;
-            }
+        let busy = unauthenticated
+            .iter()
+            .filter(|c| c.established.load(Ordering::Relaxed))
+            .min_by_key(|c| (c.opened_ms, c.id));
+        if let Some(c) = busy {
+            self.stats.evicted.fetch_add(1, Ordering::Relaxed);
+            c.close(HARD);
+            return true;
         }
-        false
+        self.evict_idlest_of(authenticated.into_iter(), handshaking)
+    }
+
+    /// Marks the idlest of `candidates` (idle longest; of those idle as long,
+    /// to the millisecond, the oldest) to close once no stream is open.
+    fn evict_idlest_of<'a>(
+        &self,
+        candidates: impl Iterator<Item = &'a Arc<Conn>>,
+        handshaking: bool,
+    ) -> bool {
+        let now = self.now_ms();
+        let idle = candidates
+            .filter_map(|c| c.idle_for_ms(now, handshaking).map(|ms| (ms, c)))
+            .max_by_key(|(ms, c)| (*ms, std::cmp::Reverse(c.id)));
+        match idle {
+            Some((_, c)) => {
+                self.stats.evicted.fetch_add(1, Ordering::Relaxed);
+                c.close(SOFT);
+                true
+            }
+            None => false,
+        }
     }
 
     /// Registers a connection just accepted from `ip`; `None` when `ip`
@@ -700,6 +721,7 @@ mod tests {
                 auth_deadline: None,
                 max_auth_failures: 3,
                 max_stream_age: Duration::from_secs(15),
+                callers_authenticate: false,
             },
             Arc::default(),
         )
@@ -827,6 +849,36 @@ mod tests {
             "a busy connection with short streams was closed"
         );
         assert_eq!(conns.stats.closed_stalled.load(Ordering::Relaxed), 1);
+    }
+
+    /// Where callers authenticate (here without a deadline, as with mTLS),
+    /// a connection that never carried an authenticated call is evicted
+    /// first: idle before busy, and a busy one before an authenticated one
+    /// however long that has been idle (issue 58, finding 5).
+    #[tokio::test(start_paused = true)]
+    async fn connections_without_an_authenticated_call_are_evicted_first() {
+        let conns = Conns::new(
+            ConnPolicy {
+                callers_authenticate: true,
+                ..registry(16).policy.clone()
+            },
+            Arc::default(),
+        );
+        let [caller, idle, busy] = established(&conns);
+        caller.authenticated();
+        let _held = StreamGuard::enter(Some(busy.clone()));
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(conns.evict_idlest());
+        assert_eq!(idle.closing_now(), Closing::WhenQuiet, "the idle one first");
+        assert!(conns.evict_idlest());
+        assert_eq!(
+            busy.closing_now(),
+            Closing::Now,
+            "then the busy one, at once"
+        );
+        assert!(!caller.is_closing());
+        assert!(conns.evict_idlest());
+        assert!(caller.is_closing(), "then the authenticated one");
     }
 
     /// An IPv4-mapped IPv6 address counts as its IPv4 address.

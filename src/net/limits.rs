@@ -93,19 +93,33 @@ impl Default for TransportLimits {
 /// answer leaves within the timeout unless its peer does not take it.
 pub const STREAM_AGE_MARGIN: Duration = Duration::from_secs(5);
 
+/// How a listener's callers authenticate, as its connection policy sees
+/// it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CallerAuth {
+    /// Not at all (or a port with no caller authentication: health,
+    /// metrics).
+    None,
+    /// A bearer secret with each request.
+    Bearer,
+    /// A client certificate that maps to a tenant.
+    Certificate,
+}
+
 impl TransportLimits {
-    /// The connection policy of a listener capped at `cap` connections;
-    /// `bearer`: callers authenticate per request with a bearer secret.
-    pub fn conn_policy(&self, cap: usize, bearer: bool) -> crate::net::conns::ConnPolicy {
+    /// The connection policy of a listener capped at `cap` connections
+    /// whose callers authenticate as `auth` says.
+    pub fn conn_policy(&self, cap: usize, auth: CallerAuth) -> crate::net::conns::ConnPolicy {
         crate::net::conns::ConnPolicy {
             idle_timeout: self.idle_timeout,
             per_ip: match self.max_connections_per_ip {
                 0 => (cap / 4).max(1),
                 n => n,
             },
-            auth_deadline: bearer.then_some(self.auth_deadline),
+            auth_deadline: (auth == CallerAuth::Bearer).then_some(self.auth_deadline),
             max_auth_failures: 16,
             max_stream_age: self.request_timeout.saturating_add(STREAM_AGE_MARGIN),
+            callers_authenticate: auth != CallerAuth::None,
         }
     }
 

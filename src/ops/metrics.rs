@@ -565,6 +565,7 @@ pub async fn serve(listener: TcpListener, max_connections: usize, src: Sources) 
             auth_deadline: None,
             max_auth_failures: u32::MAX,
             max_stream_age: Duration::from_secs(3600),
+            callers_authenticate: false,
         },
         Arc::default(),
     );

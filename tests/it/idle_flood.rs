@@ -507,3 +507,161 @@ async fn streams_held_open_by_a_zero_window_cannot_lock_out_probes() {
     eprintln!("zero-window streams: {closed} of 64 connections closed by the server");
     assert!(closed > 0);
 }
+
+/// One unary gRPC call over a raw HTTP/2 connection; its `grpc-status`.
+async fn h2_unary(
+    client: &mut h2::client::SendRequest<bytes::Bytes>,
+    addr: SocketAddr,
+    path: &str,
+    bearer: Option<&str>,
+    message: &impl prost::Message,
+) -> Option<String> {
+    let mut framed = vec![0u8];
+    let body = message.encode_to_vec();
+    framed.extend_from_slice(&u32::try_from(body.len()).unwrap().to_be_bytes());
+    framed.extend_from_slice(&body);
+    let mut req = http::Request::post(format!("http://{addr}{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers");
+    if let Some(b) = bearer {
+        req = req.header("authorization", format!("Bearer {b}"));
+    }
+    let ready = client.clone().ready().await.ok()?;
+    *client = ready;
+    let (resp, mut send) = client.send_request(req.body(()).unwrap(), false).ok()?;
+    send.send_data(framed.into(), true).ok()?;
+    let resp = resp.await.ok()?;
+    if let Some(s) = resp.headers().get("grpc-status") {
+        return Some(s.to_str().ok()?.to_owned()); // trailers-only
+    }
+    let mut body = resp.into_body();
+    while let Some(chunk) = body.data().await {
+        let n = chunk.ok()?.len();
+        let _ = body.flow_control().release_capacity(n);
+    }
+    let trailers = body.trailers().await.ok()??;
+    Some(trailers.get("grpc-status")?.to_str().ok()?.to_owned())
+}
+
+/// Bearer mode, the listener at its cap with one idle connection that
+/// carried an authenticated call and seven from a peer without credentials,
+/// each holding a `Health/Check` whose answer its zero window never takes:
+/// an arrival evicts one of the unauthenticated connections, not the
+/// authenticated one (issue 58, finding 5: it evicted the idle
+/// authenticated connection, and stalled checks kept the others busy).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_arrival_evicts_an_unauthenticated_busy_connection_before_an_authenticated_idle_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let tenants = dir.path().join("tenants.json");
+    let digest: String = {
+        use sha2::Digest;
+        sha2::Sha256::digest(b"the-secret")
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    };
+    std::fs::write(
+        &tenants,
+        format!(r#"{{"tenants":[{{"name":"t","bearer_sha256":"{digest}"}}]}}"#),
+    )
+    .unwrap();
+    // Neither the authentication deadline nor the stream age closes the
+    // stalled connections during the test: only eviction does.
+    let s = spawn(
+        &dir.path().join("data"),
+        &[
+            "--auth",
+            "bearer",
+            "--tenants",
+            tenants.to_str().unwrap(),
+            "--max-connections",
+            "8",
+            "--max-connections-per-ip",
+            "64",
+            "--auth-deadline-ms",
+            "300000",
+            "--request-timeout-ms",
+            "300000",
+        ],
+        &[],
+    );
+    let addr = s.addr;
+    // The authenticated connection: one Seal with the credential, then idle.
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut authed, conn) = h2::client::handshake(tcp).await.unwrap();
+    let authed_task = tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let status = h2_unary(
+        &mut authed,
+        addr,
+        "/stateseal.v1.RequestState/Seal",
+        Some("the-secret"),
+        &crate::common::seal_req(b"x", false),
+    )
+    .await;
+    assert_eq!(status.as_deref(), Some("0"), "the authenticated Seal");
+    // Seven connections without credentials, each holding a stalled check.
+    let mut stalled = Vec::new();
+    for _ in 0..7 {
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (mut client, conn) = h2::client::Builder::new()
+            .initial_window_size(0)
+            .handshake::<_, bytes::Bytes>(tcp)
+            .await
+            .unwrap();
+        let task = tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        let req = http::Request::post(format!("http://{addr}/grpc.health.v1.Health/Check"))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(())
+            .unwrap();
+        let (resp, mut body) = client.send_request(req, false).unwrap();
+        body.send_data(bytes::Bytes::from_static(&[0, 0, 0, 0, 0]), true)
+            .unwrap();
+        // The answer's headers came: the stream is open and counted.
+        let headers = tokio::time::timeout(Duration::from_secs(20), resp).await;
+        assert!(
+            matches!(headers, Ok(Ok(_))),
+            "no answer headers: {headers:?}"
+        );
+        stalled.push((client, body, task));
+    }
+    // The listener is full (8): a caller arriving with its credential makes
+    // room by evicting one connection.
+    assert!(
+        legit(addr, Some("the-secret"), &Port::Plain).await,
+        "the arriving caller was not served"
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let closed_stalled = loop {
+        let n = stalled.iter().filter(|h| h.2.is_finished()).count();
+        if n > 0 || authed_task.is_finished() {
+            break n;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the arrival evicted no connection in 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        !authed_task.is_finished(),
+        "the idle authenticated connection was evicted while {} unauthenticated connections \
+         holding stalled checks survived",
+        7 - closed_stalled
+    );
+    assert_eq!(closed_stalled, 1, "one eviction for one arrival");
+    // The authenticated connection still serves.
+    let status = h2_unary(
+        &mut authed,
+        addr,
+        "/stateseal.v1.RequestState/Seal",
+        Some("the-secret"),
+        &crate::common::seal_req(b"y", false),
+    )
+    .await;
+    assert_eq!(status.as_deref(), Some("0"), "the authenticated connection");
+}

@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use crate::common::pg::{pg_client, OwnSchema};
 use rand::RngCore;
 use stateseal::internals::ledger::postgres::{PgLedger, PgOptions};
 use stateseal::internals::ledger::sled::SledLedger;
@@ -24,56 +25,6 @@ fn key(expires_at: u64) -> LedgerKey {
 
 const FAR: u64 = 4_000_000_000;
 
-/// Collects in batches of `batch`, asking for the horizon on each pass (a
-/// clock-based horizon moves on while the test waits, as the server's own
-/// collector's does), until the horizon is past `until` and a pass after
-/// that removes nothing; gives up after 30 s. The count is of every record
-/// removed, whichever test left it in the backend (PostgreSQL's table is
-/// shared), so callers check their own records by their outcomes, not by
-/// the count alone. On PostgreSQL the horizon is also the database's clock,
-/// rounded to whole seconds where `wall_now` truncates: a horizon of
-/// `until + 1` by the wall clock is past `until` by both.
-/// A plain connection to the test database, its connection task spawned.
-async fn pg_client(url: &str) -> tokio_postgres::Client {
-    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    client
-}
-
-/// A schema of its own in the test database, created afresh, with the URL
-/// that makes it every session's `search_path` (through the URL's
-/// `options`): a ledger there sees no other test's table.
-struct OwnSchema {
-    client: tokio_postgres::Client,
-    name: String,
-    url: String,
-}
-
-impl OwnSchema {
-    async fn create(url: &str, what: &str) -> Self {
-        let name = format!("stateseal_{what}_{}", std::process::id());
-        let client = pg_client(url).await;
-        client
-            .batch_execute(&format!(
-                "DROP SCHEMA IF EXISTS {name} CASCADE; CREATE SCHEMA {name}"
-            ))
-            .await
-            .unwrap();
-        let sep = if url.contains('?') { '&' } else { '?' };
-        let url = format!("{url}{sep}options=-c%20search_path%3D{name}");
-        OwnSchema { client, name, url }
-    }
-
-    async fn remove(self) {
-        self.client
-            .batch_execute(&format!("DROP SCHEMA {} CASCADE", self.name))
-            .await
-            .unwrap();
-    }
-}
-
 /// The test database's host:port, user and database name, for a relay
 /// in front of it (its URL must name a TCP host).
 fn reached_at(url: &str) -> (String, String, String) {
@@ -90,13 +41,13 @@ fn reached_at(url: &str) -> (String, String, String) {
     )
 }
 
-/// Whether some session's statement starting with `prefix` waits for a lock.
-async fn waits_for_a_lock(watch: &tokio_postgres::Client, prefix: &str) -> bool {
+/// Whether some session's statement holding `text` waits for a lock.
+async fn waits_for_a_lock(watch: &tokio_postgres::Client, text: &str) -> bool {
     let waiting: i64 = watch
         .query_one(
             "SELECT count(*) FROM pg_stat_activity
-              WHERE wait_event_type = 'Lock' AND starts_with(query, $1)",
-            &[&prefix],
+              WHERE wait_event_type = 'Lock' AND strpos(query, $1) > 0",
+            &[&text],
         )
         .await
         .unwrap()

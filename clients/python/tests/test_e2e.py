@@ -381,9 +381,9 @@ async def test_the_commit_runs_beside_the_answer_and_a_replay_waits_for_it(state
     gate = asyncio.Event()
     landed: list[str] = []
 
-    async def held_commit(self, reservation):
+    async def held_commit(self, reservation, **kw):
         await gate.wait()
-        await commit(self, reservation)
+        await commit(self, reservation, **kw)
         landed.append(reservation)
 
     monkeypatch.setattr(RequestStateClient, "commit", held_commit)
@@ -417,9 +417,9 @@ async def test_each_commit_rides_the_next_durable_open(stateseal, monkeypatch):
     alone: list[str] = []
     carried: list[str] = []
 
-    async def counted_commit(self, reservation):
+    async def counted_commit(self, reservation, **kw):
         alone.append(reservation)
-        await commit(self, reservation)
+        await commit(self, reservation, **kw)
 
     async def counted_open(self, *args, commit=(), **kwargs):
         carried.extend(commit)

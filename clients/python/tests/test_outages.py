@@ -339,9 +339,9 @@ async def test_commits_past_max_pending_are_counted_and_tried_once(stateseal, ca
     commit = RequestStateClient.commit
     gate = asyncio.Event()
 
-    async def held_commit(self, reservation):
+    async def held_commit(self, reservation, **kw):
         await gate.wait()
-        await commit(self, reservation)
+        await commit(self, reservation, **kw)
 
     monkeypatch.setattr(RequestStateClient, "commit", held_commit)
     caplog.set_level(logging.INFO, logger="stateseal_mcp")
@@ -382,10 +382,10 @@ async def test_a_replay_here_never_takes_over_a_token_whose_commit_is_kept(state
     def down() -> StatesealError:
         return StatesealError("LEDGER_UNAVAILABLE", grpc.StatusCode.UNAVAILABLE, "test outage")
 
-    async def failing_commit(self, reservation):
+    async def failing_commit(self, reservation, **kw):
         if outage["on"]:
             raise down()
-        await commit(self, reservation)
+        await commit(self, reservation, **kw)
 
     async def failing_renew(self, reservation, lease_seconds=0, **kw):
         if outage["on"]:
@@ -558,3 +558,60 @@ async def test_a_hung_renewal_is_abandoned_within_the_lease_and_retried(tmp_path
         SLOW["gate"] = None
         relays[1][0].close()
         await stop_relay(relays[0][0], relays[0][3] + relays[1][3], proc)
+
+
+async def test_a_commit_try_against_a_hung_stateseal_is_abandoned_within_the_lease(tmp_path, caplog, monkeypatch):
+    """Review F4: each try of a Commit is abandoned after a third of the
+    lease, not the client's 5 s timeout, so the lease is renewed before
+    the next try (no Renew goes while a try is in flight). Both replicas
+    reach stateseal through a relay that stops forwarding as the handler
+    returns (a stateseal that hangs): the first try (no commit delay: sent
+    at once) hangs and is abandoned well within the 3 s lease. Let go, a
+    later try lands: the replay is refused as already used, and the body
+    ran once."""
+    proc, addr = start_stateseal(tmp_path)
+    relay, relay_addr, state, open_writers = await start_relay(addr)
+    hung = state["flowing"]
+    commit = RequestStateClient.commit
+    #: Each Commit try: (started, ended, None or the failure's reason).
+    tries: list[tuple[float, float, str | None]] = []
+
+    async def recorded_commit(self, reservation, **kw):
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            await commit(self, reservation, **kw)
+        except StatesealError as e:
+            tries.append((started, loop.time(), e.reason))
+            raise
+        tries.append((started, loop.time(), None))
+
+    monkeypatch.setattr(RequestStateClient, "commit", recorded_commit)
+    caplog.set_level(logging.INFO, logger="stateseal_mcp")
+    SLOW.update(runs=0, gate=None, on_return=[hung.clear])
+    try:
+        async with deployment(relay_addr, lease_seconds=LEASE, commit_delay=0) as (url, served):
+            async with Client(url, elicitation_callback=accept) as client:
+                r = await client.session.call_tool("slow", {"amount": 15}, allow_input_required=True)
+                assert isinstance(r, types.InputRequiredResult), r
+                retry: dict[str, Any] = {"input_responses": answers(r), "request_state": r.request_state}
+                done = await client.session.call_tool("slow", {"amount": 15}, **retry)  # on B
+                assert "slow 15" in text_of(done), done
+                SLOW["on_return"] = []
+                with anyio.fail_after(DEADLINE):
+                    while not any(reason == "DEADLINE_EXCEEDED" for _, _, reason in tries):
+                        await anyio.sleep(0.05)
+                hung.set()
+                for b in BOUNDARIES:
+                    assert await b.drain(DEADLINE), "a Commit is still kept"
+                replay = client.session.call_tool("slow", {"amount": 15}, **retry, allow_input_required=True)
+                assert_already_used(await error_of(replay))
+        assert SLOW["runs"] == 1, SLOW
+        hung_for = [end - start for start, end, reason in tries if reason == "DEADLINE_EXCEEDED"]
+        # Its deadline is a third of the lease (the client's timeout: 5 s).
+        assert hung_for and max(hung_for) < LEASE, tries
+        assert tries[-1][2] is None, tries
+    finally:
+        hung.set()
+        SLOW.update(gate=None, on_return=[])
+        await stop_relay(relay, open_writers, proc)

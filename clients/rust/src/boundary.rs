@@ -69,6 +69,9 @@ pub const DEFAULT_MAX_INPUT_RESPONSES_BYTES: usize = 256 * 1024;
 
 /// The shortest pause between two renewals of a lease.
 const MIN_RENEW_INTERVAL: Duration = Duration::from_millis(500);
+/// The shortest deadline of a Renew, or of one try of a Commit, which each
+/// get a third of the lease (at most the client's timeout).
+const MIN_LEASE_RPC_DEADLINE: Duration = Duration::from_millis(250);
 /// How long an Open of a token whose Commit this boundary still keeps (its
 /// handler answered; the Commit has not landed) waits, at most, for that
 /// Commit before it is answered IN_USE without opening the token. Asked
@@ -318,7 +321,13 @@ struct Inner {
 }
 
 /// A Commit waiting for a carrier, and where its outcome goes.
-type Waiting = (String, oneshot::Sender<Result<(), StatesealError>>);
+/// A Commit waiting for a carrier: its reservation, the deadline of its
+/// try if it goes on its own, and where its outcome goes.
+type Waiting = (
+    String,
+    Duration,
+    oneshot::Sender<Result<(), StatesealError>>,
+);
 
 /// The Commits of one boundary waiting for a durable Open to carry them
 /// (`OpenRequest.commit`, at most [`CARRY_PER_OPEN`] each), oldest
@@ -475,9 +484,13 @@ impl StatesealBoundary {
 
     /// Queues a Commit for the next durable Open to carry; the receiver
     /// gets its outcome, as a Commit would answer.
-    fn commit_later(&self, reservation: &str) -> oneshot::Receiver<Result<(), StatesealError>> {
+    fn commit_later(
+        &self,
+        reservation: &str,
+        deadline: Duration,
+    ) -> oneshot::Receiver<Result<(), StatesealError>> {
         let (tx, rx) = oneshot::channel();
-        let waiting = (reservation.to_owned(), tx);
+        let waiting = (reservation.to_owned(), deadline, tx);
         let alone = {
             let mut c = self.carrier();
             if c.draining > 0 {
@@ -526,7 +539,7 @@ impl StatesealBoundary {
     fn settle(&self, taken: Vec<Waiting>, outcomes: Vec<Option<StatesealError>>) {
         let mut rest = Vec::new();
         let mut outcomes = outcomes.into_iter();
-        for (reservation, tx) in taken {
+        for (reservation, deadline, tx) in taken {
             match outcomes.next() {
                 Some(None) => {
                     let _ = tx.send(Ok(()));
@@ -534,7 +547,7 @@ impl StatesealBoundary {
                 Some(Some(e)) => {
                     let _ = tx.send(Err(e));
                 }
-                None => rest.push((reservation, tx)),
+                None => rest.push((reservation, deadline, tx)),
             }
         }
         self.send(rest);
@@ -564,11 +577,11 @@ impl StatesealBoundary {
 
     /// Sends each of `taken` as a Commit of its own.
     fn send(&self, taken: Vec<Waiting>) {
-        for (reservation, tx) in taken {
+        for (reservation, deadline, tx) in taken {
             let b = self.clone();
             tokio::spawn(async move {
                 let t = Instant::now();
-                let committed = b.0.client.commit(&reservation).await;
+                let committed = b.0.client.commit_within(&reservation, deadline).await;
                 b.lap(Step::RpcCommit, t);
                 let _ = tx.send(committed);
             });
@@ -789,7 +802,7 @@ impl StatesealBoundary {
             } else {
                 Vec::new()
             };
-            let reservations: Vec<String> = carried.iter().map(|(r, _)| r.clone()).collect();
+            let reservations: Vec<String> = carried.iter().map(|(r, _, _)| r.clone()).collect();
             if let Some(steps) = &o.steps {
                 steps.add_count(Step::CommitCarried, reservations.len() as u64);
             }
@@ -1036,6 +1049,7 @@ impl Held {
             std::mem::take(&mut self.reservation),
             self.keeper.take(),
         );
+        let granted = self.granted;
         let (slot, kept) = b.slot("commit", method);
         // Not kept (max_pending are): tried once.
         let window = if kept {
@@ -1065,7 +1079,9 @@ impl Held {
                 Some(k) => k.hand_over().await,
                 None => None,
             };
-            commit(&b, method, &reservation, renewal, until).await;
+            let granted = renewal.as_ref().map_or(granted, |r| r.granted);
+            let deadline = commit_try_deadline(granted, &b.0.client);
+            commit(&b, method, &reservation, renewal, deadline, until).await;
         });
     }
 }
@@ -1130,6 +1146,8 @@ struct Renewal {
     boundary: StatesealBoundary,
     method: &'static str,
     reservation: String,
+    /// The lease stateseal granted last, in seconds.
+    granted: u32,
     every: Duration,
     next: tokio::time::Instant,
     /// stateseal answered `LEASE_EXPIRED`: renewing has stopped.
@@ -1148,31 +1166,42 @@ impl Renewal {
             boundary,
             method,
             reservation,
+            granted,
             every,
             next: tokio::time::Instant::now() + every,
             lost: false,
         }
     }
 
-    /// One Renew; the next is due a third of the lease after its answer.
-    /// `answered`: the handler has answered and its Commit is under way,
-    /// which may have landed already (its answer not yet here), and a
-    /// committed reservation renews as `LEASE_EXPIRED`: the Commit's answer
-    /// decides, and reports a token taken over.
+    /// One Renew, given up after a third of the lease (at least 0.25 s, at
+    /// most the client's timeout): one that hangs would outlast the lease
+    /// it extends. The next is due a third of the lease after this one was
+    /// sent when it landed, and once its deadline has passed when it
+    /// failed (at once after one that ran it out). `answered`: the handler
+    /// has answered and its Commit is under way, which may have landed
+    /// already (its answer not yet here), and a committed reservation
+    /// renews as `LEASE_EXPIRED`: the Commit's answer decides, and reports
+    /// a token taken over.
     async fn renew(&mut self, answered: bool) {
         let b = &self.boundary;
         let method = self.method;
         let t = Instant::now();
+        let sent = tokio::time::Instant::now();
+        let deadline = lease_rpc_deadline(self.granted);
         let renewed =
             b.0.client
-                .renew(&self.reservation, b.0.options.lease_seconds)
+                .renew_within(&self.reservation, b.0.options.lease_seconds, deadline)
                 .await;
         b.lap(Step::RpcRenew, t);
+        self.next = sent + deadline;
         match renewed {
-            Ok(lease) if lease.lease_seconds > 0 => {
-                self.every = renew_every(lease.lease_seconds);
+            Ok(lease) => {
+                if lease.lease_seconds > 0 {
+                    self.granted = lease.lease_seconds;
+                    self.every = renew_every(lease.lease_seconds);
+                }
+                self.next = sent + self.every;
             }
-            Ok(_) => {}
             Err(e) if renewal_lost(&e) => {
                 self.lost = true;
                 if answered {
@@ -1191,12 +1220,29 @@ impl Renewal {
                 warn!(target: "stateseal_rmcp", method, reason = %e.reason, "stateseal renew failed; retrying")
             }
         }
-        self.next = tokio::time::Instant::now() + self.every;
     }
 }
 
 fn renew_every(granted: u32) -> Duration {
     MIN_RENEW_INTERVAL.max(Duration::from_secs(granted.into()) / 3)
+}
+
+/// The deadline of a Renew, and of each try of a Commit, under a lease of
+/// `granted` seconds: a third of it, at least [`MIN_LEASE_RPC_DEADLINE`]
+/// (the client's timeout caps it). Never longer than the renewal period,
+/// so Renews never overlap, and a try that hangs leaves the lease two
+/// thirds for the next.
+fn lease_rpc_deadline(granted: u32) -> Duration {
+    MIN_LEASE_RPC_DEADLINE.max(Duration::from_secs(granted.into()) / 3)
+}
+
+/// [`lease_rpc_deadline`] for a Commit's tries: the client's own timeout
+/// when stateseal granted no lease length (a service older than Renew).
+fn commit_try_deadline(granted: u32, client: &RequestStateClient) -> Duration {
+    match granted {
+        0 => client.timeout(),
+        g => lease_rpc_deadline(g).min(client.timeout()),
+    }
 }
 
 /// Sleeps until `until`, renewing the lease whenever a renewal falls due.
@@ -1268,6 +1314,9 @@ fn still_committing() -> StatesealError {
 /// Commits a reservation whose handler returned, kept (retried with capped
 /// backoff while the failure is transient, the lease renewed meanwhile)
 /// until stateseal gives a definite answer or the clock passes `until`.
+/// Each try is given up after `deadline` (a third of the lease; the first,
+/// waiting for a carrier, after the commit delay and that), so a try that
+/// hangs leaves the lease time to be renewed before the next.
 /// The handler ran: its answer stands whatever Commit answers. Commit is
 /// idempotent (a committed reservation commits again), and one that lands
 /// after an outage still consumes the token: the lease was renewed
@@ -1278,6 +1327,7 @@ async fn commit(
     method: &str,
     reservation: &str,
     mut renewal: Option<Renewal>,
+    deadline: Duration,
     until: tokio::time::Instant,
 ) {
     let mut pause = RETRY_FIRST;
@@ -1285,14 +1335,22 @@ async fn commit(
     loop {
         let committed = if tries == 0 && !b.0.options.commit_delay.is_zero() {
             // Carried by the next durable Open, or sent on its own after
-            // the delay (a lost outcome: sent again, at once).
-            match b.commit_later(reservation).await {
-                Ok(outcome) => outcome,
-                Err(_) => b.0.client.commit(reservation).await,
+            // the delay (a lost outcome: sent again, at once). An Open that
+            // carries it may take the client's timeout: given up as a try
+            // that ran out (the Commit is idempotent).
+            let carried = b.commit_later(reservation, deadline);
+            let wait = b.0.options.commit_delay.saturating_add(deadline);
+            match tokio::time::timeout(wait, carried).await {
+                Ok(Ok(outcome)) => outcome,
+                Ok(Err(_)) => b.0.client.commit_within(reservation, deadline).await,
+                Err(_) => Err(StatesealError::transport(
+                    tonic::Code::DeadlineExceeded,
+                    "timed out",
+                )),
             }
         } else {
             let t = Instant::now();
-            let committed = b.0.client.commit(reservation).await;
+            let committed = b.0.client.commit_within(reservation, deadline).await;
             b.lap(Step::RpcCommit, t);
             committed
         };

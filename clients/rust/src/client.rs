@@ -313,9 +313,14 @@ impl RequestStateClient {
         })
     }
 
-    fn request<T>(&self, msg: T) -> Request<T> {
+    /// The deadline of each call (unless given a shorter one).
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    fn request<T>(&self, msg: T, timeout: Duration) -> Request<T> {
         let mut r = Request::new(msg);
-        r.set_timeout(self.timeout);
+        r.set_timeout(timeout);
         if let Some(auth) = &self.auth {
             r.metadata_mut().insert("authorization", auth.clone());
         }
@@ -327,9 +332,25 @@ impl RequestStateClient {
         F: FnOnce(proto::request_state_client::RequestStateClient<Channel>, Request<T>) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<R>, Status>>,
     {
-        let req = self.request(msg);
+        self.call_within(msg, self.timeout, f).await
+    }
+
+    /// [`Self::call`] within `deadline`, never more than the client's
+    /// timeout.
+    async fn call_within<T, R, F, Fut>(
+        &self,
+        msg: T,
+        deadline: Duration,
+        f: F,
+    ) -> Result<R, StatesealError>
+    where
+        F: FnOnce(proto::request_state_client::RequestStateClient<Channel>, Request<T>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<R>, Status>>,
+    {
+        let timeout = deadline.min(self.timeout);
+        let req = self.request(msg, timeout);
         // The whole call, connecting included, within the timeout.
-        match tokio::time::timeout(self.timeout, f(self.inner.clone(), req)).await {
+        match tokio::time::timeout(timeout, f(self.inner.clone(), req)).await {
             Ok(Ok(r)) => Ok(r.into_inner()),
             Ok(Err(s)) => Err(StatesealError::from_status(&s)),
             Err(_) => Err(StatesealError::transport(
@@ -458,10 +479,21 @@ impl RequestStateClient {
 
     /// Makes a reservation a durable consumption (idempotent).
     pub async fn commit(&self, reservation: &str) -> Result<(), StatesealError> {
+        self.commit_within(reservation, self.timeout).await
+    }
+
+    /// [`Self::commit`] within `deadline` (never more than the client's
+    /// timeout): a try that outlives a third of its lease is of no use, the
+    /// lease is renewed between tries.
+    pub async fn commit_within(
+        &self,
+        reservation: &str,
+        deadline: Duration,
+    ) -> Result<(), StatesealError> {
         let msg = proto::CommitRequest {
             reservation: reservation.to_owned(),
         };
-        self.call(msg, |mut c, r| async move { c.commit(r).await })
+        self.call_within(msg, deadline, |mut c, r| async move { c.commit(r).await })
             .await
             .map(drop)
     }
@@ -473,12 +505,25 @@ impl RequestStateClient {
         reservation: &str,
         lease_seconds: u32,
     ) -> Result<Lease, StatesealError> {
+        self.renew_within(reservation, lease_seconds, self.timeout)
+            .await
+    }
+
+    /// [`Self::renew`] within `deadline` (never more than the client's
+    /// timeout): a renewal that outlives its lease is of no use, so keep it
+    /// well within the lease (the boundary gives each a third of it).
+    pub async fn renew_within(
+        &self,
+        reservation: &str,
+        lease_seconds: u32,
+        deadline: Duration,
+    ) -> Result<Lease, StatesealError> {
         let msg = proto::RenewRequest {
             reservation: reservation.to_owned(),
             lease_seconds,
         };
         let r = self
-            .call(msg, |mut c, r| async move { c.renew(r).await })
+            .call_within(msg, deadline, |mut c, r| async move { c.renew(r).await })
             .await?;
         Ok(Lease {
             lease_expires_at_unix: r.lease_expires_at_unix,

@@ -586,3 +586,199 @@ async fn a_stateseal_outage_keeps_commits_and_releases_and_a_full_set_is_counted
     assert_eq!(done(retried), "account 1 closed");
     assert_eq!((account.runs(1), account.runs(2)), (2, 1));
 }
+
+/// A TCP relay on 127.0.0.1 in front of stateseal that can hold every byte
+/// it is given, both ways (a stateseal that hangs, its connections open),
+/// and pass them on when let go.
+struct Holding {
+    addr: String,
+    hold: watch::Sender<bool>,
+}
+
+impl Holding {
+    async fn start(target: String) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the relay");
+        let addr = listener.local_addr().expect("relay address").to_string();
+        let (hold, held) = watch::channel(false);
+        tokio::spawn(async move {
+            while let Ok((inbound, _)) = listener.accept().await {
+                let (target, held) = (target.clone(), held.clone());
+                tokio::spawn(async move {
+                    let Ok(outbound) = tokio::net::TcpStream::connect(&target).await else {
+                        return;
+                    };
+                    let _ = inbound.set_nodelay(true);
+                    let _ = outbound.set_nodelay(true);
+                    let (ri, wi) = inbound.into_split();
+                    let (ro, wo) = outbound.into_split();
+                    tokio::join!(pass(ri, wo, held.clone()), pass(ro, wi, held));
+                });
+            }
+        });
+        Holding { addr, hold }
+    }
+
+    fn hold(&self, on: bool) {
+        self.hold.send_replace(on);
+    }
+}
+
+/// Passes bytes from `from` to `to`, holding them while `held` says so.
+async fn pass(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut held: watch::Receiver<bool>,
+) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        if held.wait_for(|h| !*h).await.is_err() {
+            return;
+        }
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if held.wait_for(|h| !*h).await.is_err() {
+            return;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// A boundary in front of `relay` (the client's default 5 s timeout)
+/// asking for a 6 s lease, its steps counted into `steps`.
+fn held_boundary(relay: &Holding, steps: &Arc<stateseal_rmcp::steps::Steps>) -> StatesealBoundary {
+    StatesealBoundary::builder(
+        RequestStateClient::new(&relay.addr).expect("client"),
+        "account-service",
+    )
+    .lease_seconds(6)
+    .commit_delay(Duration::ZERO)
+    .steps(steps.clone())
+    .build()
+}
+
+/// Issue 58, finding 5: a Renew is given up after a third of the lease,
+/// not the client's 5 s timeout, which would outlast a short lease. With
+/// a 6 s lease and stateseal hanging (a relay holding every byte) from
+/// when the handler starts, the first Renew (due 2 s after the Open) has
+/// given up before the lease ends, so the keeper tries again in time. Let
+/// go, the renewals land, the result is committed, and the replay is
+/// refused as used.
+#[tokio::test]
+async fn a_renewal_against_a_hung_stateseal_gives_up_within_a_third_of_the_lease() {
+    use stateseal_rmcp::steps::{Step, Steps};
+    logs();
+    let ss = Stateseal::start(&[]);
+    let relay = Arc::new(Holding::start(ss.addr.clone()).await);
+    let steps = Arc::new(Steps::default());
+    let gave_up = Arc::new(AtomicUsize::new(usize::MAX));
+    let account = {
+        let (relay, steps, gave_up) = (relay.clone(), steps.clone(), gave_up.clone());
+        Account::new(Arc::new(move |_, before| {
+            let (relay, steps, gave_up) = (relay.clone(), steps.clone(), gave_up.clone());
+            async move {
+                if before > 0 {
+                    return;
+                }
+                relay.hold(true);
+                // Until a Renew has given up, or the lease has run out.
+                let end = Instant::now() + Duration::from_secs(6);
+                while steps.count(Step::RpcRenew) == 0 && Instant::now() < end {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                gave_up.store(steps.count(Step::RpcRenew) as usize, Ordering::SeqCst);
+                relay.hold(false);
+            }
+            .boxed()
+        }))
+    };
+    let url = serve_handler(held_boundary(&relay, &steps).wrap(account.clone())).await;
+    let client = connect(&url).await;
+    let a = asked(call(&client, "close_account", json!({"id": 7}), None).await);
+    let r = call(
+        &client,
+        "close_account",
+        json!({"id": 7}),
+        Some((&a, yes())),
+    )
+    .await;
+    assert_eq!(done(r), "account 7 closed");
+    assert!(
+        gave_up.load(Ordering::SeqCst) >= 1,
+        "no Renew against the hung stateseal had given up when the 6 s lease ran out"
+    );
+    let replayed = replay(&client, &a, 7).await;
+    refused(
+        replayed,
+        -32602,
+        "requestState already used",
+        Some("request_state_used"),
+    );
+    assert_eq!(account.runs(7), 1);
+}
+
+/// Each try of a Commit is given up after a third of the lease too (review
+/// F4), so the lease is renewed between tries before it runs out: with a
+/// 6 s lease and stateseal hanging from when the handler returns, the
+/// first try (sent at once: no commit delay) has given up within two
+/// thirds of the lease, where the client's 5 s timeout would still hold
+/// it. Let go, a later try lands and the replay is refused as used.
+#[tokio::test]
+async fn a_commit_try_against_a_hung_stateseal_gives_up_within_a_third_of_the_lease() {
+    use stateseal_rmcp::steps::{Step, Steps};
+    logs();
+    let ss = Stateseal::start(&[]);
+    let relay = Arc::new(Holding::start(ss.addr.clone()).await);
+    let steps = Arc::new(Steps::default());
+    let account = {
+        let relay = relay.clone();
+        Account::new(Arc::new(move |_, before| {
+            let relay = relay.clone();
+            async move {
+                if before == 0 {
+                    relay.hold(true);
+                }
+            }
+            .boxed()
+        }))
+    };
+    let b = held_boundary(&relay, &steps);
+    let url = serve_handler(b.wrap(account.clone())).await;
+    let client = connect(&url).await;
+    let a = asked(call(&client, "close_account", json!({"id": 8}), None).await);
+    let r = call(
+        &client,
+        "close_account",
+        json!({"id": 8}),
+        Some((&a, yes())),
+    )
+    .await;
+    assert_eq!(done(r), "account 8 closed");
+    let end = Instant::now() + Duration::from_secs(4);
+    while steps.count(Step::RpcCommit) == 0 && Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let tried = steps.count(Step::RpcCommit);
+    relay.hold(false);
+    assert!(
+        tried >= 1,
+        "the Commit try against the hung stateseal had not given up two thirds of the 6 s lease in"
+    );
+    assert!(
+        b.drain(Duration::from_secs(30)).await,
+        "the Commit never landed"
+    );
+    refused(
+        replay(&client, &a, 8).await,
+        -32602,
+        "requestState already used",
+        Some("request_state_used"),
+    );
+    assert_eq!(account.runs(8), 1);
+}

@@ -79,6 +79,8 @@ const MAX_COMMIT_DELAY_MS = 250;
 
 interface Waiting {
   reservation: string;
+  /** Its try's deadline if it goes on its own (absent: the client's). */
+  timeoutMs: number | undefined;
   resolve: () => void;
   reject: (e: unknown) => void;
 }
@@ -101,9 +103,9 @@ class Carrier {
 
   /** Queues a Commit; resolves or rejects with its outcome, as a Commit
    * would. */
-  commit(reservation: string): Promise<void> {
+  commit(reservation: string, timeoutMs?: number): Promise<void> {
     return new Promise<void>((resolve, reject) => {
-      const w = { reservation, resolve, reject };
+      const w = { reservation, timeoutMs, resolve, reject };
       if (this.draining > 0) {
         this.send([w]);
         return;
@@ -143,13 +145,25 @@ class Carrier {
 
   /** Sends each of `taken` as a Commit of its own. */
   send(taken: Waiting[]): void {
-    for (const w of taken) this.client.commit(w.reservation).then(w.resolve, w.reject);
+    for (const w of taken) this.client.commit(w.reservation, w.timeoutMs).then(w.resolve, w.reject);
   }
 
   #stopTimer(): void {
     if (this.#timer !== undefined) clearTimeout(this.#timer);
     this.#timer = undefined;
   }
+}
+
+/** `p`, or a DEADLINE_EXCEEDED failure (as the transport's) once `ms` have
+ * passed; the timer never keeps the process alive. */
+function within<T>(p: Promise<T>, ms: number): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const expired = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new StatesealError('DEADLINE_EXCEEDED', status.DEADLINE_EXCEEDED, false)), ms);
+    timer.unref();
+  });
+  p.catch(() => undefined); // an outcome after the deadline is not waited for
+  return Promise.race([p, expired]).finally(() => clearTimeout(timer));
 }
 
 const sleep = (ms: number) =>
@@ -159,11 +173,13 @@ const sleep = (ms: number) =>
 
 /** The shortest renewal period, in milliseconds. */
 const MIN_RENEW_MS = 500;
-/** The shortest deadline of a Renew, in milliseconds. A Renew's deadline is
- * a third of the lease granted (at least this, and never more than the
- * client's `timeoutMs`): a Renew that hangs is abandoned, and the next one
- * sent at once, while the lease still runs. With the client's 5 s deadline
- * a hung Renew outlasted a 2 s lease (issue 58, finding 5). */
+/** The shortest deadline of a Renew, or of one try of a Commit, in
+ * milliseconds. Each gets a third of the lease granted (at least this, and
+ * never more than the client's `timeoutMs`): a Renew that hangs is
+ * abandoned, and the next one sent at once, while the lease still runs; a
+ * Commit try that hangs leaves the lease time to be renewed before the
+ * next. With the client's 5 s deadline a hung Renew outlasted a 2 s lease
+ * (issue 58, finding 5). */
 const MIN_RENEW_DEADLINE_MS = 250;
 
 /** The pause between two tries of a kept Commit or Release, which an Open
@@ -257,6 +273,14 @@ class LeaseKeeper {
     return Math.max(MIN_RENEW_MS, (this.granted * 1000) / 3);
   }
 
+  /** The deadline of a Renew, and of a Commit try: a third of the lease
+   * granted last (at least MIN_RENEW_DEADLINE_MS; the client caps it at its
+   * own), never longer than the interval, so Renews never overlap. Absent
+   * when stateseal granted no lease length (the client's deadline). */
+  deadlineMs(): number | undefined {
+    return this.granted > 0 ? Math.max(MIN_RENEW_DEADLINE_MS, (this.granted * 1000) / 3) : undefined;
+  }
+
   #schedule(delayMs = this.#interval()): void {
     this.#timer = setTimeout(() => void this.#renew(), delayMs);
     this.#timer.unref();
@@ -264,8 +288,7 @@ class LeaseKeeper {
 
   async #renew(): Promise<void> {
     let sent = performance.now();
-    // Never longer than the interval: Renews never overlap.
-    const deadlineMs = Math.max(MIN_RENEW_DEADLINE_MS, (this.granted * 1000) / 3);
+    const deadlineMs = this.deadlineMs() ?? MIN_RENEW_DEADLINE_MS;
     let next = this.#interval();
     try {
       const lease = await this.exclusive(async () => {
@@ -730,8 +753,14 @@ export class StatesealBoundary {
       lease.exclusive(async () => {
         const carried = first && this.#commitDelayMs > 0;
         first = false;
-        if (carried) await this.#carrier.commit(lease.reservation);
-        else await this.#client.commit(lease.reservation);
+        // Each try's deadline: a third of the lease, renewed between tries.
+        const deadlineMs = lease.deadlineMs();
+        if (carried) {
+          // An Open carrying it may take the client's deadline: given up
+          // as a try that ran out (Commit is idempotent).
+          const outcome = this.#carrier.commit(lease.reservation, deadlineMs);
+          await (deadlineMs === undefined ? outcome : within(outcome, this.#commitDelayMs + deadlineMs));
+        } else await this.#client.commit(lease.reservation, deadlineMs);
         // Landed: no renewal goes after it (it would be answered
         // LEASE_EXPIRED, and count as a lost lease).
         lease.stopNow();

@@ -309,8 +309,13 @@ export class RequestStateClient {
     };
   }
 
-  async commit(reservation: string): Promise<void> {
-    await this.#call('Commit', { reservation });
+  /** Makes a reservation a durable consumption (idempotent). `timeoutMs`:
+   * this call's deadline, never more than the client's `timeoutMs`
+   * (absent: the client's); the boundary gives each try a third of the
+   * lease, which it renews between tries. */
+  async commit(reservation: string, timeoutMs?: number): Promise<void> {
+    if (timeoutMs !== undefined && !(timeoutMs > 0)) throw new RangeError('timeoutMs must be a positive number of milliseconds');
+    await this.#call('Commit', { reservation }, false, Math.min(timeoutMs ?? this.#timeoutMs, this.#timeoutMs));
   }
 
   /** Extends a reservation's lease by `leaseSeconds` from now (0 = the

@@ -186,9 +186,9 @@ test('each Commit rides on the next durable Open of its replica, and drain() sen
   const alone: string[] = [];
   const carried: string[] = [];
   class Counting extends RequestStateClient {
-    override async commit(reservation: string): Promise<void> {
+    override async commit(reservation: string, timeoutMs?: number): Promise<void> {
       alone.push(reservation);
-      await super.commit(reservation);
+      await super.commit(reservation, timeoutMs);
     }
     override async open(req: Parameters<RequestStateClient['open']>[0]) {
       carried.push(...(req.commit ?? []));
@@ -232,9 +232,9 @@ test('the Commit runs beside the answer, and a replay on another replica of the 
     letGo = resolve;
   });
   class HeldCommit extends RequestStateClient {
-    override async commit(reservation: string): Promise<void> {
+    override async commit(reservation: string, timeoutMs?: number): Promise<void> {
       await gate;
-      await super.commit(reservation);
+      await super.commit(reservation, timeoutMs);
       landed.push(reservation);
     }
   }

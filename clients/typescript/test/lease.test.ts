@@ -410,3 +410,67 @@ test('a Renew that hangs is abandoned within the lease and the next one lands: o
     ss.proc.kill('SIGTERM');
   }
 });
+
+/** Records each Commit try: when it was sent and ended (ms, monotonic),
+ * and the reason it failed with. */
+class CommitLog extends RequestStateClient {
+  readonly tries: Array<{ sent: number; ended: number; failed?: string }> = [];
+  override async commit(reservation: string, timeoutMs?: number) {
+    const sent = performance.now();
+    try {
+      await super.commit(reservation, timeoutMs);
+      this.tries.push({ sent, ended: performance.now() });
+    } catch (e) {
+      this.tries.push({ sent, ended: performance.now(), failed: e instanceof StatesealError ? e.reason : String(e) });
+      throw e;
+    }
+  }
+}
+
+test('a Commit try against a hung stateseal is abandoned within the lease and a later one lands: one execution, replay refused', async () => {
+  // Review F4: each Commit try's deadline is a third of the lease (not the
+  // client's 5 s), so the lease is renewed before the next try (no Renew
+  // goes while a try is in flight). The boundary reaches stateseal through
+  // a relay whose connection hangs as the handler returns (3 s lease, no
+  // commit delay: the first try goes at once, on the hung connection). It
+  // is abandoned well within the lease; a later try lands.
+  const leaseS = 3;
+  const ss = await startStateseal('--default-lease-s', String(leaseS));
+  const relay = await hangingRelay(ss.addr);
+  const slow = new SlowTool(0);
+  const logger = recordingLogger();
+  const grpc = new CommitLog(relay.addr);
+  let replica: HttpServer | undefined;
+  let client: Awaited<ReturnType<typeof connect>> | undefined;
+  try {
+    const boundary = new StatesealBoundary(grpc, { audience: 'transfer-service', logger, commitDelayMs: 0 });
+    replica = await serveHttp(() => addSlowTool(transferServer(boundary), slow), 0);
+    client = await connect(`http://127.0.0.1:${port(replica)}/mcp`);
+    const args = { amount: 16 };
+    const r = await call(client, 'slow_transfer', args);
+    assert.equal(r.resultType, 'input_required');
+    const retry = { inputResponses: yes(r), requestState: r.requestState };
+    const running = settle(call(client, 'slow_transfer', args, retry));
+    await until(() => slow.started >= 1, 60_000, 'the handler to start');
+    relay.hang();
+    slow.release();
+    const done = await running;
+    assert.ok(done.ok, `the slow retry failed: ${!done.ok && String(done.error)}`);
+    await until(() => grpc.tries.some((t) => t.failed === 'DEADLINE_EXCEEDED'), 60_000, 'a Commit try to run out its deadline');
+    relay.flow();
+    assert.equal(await boundary.drain(60_000), true, 'a Commit is still kept');
+    await assert.rejects(call(client, 'slow_transfer', args, retry), rpcError(-32602, 'requestState already used', 'request_state_used'));
+    assert.equal(slow.started, 1, 'executed exactly once');
+    const hung = grpc.tries.filter((t) => t.failed === 'DEADLINE_EXCEEDED').map((t) => t.ended - t.sent);
+    assert.ok(Math.max(...hung) < leaseS * 1000, JSON.stringify(grpc.tries));
+    assert.equal(grpc.tries.at(-1)?.failed, undefined, JSON.stringify(grpc.tries));
+  } finally {
+    slow.release();
+    relay.flow();
+    await client?.close();
+    replica?.close();
+    grpc.close();
+    relay.close();
+    ss.proc.kill('SIGTERM');
+  }
+});

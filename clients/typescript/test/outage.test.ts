@@ -256,12 +256,12 @@ for (const ms of [2000, 5000]) {
 class FailingClient extends RequestStateClient {
   failing = false;
   readonly calls: string[] = [];
-  override async commit(reservation: string): Promise<void> {
+  override async commit(reservation: string, timeoutMs?: number): Promise<void> {
     if (this.failing) {
       this.calls.push('commit failed');
       throw new StatesealError('UNAVAILABLE', Status.UNAVAILABLE, false);
     }
-    await super.commit(reservation);
+    await super.commit(reservation, timeoutMs);
     this.calls.push('commit');
   }
   override async release(reservation: string): Promise<void> {

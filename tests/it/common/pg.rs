@@ -49,3 +49,44 @@ pub async fn alone(skip: &str) -> Option<Alone> {
         _claim: TABLE.write().await,
     })
 }
+
+/// A plain connection to the test database, its connection task spawned.
+pub async fn pg_client(url: &str) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    client
+}
+
+/// A schema of its own in the test database, created afresh, with the URL
+/// that makes it every session's `search_path` (through the URL's
+/// `options`): a ledger there sees no other test's table.
+pub struct OwnSchema {
+    pub client: tokio_postgres::Client,
+    pub name: String,
+    pub url: String,
+}
+
+impl OwnSchema {
+    pub async fn create(url: &str, what: &str) -> Self {
+        let name = format!("stateseal_{what}_{}", std::process::id());
+        let client = pg_client(url).await;
+        client
+            .batch_execute(&format!(
+                "DROP SCHEMA IF EXISTS {name} CASCADE; CREATE SCHEMA {name}"
+            ))
+            .await
+            .unwrap();
+        let sep = if url.contains('?') { '&' } else { '?' };
+        let url = format!("{url}{sep}options=-c%20search_path%3D{name}");
+        OwnSchema { client, name, url }
+    }
+
+    pub async fn remove(self) {
+        self.client
+            .batch_execute(&format!("DROP SCHEMA {} CASCADE", self.name))
+            .await
+            .unwrap();
+    }
+}

@@ -277,11 +277,17 @@ class RequestStateClient:
             tuple(_outcome(o) for o in r.commits),
         )
 
-    async def commit(self, reservation: str) -> None:
-        """Makes a reservation a durable consumption."""
+    async def commit(self, reservation: str, *, timeout: float | None = None) -> None:
+        """Makes a reservation a durable consumption (idempotent).
+        `timeout`: this call's deadline in seconds, never more than the
+        client's `timeout` (None: the client's); the boundary gives each try
+        a third of the lease, which it renews between tries."""
+        if timeout is not None and not timeout > 0:
+            raise ValueError("timeout must be a positive number of seconds")
+        deadline = self._timeout if timeout is None else min(timeout, self._timeout)
         try:
             await self._stub.Commit(
-                stateseal_pb2.CommitRequest(reservation=reservation), timeout=self._timeout, metadata=self._metadata
+                stateseal_pb2.CommitRequest(reservation=reservation), timeout=deadline, metadata=self._metadata
             )
         except grpc.aio.AioRpcError as e:
             raise _error(e) from None

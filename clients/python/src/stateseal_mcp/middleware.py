@@ -107,11 +107,13 @@ logger = logging.getLogger("stateseal_mcp")
 
 #: The shortest pause between two renewals of a lease, in seconds.
 _MIN_RENEW_INTERVAL = 0.5
-#: The shortest deadline of a Renew, in seconds. A Renew's deadline is a
-#: third of the lease granted (at least this, and never more than the
-#: client's `timeout`): a Renew that hangs is abandoned, and the next one
-#: sent at once, while the lease still runs. With the client's 5 s timeout
-#: a hung Renew outlasted a 2 s lease (issue 58, finding 5).
+#: The shortest deadline of a Renew, or of one try of a Commit, in seconds.
+#: Each gets a third of the lease granted (at least this, and never more
+#: than the client's `timeout`): a Renew that hangs is abandoned, and the
+#: next one sent at once, while the lease still runs; a Commit try that
+#: hangs leaves the lease time to be renewed before the next try. With the
+#: client's 5 s timeout a hung Renew outlasted a 2 s lease (issue 58,
+#: finding 5).
 _MIN_RENEW_DEADLINE = 0.25
 
 #: The longest `requestState` (UTF-8 bytes) sent to stateseal. The service
@@ -636,16 +638,30 @@ class StatesealBoundary:
         loop = asyncio.get_running_loop()
         pause = _RETRY_FIRST
         tries = 0
+        # Each try's deadline: a third of the lease (the client's timeout
+        # when no lease is renewed).
+        deadline = keeper.deadline() if keeper is not None else None
         while True:
             if keeper is not None:
                 await keeper.hold()
             try:
                 if tries == 0 and self._commit_delay > 0:
                     # Carried by the next durable Open of this loop, or sent
-                    # on its own after the delay.
-                    await self._carrier().commit(reservation)
+                    # on its own after the delay. An Open carrying it may
+                    # take the client's timeout: given up as a try that ran
+                    # out (Commit is idempotent).
+                    carried = self._carrier().commit(reservation, deadline)
+                    if deadline is None:
+                        await carried
+                    else:
+                        try:
+                            await asyncio.wait_for(carried, self._commit_delay + deadline)
+                        except asyncio.TimeoutError:
+                            raise StatesealError(
+                                "DEADLINE_EXCEEDED", grpc.StatusCode.DEADLINE_EXCEEDED, "timed out", from_stateseal=False
+                            ) from None
                 else:
-                    await self._client.commit(reservation)
+                    await self._client.commit(reservation, timeout=deadline)
             except StatesealError as e:
                 tries += 1
                 if retry_commit(e):
@@ -762,7 +778,7 @@ class StatesealBoundary:
                     lease_seconds=self._lease if reserve else 0,
                     attempt_id=attempt,
                     input_responses_json=answers_json,
-                    commit=[r for r, _ in carried],
+                    commit=[r for r, _, _ in carried],
                 )
                 self._carrier().settle(carried, opened.commits)
                 return opened
@@ -1023,37 +1039,41 @@ class _Carrier:
         self._client = client
         self._loop = loop
         self._delay = delay
-        self._waiting: list[tuple[str, asyncio.Future[None]]] = []
+        #: (reservation, deadline of its try if sent on its own, outcome).
+        self._waiting: list[tuple[str, float | None, asyncio.Future[None]]] = []
         self._timer: asyncio.TimerHandle | None = None
         # Commits sent on their own, held so they are not collected.
         self._sending: set[asyncio.Task[None]] = set()
         #: drain() calls under way: a Commit queued meanwhile goes at once.
         self.draining = 0
 
-    def commit(self, reservation: str) -> asyncio.Future[None]:
-        """Queues a Commit; the future ends with its outcome (raises the
-        StatesealError a Commit would)."""
+    def commit(self, reservation: str, deadline: float | None = None) -> asyncio.Future[None]:
+        """Queues a Commit (`deadline`: its try's if it goes on its own,
+        None: the client's timeout); the future ends with its outcome
+        (raises the StatesealError a Commit would)."""
         done: asyncio.Future[None] = self._loop.create_future()
         if self.draining:
-            self.send([(reservation, done)])
+            self.send([(reservation, deadline, done)])
             return done
-        self._waiting.append((reservation, done))
+        self._waiting.append((reservation, deadline, done))
         if self._timer is None:
             self._timer = self._loop.call_later(self._delay, self.send_all)
         return done
 
-    def take(self) -> list[tuple[str, asyncio.Future[None]]]:
+    def take(self) -> list[tuple[str, float | None, asyncio.Future[None]]]:
         """The oldest waiting Commits, for an Open to carry."""
         taken, self._waiting = self._waiting[:_CARRY_PER_OPEN], self._waiting[_CARRY_PER_OPEN:]
         if not self._waiting:
             self._stop_timer()
         return taken
 
-    def settle(self, taken: list[tuple[str, asyncio.Future[None]]], outcomes: tuple[StatesealError | None, ...]) -> None:
+    def settle(
+        self, taken: list[tuple[str, float | None, asyncio.Future[None]]], outcomes: tuple[StatesealError | None, ...]
+    ) -> None:
         """Ends each carried Commit with its outcome from the Open's answer.
         One the answer does not name (a server that does not know carried
         commits) is sent on its own."""
-        for (_, done), outcome in zip(taken, outcomes):
+        for (_, _, done), outcome in zip(taken, outcomes):
             if done.done():
                 continue
             if outcome is None:
@@ -1073,18 +1093,18 @@ class _Carrier:
             self._timer.cancel()
             self._timer = None
 
-    def send(self, taken: list[tuple[str, asyncio.Future[None]]]) -> None:
+    def send(self, taken: list[tuple[str, float | None, asyncio.Future[None]]]) -> None:
         """Sends each of `taken` as a Commit of its own."""
-        for reservation, done in taken:
+        for reservation, deadline, done in taken:
             if done.done():
                 continue
-            task = self._loop.create_task(self._alone(reservation, done))
+            task = self._loop.create_task(self._alone(reservation, deadline, done))
             self._sending.add(task)
             task.add_done_callback(self._sending.discard)
 
-    async def _alone(self, reservation: str, done: asyncio.Future[None]) -> None:
+    async def _alone(self, reservation: str, deadline: float | None, done: asyncio.Future[None]) -> None:
         try:
-            await self._client.commit(reservation)
+            await self._client.commit(reservation, timeout=deadline)
         except StatesealError as e:
             if not done.done():
                 done.set_exception(e)
@@ -1132,6 +1152,13 @@ class _Renewal:
     def _interval(self) -> float:
         return max(_MIN_RENEW_INTERVAL, self._granted / 3)
 
+    def deadline(self) -> float:
+        """The deadline of a Renew, and of a Commit try: a third of the
+        lease granted last (at least _MIN_RENEW_DEADLINE; the client caps it
+        at its timeout). Never longer than the interval, so Renews never
+        overlap."""
+        return max(_MIN_RENEW_DEADLINE, self._granted / 3)
+
     def _schedule(self, delay: float | None = None) -> None:
         self._timer = self._loop.call_later(self._interval() if delay is None else delay, self._due)
 
@@ -1146,8 +1173,7 @@ class _Renewal:
 
     async def _renew(self) -> None:
         sent = self._loop.time()
-        # The deadline never exceeds the interval, so Renews never overlap.
-        deadline = max(_MIN_RENEW_DEADLINE, self._granted / 3)
+        deadline = self.deadline()
         try:
             granted = await self._boundary._renew_once(self._method, self._reservation, deadline)
         except asyncio.CancelledError:
