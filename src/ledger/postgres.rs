@@ -32,22 +32,28 @@
 //!   primary alone (a WARNING), visible to the next statement and lost at a
 //!   failover (a retry of the same attempt would be told it consumed).
 //! - Records are bounded as on sled (`--max-ledger-records` and each
-//!   tenant's share): counted in [`COUNTS`], `(tenant, shard) -> n` with
-//!   the total under the empty tenant and [`SHARDS`] rows each (by a byte
-//!   of the id), so that replicas do not all wait for one row. Every
-//!   statement that inserts or deletes records updates the counts itself
-//!   (a data-modifying CTE, in the same autocommit statement: no
-//!   transaction, no COMMIT to cancel), and an insert checks the room in
-//!   its own `WHERE`, against the counts its snapshot sees. Counting is
-//!   exact; the check is not serialized: statements running at once do not
-//!   see each other's records, so each admits up to the room it saw. Over
-//!   the bound by at most what the other statements in flight at that
-//!   moment add: one per Reserve, up to a batch ([`MAX_BATCH`]) per
-//!   consume statement, so at most (replicas x `--db-pool-size` - 1) x 512
-//!   records, in practice the consumptions of a few milliseconds. Counter
-//!   rows are locked after the records (their update reads the records'
-//!   statement to its end) and in (tenant, shard) order, so two statements
-//!   never wait for each other in a cycle there.
+//!   tenant's share): counted in [`COUNTS`], `(tenant, shard) -> n`,
+//!   [`SHARDS`] rows per tenant (by a byte of the id), so that one tenant's
+//!   writes do not all wait for one row and no row is shared by tenants.
+//!   Every statement that inserts or deletes records updates its tenants'
+//!   counts itself (a data-modifying CTE, in the same autocommit statement:
+//!   no transaction, no COMMIT to cancel), and an insert checks its
+//!   tenant's share in its own `WHERE`, against the counts its snapshot
+//!   sees. The bound on all records is checked against each replica's own
+//!   reading of the sum of the counts, taken every second
+//!   ([`COUNT_EVERY`]) and moved by what that replica inserts and deletes
+//!   meanwhile. Counting is exact; the checks are not serialized. A
+//!   tenant's share can be passed by what its other statements in flight
+//!   add (one per Reserve, up to a batch, [`MAX_BATCH`], per consume
+//!   statement); the bound by that, plus what the other replicas inserted
+//!   since their last reading: in practice a second's inserts. Counter rows
+//!   are locked after the records (their update reads the records'
+//!   statement to its end), in (tenant, shard) order, by one statement at a
+//!   time, so two statements never wait for each other in a cycle there.
+//!   Records of no tenant (written by a version before tenant tags) are
+//!   counted under one tag of their own at the upgrade; those an older
+//!   replica writes during a rolling upgrade are never counted (they age
+//!   out).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -67,13 +73,18 @@ use crate::clock::guard::{Reference, ReferenceError};
 
 /// The table; the suffix is the schema version.
 pub const TABLE: &str = "stateseal_consumed_v1";
-/// The record counts: `(tenant, shard) -> n`, the total under the empty
-/// tenant (a tag has 8 bytes), records of no tenant (written before tenant
-/// tags) in the total only.
+/// The record counts: `(tenant, shard) -> n`; records written before
+/// tenant tags under [`LEGACY_TENANT`].
 pub const COUNTS: &str = "stateseal_counts_v1";
-/// Counter rows per tenant (and for the total): a record counts in the
-/// row of its id's last byte modulo this.
-pub const SHARDS: u8 = 8;
+/// Counter rows per tenant: a record counts in the row of its id's last
+/// byte modulo this.
+pub const SHARDS: u8 = 32;
+/// The tag the upgrade gives records written before tenant tags (a real
+/// tag has 8 bytes).
+pub const LEGACY_TENANT: &[u8] = b"legacy";
+/// How often each replica reads the sum of the counts (the bound on all
+/// records is checked against it).
+pub const COUNT_EVERY: Duration = Duration::from_secs(1);
 /// Advisory lock ids ("stateseal" in ASCII, then a purpose).
 const LOCK_MIGRATE: i64 = 0x7374_6174_6573_0001;
 const LOCK_GC: i64 = 0x7374_6174_6573_0002;
@@ -133,13 +144,63 @@ struct Bounds {
     /// The tenant bound follows the tenants in force (the record bound
     /// divided among them).
     share_by_tenants: AtomicBool,
+    /// The records counted in all, as this replica last read them and
+    /// moved since by its own inserts and deletes.
+    counted: std::sync::atomic::AtomicI64,
 }
 
 impl Bounds {
-    /// (total, per tenant) as statement parameters.
+    /// (room left under the bound on all records, per-tenant bound) as
+    /// statement parameters.
     fn params(&self) -> (i64, i64) {
         let p = |a: &AtomicU64| i64::try_from(a.load(Ordering::Relaxed)).unwrap_or(i64::MAX);
-        (p(&self.max_records), p(&self.max_tenant_records))
+        let max = p(&self.max_records);
+        let room = if max == i64::MAX {
+            i64::MAX
+        } else {
+            max.saturating_sub(self.counted.load(Ordering::Relaxed).max(0))
+                .max(0)
+        };
+        (room, p(&self.max_tenant_records))
+    }
+
+    /// Records counted (+) or no longer counted (-) by this replica.
+    fn moved(&self, by: i64) {
+        self.counted.fetch_add(by, Ordering::Relaxed);
+    }
+}
+
+/// The sum of the counts.
+async fn read_counted(pool: &Pool, limit: Duration) -> Result<i64, LedgerError> {
+    let client = timed("connect", limit, pool.get()).await?;
+    let row = timed(
+        "count",
+        limit,
+        client.query_one(
+            &format!("SELECT coalesce(sum(n), 0)::bigint FROM {COUNTS}"),
+            &[],
+        ),
+    )
+    .await?;
+    Ok(row.get(0))
+}
+
+/// Reads the sum of the counts every [`COUNT_EVERY`] while the ledger
+/// lives (it holds the only strong reference to `bounds` beside the
+/// batcher's); a failed reading keeps the last.
+async fn recount(pool: Pool, bounds: std::sync::Weak<Bounds>, limit: Duration) {
+    loop {
+        tokio::time::sleep(COUNT_EVERY).await;
+        let Some(b) = bounds.upgrade() else { return };
+        if b.max_records.load(Ordering::Relaxed) == u64::MAX {
+            continue;
+        }
+        drop(b);
+        let n = read_counted(&pool, limit).await;
+        let Some(b) = bounds.upgrade() else { return };
+        if let Ok(n) = n {
+            b.counted.store(n, Ordering::Relaxed);
+        }
     }
 }
 
@@ -149,6 +210,7 @@ impl Default for Bounds {
             max_records: AtomicU64::new(u64::MAX),
             max_tenant_records: AtomicU64::new(u64::MAX),
             share_by_tenants: AtomicBool::new(false),
+            counted: std::sync::atomic::AtomicI64::new(0),
         }
     }
 }
@@ -301,6 +363,10 @@ impl PgLedger {
         }
         let healthy = Arc::new(AtomicBool::new(true));
         let bounds = Arc::new(Bounds::default());
+        bounds
+            .counted
+            .store(read_counted(&pool, opts.timeout).await?, Ordering::Relaxed);
+        tokio::spawn(recount(pool.clone(), Arc::downgrade(&bounds), opts.timeout));
         let (tx, rx) = mpsc::unbounded_channel();
         let skew = i64::try_from(opts.skew).unwrap_or(i64::MAX);
         // The batcher ends when the ledger, its only sender, is dropped (after
@@ -470,7 +536,9 @@ async fn replication_of(
 
 fn is_retryable(e: &tokio_postgres::Error) -> bool {
     use tokio_postgres::error::SqlState;
-    matches!(e.code(), Some(c) if *c == SqlState::T_R_DEADLOCK_DETECTED || *c == SqlState::T_R_SERIALIZATION_FAILURE)
+    matches!(e.code(), Some(c) if *c == SqlState::T_R_DEADLOCK_DETECTED
+        || *c == SqlState::T_R_SERIALIZATION_FAILURE
+        || *c == SqlState::LOCK_NOT_AVAILABLE)
 }
 
 /// The most characters of the database's message an error keeps.
@@ -601,10 +669,13 @@ async fn migrate(pool: &Pool, limit: Duration) -> Result<(), LedgerError> {
     timed("migrate", slow, tx.batch_execute(&ddl)).await?;
     if uncounted {
         let count = format!(
-            "WITH r AS (SELECT id, tenant, true AS fresh FROM {TABLE}) {}",
-            count_cte("r", '+')
+            "WITH r AS (UPDATE {TABLE} SET tenant = $1 WHERE tenant IS NULL
+                        RETURNING id, tenant, true AS fresh),
+                  o AS (SELECT id, tenant, true AS fresh FROM {TABLE} WHERE tenant IS NOT NULL
+                        UNION ALL SELECT * FROM r) {}",
+            count_cte("o", '+')
         );
-        timed("count records", slow, tx.execute(&count, &[])).await?;
+        timed("count records", slow, tx.execute(&count, &[&LEGACY_TENANT])).await?;
     }
     timed("commit", limit, tx.commit()).await?;
     Ok(())
@@ -674,9 +745,9 @@ async fn run_batcher(
         let batch = super::gather(first, std::iter::from_fn(|| rx.try_recv().ok()), MAX_BATCH);
         let pool = pool.clone();
         let healthy = healthy.clone();
-        let room = bounds.params();
+        let bounds = bounds.clone();
         tokio::spawn(async move {
-            let result = insert_batch(&pool, &batch, limit, skew, room).await;
+            let result = insert_batch(&pool, &batch, limit, skew, &bounds).await;
             healthy.store(result.is_ok(), Ordering::Relaxed);
             drop(permit);
             match result {
@@ -743,7 +814,7 @@ async fn insert_batch(
     batch: &[Waiter],
     limit: Duration,
     skew: i64,
-    room: (i64, i64),
+    bounds: &Bounds,
 ) -> Result<(Vec<[u8; 32]>, i64, Existing), LedgerError> {
     // Rows go in sorted by id (ORDER BY below), so that concurrent batches on
     // other replicas take their row locks in the same order and cannot
@@ -768,7 +839,7 @@ async fn insert_batch(
     let expiries: Vec<i64> = keys.iter().map(|k| k.1).collect();
     let attempts: Vec<Option<&[u8]>> = keys.iter().map(|k| k.2).collect();
     let tenants: Vec<&[u8]> = keys.iter().map(|k| k.3).collect();
-    let (max_records, max_tenant) = room;
+    let (room_all, max_tenant) = bounds.params();
     let client = timed("connect", limit, pool.get()).await?;
     // One statement: the horizon by the database's clock; the room, as the
     // counts in this statement's snapshot have it: each tenant's new keys
@@ -787,7 +858,7 @@ async fn insert_batch(
                  WHERE u.expires_at >= h.horizon),
               held AS (
                 SELECT c.tenant, greatest(sum(c.n), 0)::bigint AS n FROM {COUNTS} c
-                 WHERE c.tenant = ANY($5::bytea[]) OR c.tenant = ''::bytea
+                 WHERE c.tenant = ANY($5::bytea[])
                  GROUP BY c.tenant),
               by_tenant AS (
                 SELECT t.*, count(*) FILTER (WHERE NOT t.present)
@@ -802,8 +873,7 @@ async fn insert_batch(
               ins AS (
                 INSERT INTO {TABLE} (id, expires_at, attempt, tenant)
                 SELECT a.id, a.expires_at, a.attempt, a.tenant FROM in_all a
-                 WHERE a.present
-                    OR a.nth_all <= $6 - coalesce((SELECT n FROM held WHERE tenant = ''::bytea), 0)
+                 WHERE a.present OR a.nth_all <= $6
                  ORDER BY a.id
                 ON CONFLICT (id) DO UPDATE
                    SET state = 2, lease_until = NULL, rid = NULL, attempt = EXCLUDED.attempt
@@ -811,8 +881,8 @@ async fn insert_batch(
                    AND {TABLE}.lease_until < extract(epoch FROM statement_timestamp())::bigint
                 RETURNING id, tenant, xmax = 0 AS fresh),
               counted AS ({count})
-         SELECT id, NULL::bigint FROM ins
-         UNION ALL SELECT NULL::bytea, horizon FROM h",
+         SELECT id, NULL::bigint, fresh AND tenant IS NOT NULL FROM ins
+         UNION ALL SELECT NULL::bytea, horizon, NULL FROM h",
         count = count_cte("ins", '+')
     );
     let mut attempt = 0;
@@ -829,7 +899,7 @@ async fn insert_batch(
                 &skew,
                 &attempts,
                 &tenants,
-                &max_records,
+                &room_all,
                 &max_tenant,
             ],
         )
@@ -844,15 +914,20 @@ async fn insert_batch(
     };
     let mut inserted = Vec::with_capacity(rows.len());
     let mut horizon = None;
+    let mut counted = 0;
     for r in &rows {
         match r.get::<_, Option<&[u8]>>(0) {
-            Some(id) => inserted.push(
-                <[u8; 32]>::try_from(id)
-                    .map_err(|_| LedgerError::Corrupt("unexpected id length"))?,
-            ),
+            Some(id) => {
+                inserted.push(
+                    <[u8; 32]>::try_from(id)
+                        .map_err(|_| LedgerError::Corrupt("unexpected id length"))?,
+                );
+                counted += i64::from(r.get::<_, Option<bool>>(2).unwrap_or(false));
+            }
             None => horizon = r.get::<_, Option<i64>>(1),
         }
     }
+    bounds.moved(counted);
     let horizon = horizon.ok_or(LedgerError::Corrupt("no horizon row"))?;
     // Keys that were not inserted: consumed before (by this attempt or
     // another), reserved under a live lease (IN_USE), or not there (no
@@ -886,18 +961,17 @@ async fn insert_batch(
 
 /// A statement's CTE that counts the records the CTE `rows` returned
 /// (columns `id`, `tenant`, and `fresh`: only those with it set count) into
-/// [`COUNTS`], added with `sign` `+` or subtracted with `-`: into their
-/// tenant's row (none for a record of no tenant) and the total's, by
-/// shard. In (tenant, shard) order, after every row of `rows` (the
-/// grouping reads them all first): see the module's notes on locks. A
-/// count may go below zero (a record an older version inserted uncounted,
-/// deleted by this one); checks read it as zero.
+/// [`COUNTS`], added with `sign` `+` or subtracted with `-`, into their
+/// tenant's row by shard; a record of no tenant (an older replica's,
+/// during a rolling upgrade) is not counted either way. In (tenant, shard)
+/// order, after every row of `rows` (the grouping reads them all first):
+/// see the module's notes on locks.
 fn count_cte(rows: &str, sign: char) -> String {
     format!(
         "INSERT INTO {COUNTS} AS c (tenant, shard, n)
-         SELECT k.tenant, (get_byte(r.id, 31) % {SHARDS})::smallint, {sign}count(*)
-           FROM {rows} r CROSS JOIN LATERAL (VALUES (r.tenant), (''::bytea)) AS k(tenant)
-          WHERE r.fresh AND k.tenant IS NOT NULL
+         SELECT r.tenant, (get_byte(r.id, 31) % {SHARDS})::smallint, {sign}count(*)
+           FROM {rows} r
+          WHERE r.fresh AND r.tenant IS NOT NULL
           GROUP BY 1, 2 ORDER BY 1, 2
          ON CONFLICT (tenant, shard) DO UPDATE SET n = c.n + EXCLUDED.n"
     )
@@ -1063,7 +1137,7 @@ impl Ledger for PgLedger {
         let rid = &ask.rid[..];
         let attempt = ask.attempt.as_ref().map(|a| &a[..]);
         let tenant = &key.tenant.0[..];
-        let (max_records, max_tenant) = self.bounds.params();
+        let (room_all, max_tenant) = self.bounds.params();
         let client = timed("connect", self.timeout, self.pool.get()).await?;
         // Every time here is the database's: the lease's end, whether a
         // held lease ended (a takeover), and the horizon. A key not in the
@@ -1073,15 +1147,14 @@ impl Ledger for PgLedger {
         let sql = format!(
             "WITH h AS (SELECT extract(epoch FROM statement_timestamp())::bigint AS now),
                   held AS (
-                    SELECT greatest(coalesce(sum(n) FILTER (WHERE tenant = $8), 0), 0)::bigint AS mine,
-                           greatest(coalesce(sum(n) FILTER (WHERE tenant = ''::bytea), 0), 0)::bigint AS all
-                      FROM {COUNTS} WHERE tenant = $8 OR tenant = ''::bytea),
+                    SELECT greatest(coalesce(sum(n), 0), 0)::bigint AS mine
+                      FROM {COUNTS} WHERE tenant = $8),
                   ins AS (
                     INSERT INTO {TABLE} (id, expires_at, state, lease_until, rid, attempt, tenant)
                     SELECT $1, $2, 1, LEAST(h.now + $3, $4), $5, $6, $8 FROM h, held
                      WHERE $2 >= h.now - $7
                        AND (EXISTS (SELECT 1 FROM {TABLE} WHERE id = $1)
-                            OR (held.mine < $9 AND held.all < $10))
+                            OR (held.mine < $9 AND $10::bigint > 0))
                     ON CONFLICT (id) DO UPDATE
                        SET state = 1, lease_until = EXCLUDED.lease_until, rid = EXCLUDED.rid,
                            attempt = EXCLUDED.attempt
@@ -1089,7 +1162,9 @@ impl Ledger for PgLedger {
                        AND {TABLE}.lease_until < extract(epoch FROM statement_timestamp())::bigint
                     RETURNING id, tenant, lease_until, xmax = 0 AS fresh),
                   counted AS ({count})
-             SELECT lease_until, extract(epoch FROM statement_timestamp())::bigint FROM ins",
+             SELECT lease_until, extract(epoch FROM statement_timestamp())::bigint,
+                    fresh AND tenant IS NOT NULL
+               FROM ins",
             count = count_cte("ins", '+')
         );
         let rows = match durable_write(
@@ -1107,7 +1182,7 @@ impl Ledger for PgLedger {
                 &self.skew,
                 &tenant,
                 &max_tenant,
-                &max_records,
+                &room_all,
             ],
         )
         .await
@@ -1116,6 +1191,7 @@ impl Ledger for PgLedger {
             Err(f) => return Err(f.settle("reserve", client)),
         };
         if let Some(r) = rows.first() {
+            self.bounds.moved(i64::from(r.get::<_, bool>(2)));
             return Ok(Reserved::Now(Lease {
                 rid: ask.rid,
                 end: lease_end(r.get(0), r.get(1)),
@@ -1257,11 +1333,14 @@ impl Ledger for PgLedger {
             "WITH d AS (DELETE FROM {TABLE} WHERE id = $1 AND state = 1 AND rid = $2
                         RETURNING id, tenant, true AS fresh),
                   counted AS ({count})
-             SELECT 1 FROM d",
+             SELECT 1 FROM d WHERE tenant IS NOT NULL",
             count = count_cte("d", '-')
         );
         match durable_write("release", self.timeout, &client, &sql, &[&id, &rid]).await {
-            Ok(_) => Ok(()),
+            Ok(rows) => {
+                self.bounds.moved(-(rows.len() as i64));
+                Ok(())
+            }
             Err(f) => Err(f.settle("release", client)),
         }
     }
@@ -1291,52 +1370,38 @@ impl Ledger for PgLedger {
         // changed meanwhile (a takeover committed while the DELETE waited
         // for it) PostgreSQL re-checks only the DELETE's own conditions on
         // the new version, never the subquery's.
-        // Each counts down what it deleted, in the same statement.
+        // One statement deletes both and counts down what it deleted: the
+        // counter rows it locks, it locks in order, once (two statements in
+        // one transaction could each lock some and wait, in a cycle, for a
+        // writer that waits for the other's).
+        // Reservations whose lease ended the skew ago (by both clocks) and
+        // that nobody took over: the token is as if never opened.
         let sql = format!(
-            "WITH d AS (
+            "WITH h AS (SELECT LEAST($1, extract(epoch FROM statement_timestamp())::bigint - $3) AS h),
+                  d AS (
                DELETE FROM {TABLE} WHERE id IN
-                 (SELECT id FROM {TABLE}
-                   WHERE expires_at < LEAST($1, extract(epoch FROM statement_timestamp())::bigint - $3)
-                   ORDER BY expires_at LIMIT $2)
-                 AND expires_at < LEAST($1, extract(epoch FROM statement_timestamp())::bigint - $3)
+                 (SELECT * FROM (SELECT id FROM {TABLE}, h WHERE expires_at < h.h
+                                  ORDER BY expires_at LIMIT $2) e
+                  UNION
+                  SELECT * FROM (SELECT id FROM {TABLE}, h WHERE state = 1 AND lease_until < h.h
+                                  LIMIT $2) l)
+                 AND (expires_at < (SELECT h FROM h)
+                      OR (state = 1 AND lease_until < (SELECT h FROM h)))
                RETURNING id, tenant, true AS fresh),
                   counted AS ({count})
-             SELECT count(*) FROM d",
+             SELECT count(*), count(tenant) FROM d",
             count = count_cte("d", '-')
         );
-        let deleted: i64 = timed(
+        let row = timed(
             "gc delete",
             self.timeout,
             tx.query_one(&sql, &[&before, &n, &self.collect_margin]),
         )
-        .await?
-        .get(0);
-        let mut removed = u64::try_from(deleted).unwrap_or(0);
-        // Reservations whose lease ended the skew ago (by both clocks) and
-        // that nobody took over: the token is as if never opened.
-        let sql = format!(
-            "WITH d AS (
-               DELETE FROM {TABLE} WHERE id IN
-                 (SELECT id FROM {TABLE}
-                   WHERE state = 1
-                     AND lease_until < LEAST($1, extract(epoch FROM statement_timestamp())::bigint - $3)
-                   LIMIT $2)
-                 AND state = 1
-                 AND lease_until < LEAST($1, extract(epoch FROM statement_timestamp())::bigint - $3)
-               RETURNING id, tenant, true AS fresh),
-                  counted AS ({count})
-             SELECT count(*) FROM d",
-            count = count_cte("d", '-')
-        );
-        let deleted: i64 = timed(
-            "gc delete leases",
-            self.timeout,
-            tx.query_one(&sql, &[&before, &n, &self.collect_margin]),
-        )
-        .await?
-        .get(0);
-        removed += u64::try_from(deleted).unwrap_or(0);
+        .await?;
+        let removed = u64::try_from(row.get::<_, i64>(0)).unwrap_or(0);
+        let counted: i64 = row.get(1);
         timed("gc commit", self.timeout, tx.commit()).await?;
+        self.bounds.moved(-counted);
         if removed > 0 && self.self_vacuum && self.vacuum_due() {
             // Outside any transaction; skips rather than waits if another
             // replica holds the table's lock. Bounded by the statement timeout.

@@ -488,7 +488,7 @@ async fn pg_counts(schema: &crate::common::pg::OwnSchema, tenants: &[&str]) -> V
         .client
         .query_one(
             &format!(
-                "SELECT (SELECT coalesce(sum(n), 0)::bigint FROM {s}.stateseal_counts_v1 WHERE tenant = ''),
+                "SELECT (SELECT coalesce(sum(n), 0)::bigint FROM {s}.stateseal_counts_v1),
                         (SELECT count(*) FROM {s}.stateseal_consumed_v1)"
             ),
             &[],
@@ -661,6 +661,19 @@ async fn postgres_records_written_before_counting_are_counted_at_the_upgrade() {
     drop(l);
     let l = connect().await;
     assert_eq!(pg_counts(&schema, &["t"]).await, [(4, 4), (1, 1)]);
+    // A record an older replica writes during a rolling upgrade (no
+    // tenant) is never counted, neither in nor out: its collection leaves
+    // the counts as they are, never below what is held.
+    schema
+        .client
+        .batch_execute(&format!(
+            "INSERT INTO {s}.stateseal_consumed_v1 (id, expires_at)
+             VALUES (decode(repeat('ab', 32), 'hex'), 1)"
+        ))
+        .await
+        .unwrap();
+    assert_eq!(l.remove_expired(u64::MAX / 2, 100).await.unwrap(), 1);
+    assert_eq!(pg_counts(&schema, &["t"]).await, [(4, 4), (1, 1)]);
     l.close().await.unwrap();
     schema.remove().await;
 }
@@ -711,5 +724,128 @@ async fn postgres_counts_stay_exact_under_concurrent_replicas() {
     for l in replicas {
         l.close().await.unwrap();
     }
+    schema.remove().await;
+}
+
+/// Review finding (lock cycle): the collection deletes and counts down in
+/// one statement, so while it waits for one counter row it holds none that
+/// comes after it. It took them in two statements: the first's rows stayed
+/// locked while the second waited, so a consume batch holding the row the
+/// second wanted and waiting for one the first held made a cycle (cut by
+/// the lock timeout: the whole batch `LEDGER_UNAVAILABLE`). Here a session
+/// holds the counter row of a lapsed reservation's shard (1); the
+/// collection, which also deletes an expired record of shard 5, must leave
+/// shard 5's row free while it waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_waiting_collection_holds_no_later_counter_row() {
+    use stateseal::internals::clock::guard::Reference;
+    use stateseal::internals::ledger::postgres::{PgLedger, PgOptions};
+    use stateseal::internals::ledger::{Consumed, LeaseAsk, Ledger, Reserved};
+    let Some(pg) = crate::common::pg::shared("postgres-collection-locks").await else {
+        return;
+    };
+    let schema = crate::common::pg::OwnSchema::create(&pg.url, "gclocks").await;
+    let s = schema.name.clone();
+    let opts = PgOptions {
+        skew: 1,
+        ..PgOptions::default()
+    };
+    let l = std::sync::Arc::new(
+        PgLedger::connect(&schema.url, opts)
+            .await
+            .unwrap()
+            .with_max_records(1000),
+    );
+    let now = l.reference_now().await.unwrap().unwrap();
+    let mut expired = tenant_key("t", now + 1);
+    expired.id[31] = 5;
+    let mut lapsed = tenant_key("t", now + 3600);
+    lapsed.id[31] = 1;
+    assert_eq!(l.consume(&expired).await.unwrap(), Consumed::Now);
+    let ask = LeaseAsk {
+        rid: [7; 16],
+        attempt: None,
+        seconds: 1,
+        cap: now + 3600,
+    };
+    assert!(matches!(
+        l.reserve(&lapsed, ask).await.unwrap(),
+        Reserved::Now(_)
+    ));
+    // Both past the collection's horizon (the database's clock minus the
+    // skew and the statement timeout).
+    let tag = &stateseal::internals::ledger::TenantTag::of("t").0[..];
+    let watch = crate::common::pg::pg_client(&pg.url).await;
+    let due = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let n: i64 = watch
+            .query_one(
+                &format!(
+                    "SELECT count(*) FROM {s}.stateseal_consumed_v1
+                      WHERE (state = 2 AND expires_at < extract(epoch FROM now())::bigint - 4)
+                         OR (state = 1 AND lease_until < extract(epoch FROM now())::bigint - 4)"
+                ),
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if n == 2 || std::time::Instant::now() > due {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+    let mut holder = crate::common::pg::pg_client(&pg.url).await;
+    let tx = holder.transaction().await.unwrap();
+    tx.execute(
+        &format!(
+            "SELECT 1 FROM {s}.stateseal_counts_v1 WHERE tenant = $1 AND shard = 1 FOR UPDATE"
+        ),
+        &[&tag],
+    )
+    .await
+    .unwrap();
+    let gc = {
+        let l = l.clone();
+        tokio::spawn(async move { l.remove_expired(u64::MAX / 2, 100).await })
+    };
+    let due = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let waiting: i64 = watch
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity
+                  WHERE wait_event_type = 'Lock' AND strpos(query, 'DELETE FROM') > 0",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if waiting > 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < due,
+            "the collection never waited for the held counter row"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let free = watch
+        .query_opt(
+            &format!(
+                "SELECT n FROM {s}.stateseal_counts_v1
+                  WHERE tenant = $1 AND shard = 5 FOR UPDATE NOWAIT"
+            ),
+            &[&tag],
+        )
+        .await;
+    tx.commit().await.unwrap();
+    let removed = gc.await.unwrap().unwrap();
+    assert!(
+        free.is_ok(),
+        "the waiting collection held shard 5's counter row: {free:?}"
+    );
+    assert_eq!(removed, 2);
+    assert_eq!(pg_counts(&schema, &["t"]).await, [(0, 0), (0, 0)]);
+    l.close().await.unwrap();
     schema.remove().await;
 }
