@@ -31,10 +31,11 @@ pub struct TransportLimits {
     /// grace period that follows.
     pub max_connection_age: Duration,
     pub max_connection_age_grace: Duration,
-    /// Streams a peer may make us reset, and reset streams not yet
-    /// accepted, before the connection is closed (reset floods).
+    /// Streams a peer may make us reset before the connection is closed
+    /// (reset floods). Streams the peer reset before the server took them
+    /// up are bounded by [`PENDING_RESETS_PER_STREAM`] times
+    /// `max_concurrent_streams`.
     pub max_local_error_resets: usize,
-    pub max_pending_accept_resets: usize,
     /// TLS handshakes (and, in plaintext, the HTTP/2 preface): each bounded
     /// in time; at most this many at once per listener (a new one evicts the
     /// oldest, see [`HandshakeSlots`]).
@@ -71,7 +72,6 @@ impl Default for TransportLimits {
             max_connection_age: Duration::from_secs(600),
             max_connection_age_grace: Duration::from_secs(30),
             max_local_error_resets: 128,
-            max_pending_accept_resets: 32,
             tls_handshake_timeout: Duration::from_secs(5),
             max_tls_handshakes: 64,
             max_inflight_bytes: 16 * 1024 * 1024,
@@ -87,6 +87,16 @@ impl Default for TransportLimits {
         }
     }
 }
+
+/// Streams a peer may reset before the server takes them up, per stream of
+/// `max_concurrent_streams`, before h2 closes the connection with GOAWAY
+/// `ENHANCE_YOUR_CALM` (the rapid-reset defence). A client cancels each
+/// call whose deadline expires; when the server was stalled, it reads all
+/// those resets at once: a client that queued calls up to four times its
+/// stream limit is not taken for an attacker (the queue Go's http2 server
+/// allows its peer), one that opened and reset more streams than that
+/// while they waited is.
+pub const PENDING_RESETS_PER_STREAM: usize = 4;
 
 /// How much longer than the request timeout a stream may stay open before
 /// its connection is closed (see `ConnPolicy::max_stream_age`): a unary
@@ -133,7 +143,9 @@ impl TransportLimits {
             .max_connection_age(self.max_connection_age)
             .max_connection_age_grace(self.max_connection_age_grace)
             .http2_max_local_error_reset_streams(Some(self.max_local_error_resets))
-            .http2_max_pending_accept_reset_streams(Some(self.max_pending_accept_resets))
+            .http2_max_pending_accept_reset_streams(Some(
+                (self.max_concurrent_streams as usize).saturating_mul(PENDING_RESETS_PER_STREAM),
+            ))
             // Per-stream and per-connection receive windows: what a peer may
             // have in flight before we read it.
             .initial_stream_window_size(256 * 1024)

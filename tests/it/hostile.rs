@@ -697,3 +697,105 @@ async fn shutdown_has_a_deadline() {
     assert_eq!(reason(&c.open(open_req(&t)).await.unwrap_err()), "REPLAYED");
     s.terminate();
 }
+
+/// Sends `n` Health/Check calls on `client` while the server is stopped,
+/// each reset (CANCEL) once `after` has passed, as a gRPC client cancels a
+/// call whose deadline expired; the streams beyond the server's limit wait
+/// for a slot that a reset frees, as a client library's calls do.
+async fn expiring_calls(
+    client: &h2::client::SendRequest<Bytes>,
+    addr: SocketAddr,
+    n: usize,
+    after: Duration,
+) {
+    let mut resets = Vec::new();
+    for _ in 0..n {
+        let mut c = client.clone().ready().await.expect("a slot");
+        let req = http::Request::builder()
+            .method("POST")
+            .uri(format!("http://{addr}/grpc.health.v1.Health/Check"))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(())
+            .unwrap();
+        let (resp, mut body) = c.send_request(req, false).expect("send");
+        body.send_data(Bytes::from_static(&[0, 0, 0, 0, 0]), true)
+            .expect("body");
+        resets.push(tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            body.send_reset(h2::Reason::CANCEL);
+            drop(resp);
+        }));
+    }
+    for r in resets {
+        r.await.unwrap();
+    }
+}
+
+/// One Health/Check on `client`; its outcome (`Ok` when answered).
+async fn health_on(client: &h2::client::SendRequest<Bytes>, addr: SocketAddr) -> String {
+    let Ok(mut c) = client.clone().ready().await else {
+        return "closed".into();
+    };
+    let req = http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{addr}/grpc.health.v1.Health/Check"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+    let Ok((resp, mut body)) = c.send_request(req, false) else {
+        return "closed".into();
+    };
+    let _ = body.send_data(Bytes::from_static(&[0, 0, 0, 0, 0]), true);
+    tokio::time::timeout(Duration::from_secs(10), stream_outcome(resp))
+        .await
+        .unwrap_or_else(|_| "timeout".into())
+}
+
+/// Issue 59: a client whose calls expire while the server is stalled
+/// (SIGSTOP 2 s) resets each of them; after the stall the server reads all
+/// those resets at once. Within four times the stream limit (Go's http2
+/// server's rule) that is a cancelling client: no GOAWAY, and its next
+/// call on the same connection is answered. Far past it (the rapid-reset
+/// pattern: streams opened and reset faster than the server takes them)
+/// the connection is still cut with GOAWAY ENHANCE_YOUR_CALM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resets_of_calls_that_expired_in_a_stall_are_not_a_reset_flood() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = spawn(dir.path(), &[], &[]);
+    let (addr, pid) = (s.addr, s.child.id().to_string());
+    let signal = |sig: &str| {
+        assert!(std::process::Command::new("kill")
+            .args([sig, pid.as_str()])
+            .status()
+            .unwrap()
+            .success());
+    };
+    for (n, cut) in [(300usize, false), (2000, true)] {
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+        let conn = tokio::spawn(conn);
+        assert_eq!(health_on(&client, addr).await, "Ok", "before the stall");
+        signal("-STOP");
+        let stalled = Instant::now();
+        let sent = tokio::time::timeout(
+            Duration::from_secs(30),
+            expiring_calls(&client, addr, n, Duration::from_millis(100)),
+        )
+        .await;
+        tokio::time::sleep(Duration::from_secs(2).saturating_sub(stalled.elapsed())).await;
+        signal("-CONT");
+        assert!(sent.is_ok(), "{n} calls could not be sent during the stall");
+        let next = health_on(&client, addr).await;
+        if cut {
+            assert_eq!(next, "goaway:ENHANCE_YOUR_CALM", "{n} resets at once");
+        } else {
+            assert_eq!(next, "Ok", "the call after {n} expired ones");
+            assert!(!conn.is_finished(), "the connection ended after {n} resets");
+        }
+        conn.abort();
+    }
+    let (status, _) = s.terminate();
+    assert!(status.success());
+}
