@@ -225,8 +225,10 @@ impl Authenticator {
     pub fn authenticate<T>(&self, req: Request<T>) -> Result<Request<T>, Status> {
         let conn = conn_of(req.extensions());
         let result = self.identify(req);
-        // What the connection's bounds go by (see `conns`): a connection
-        // whose requests all fail authentication is closed.
+        // What the connection's bounds go by (see `conns`): a failure takes
+        // the connection out of the authenticated ones (first to be
+        // evicted) until a call on it passes again, and failures in a row
+        // close it (bearer and mTLS alike).
         match (&result, conn) {
             (Ok(_), Some(c)) => c.authenticated(),
             (Err(_), Some(c)) => c.auth_failed(),

@@ -8,10 +8,12 @@
 //!   oldest connection still in its handshake, else the established one
 //!   idle (no open stream) longest; while every connection has a stream
 //!   open it waits, looking again every half second. Where callers
-//!   authenticate (bearer, mTLS), a connection that never carried an
-//!   authenticated call goes first, busy or not (the idlest of them, else
-//!   the oldest, closed at once): stalled health checks from a peer
-//!   without credentials must not keep it ahead of a caller's idle one.
+//!   authenticate (bearer, mTLS), a connection whose last call that tried
+//!   to authenticate did not (or that never carried one) goes first, busy
+//!   or not (the idlest of them, else the oldest, closed at once): stalled
+//!   health checks from a peer without credentials must not keep it ahead
+//!   of a caller's idle one, nor a credential that passed once (a secret
+//!   since rotated, a tenant since removed) keep a connection protected.
 //! - At most `per_ip` connections per source address (an IPv4-mapped IPv6
 //!   address counts as its IPv4 address), counting those still in their
 //!   handshake, and closing ones only while a stream is open on them: over
@@ -26,8 +28,10 @@
 //!   busy.
 //! - With `auth_deadline` (bearer authentication): a connection that has
 //!   not sent a request with a valid credential within the deadline is
-//!   closed, and so is one with `max_auth_failures` failed requests and no
-//!   successful one.
+//!   closed.
+//! - Where callers authenticate (bearer, mTLS): a connection with
+//!   `max_auth_failures` failed requests since the last that passed (or
+//!   since it opened) is closed at once.
 //!
 //! Closing is done by the connection's own I/O (`accept::Counted`): once
 //! its [`Conn`] is marked, its reads end (the HTTP/2 server then drops it)
@@ -59,8 +63,8 @@ pub struct ConnPolicy {
     /// Bearer mode: closed without a request with a valid credential
     /// within this long of opening.
     pub auth_deadline: Option<Duration>,
-    /// Bearer mode: closed after this many failed requests and none that
-    /// passed.
+    /// Where callers authenticate: closed after this many failed requests
+    /// since the last that passed (or since it opened).
     pub max_auth_failures: u32,
     /// A connection with a stream open this long (up to twice this long)
     /// is closed at once: every call is unary and bounded by the request
@@ -69,7 +73,8 @@ pub struct ConnPolicy {
     /// and never evicted.
     pub max_stream_age: Duration,
     /// Callers authenticate (bearer, mTLS): eviction takes connections
-    /// that never carried an authenticated call first.
+    /// whose calls do not authenticate (none has yet, or the last that
+    /// tried failed) first, and failed requests close a connection.
     pub callers_authenticate: bool,
 }
 
@@ -122,7 +127,9 @@ pub struct Conn {
     /// make room on the listener; its address's cap also evicts one still
     /// in its handshake).
     established: AtomicBool,
-    authenticated: AtomicBool,
+    /// [`NEVER`], [`PASSED`] or [`LAPSED`].
+    auth: AtomicU8,
+    /// Failed requests since the last that passed (or since it opened).
     auth_failures: AtomicU32,
     /// [`OPEN`], [`SOFT`] or [`HARD`].
     closing: AtomicU8,
@@ -138,8 +145,18 @@ const OPEN: u8 = 0;
 /// waiting to be read (a request already sent is served first). Final: a
 /// stream served meanwhile does not call it off.
 const SOFT: u8 = 1;
-/// Unauthenticated in bearer mode: closed at once.
+/// Unauthenticated (bearer past its deadline, or requests that keep failing
+/// authentication), or a stream held past its age: closed at once.
 const HARD: u8 = 2;
+
+/// No call on the connection has passed caller authentication.
+const NEVER: u8 = 0;
+/// The last call that tried passed.
+const PASSED: u8 = 1;
+/// One passed, and a later one failed (its secret rotated, its tenant
+/// removed, or a stolen connection's guesses): no longer protected from
+/// eviction, but it did authenticate within the deadline.
+const LAPSED: u8 = 2;
 
 /// What a connection's I/O is to do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -231,23 +248,31 @@ impl Conn {
 
     /// A request passed caller authentication.
     pub fn authenticated(&self) {
-        self.authenticated.store(true, Ordering::Relaxed);
+        self.auth_failures.store(0, Ordering::Relaxed);
+        self.auth.store(PASSED, Ordering::Relaxed);
     }
 
-    /// A request failed caller authentication.
+    /// A request failed caller authentication: the connection is no longer
+    /// counted as authenticated, and is closed after `max_auth_failures`
+    /// such requests since the last that passed.
     pub fn auth_failed(&self) {
+        let _ = self
+            .auth
+            .compare_exchange(PASSED, LAPSED, Ordering::Relaxed, Ordering::Relaxed);
         let n = self.auth_failures.fetch_add(1, Ordering::Relaxed) + 1;
         let p = &self.registry.policy;
-        if p.auth_deadline.is_some()
-            && n >= p.max_auth_failures
-            && !self.authenticated.load(Ordering::Relaxed)
-        {
+        if p.callers_authenticate && n >= p.max_auth_failures && !self.is_authenticated() {
             self.registry
                 .stats
                 .closed_unauthenticated
                 .fetch_add(1, Ordering::Relaxed);
             self.close(HARD);
         }
+    }
+
+    /// Its last call that tried to authenticate passed.
+    fn is_authenticated(&self) -> bool {
+        self.auth.load(Ordering::Relaxed) == PASSED
     }
 
     /// How long it has had no open stream; `None` while a stream is open,
@@ -400,7 +425,7 @@ impl Conns {
                 c.close(SOFT);
             } else if let Some(d) = deadline {
                 if c.established.load(Ordering::Relaxed)
-                    && !c.authenticated.load(Ordering::Relaxed)
+                    && c.auth.load(Ordering::Relaxed) == NEVER
                     && now.saturating_sub(c.opened_ms) >= d
                 {
                     self.stats
@@ -413,8 +438,8 @@ impl Conns {
     }
 
     /// Marks a connection to be closed to make room: the established one
-    /// idle longest. Where callers authenticate, one that never carried an
-    /// authenticated call goes first: the idlest of those, else (busy: a
+    /// idle longest. Where callers authenticate, one whose calls do not
+    /// authenticate (none has, or the last that tried failed) goes first: the idlest of those, else (busy: a
     /// held stream, a health check on the gRPC port, buys an
     /// unauthenticated peer nothing) the oldest, closed at once; only then
     /// an authenticated one. False if there is no such connection.
@@ -434,9 +459,8 @@ impl Conns {
         if !self.policy.callers_authenticate {
             return self.evict_idlest_of(live.iter(), handshaking);
         }
-        let (authenticated, unauthenticated): (Vec<_>, Vec<_>) = live
-            .iter()
-            .partition(|c| c.authenticated.load(Ordering::Relaxed));
+        let (authenticated, unauthenticated): (Vec<_>, Vec<_>) =
+            live.iter().partition(|c| c.is_authenticated());
         if self.evict_idlest_of(unauthenticated.iter().copied(), handshaking) {
             return true;
         }
@@ -514,7 +538,7 @@ impl Conns {
             last_stream_end_ms: AtomicU64::new(0),
             idle_since_ms: AtomicU64::new(now),
             established: AtomicBool::new(false),
-            authenticated: AtomicBool::new(false),
+            auth: AtomicU8::new(NEVER),
             auth_failures: AtomicU32::new(0),
             closing: AtomicU8::new(OPEN),
             waker: AtomicWaker::new(),
@@ -879,6 +903,117 @@ mod tests {
         assert!(!caller.is_closing());
         assert!(conns.evict_idlest());
         assert!(caller.is_closing(), "then the authenticated one");
+    }
+
+    /// Where callers authenticate, a connection whose last call that tried
+    /// failed authentication (its bearer secret rotated, its certificate's
+    /// tenant removed) loses its place among the authenticated ones: it is
+    /// evicted before an authenticated one idle longer, until a call on it
+    /// passes again (issue 58 review, finding 4: the flag was sticky).
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_authentication_takes_a_connection_out_of_the_authenticated() {
+        let conns = Conns::new(
+            ConnPolicy {
+                callers_authenticate: true,
+                ..registry(16).policy.clone()
+            },
+            Arc::default(),
+        );
+        let [steady] = established(&conns);
+        steady.authenticated();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let [lapsed, again] = established(&conns);
+        lapsed.authenticated();
+        lapsed.auth_failed();
+        again.authenticated();
+        again.auth_failed();
+        again.authenticated();
+        assert!(conns.evict_idlest());
+        assert!(
+            lapsed.is_closing(),
+            "the connection whose authentication failed goes first"
+        );
+        assert!(!steady.is_closing() && !again.is_closing());
+        assert!(conns.evict_idlest());
+        assert!(
+            steady.is_closing() && !again.is_closing(),
+            "then the idlest authenticated one: a call that passed again restores it"
+        );
+    }
+
+    /// Failed authentication closes a connection where callers
+    /// authenticate, deadline or not (mTLS has none): after
+    /// `max_auth_failures` failed requests since the last that passed,
+    /// whether one ever did or not; failures between calls that pass do
+    /// not add up (issue 58 review, finding 4: without a deadline, failures
+    /// never closed a connection).
+    #[tokio::test]
+    async fn failed_authentication_closes_a_connection_without_a_deadline() {
+        let conns = Conns::new(
+            ConnPolicy {
+                callers_authenticate: true,
+                ..registry(16).policy.clone()
+            },
+            Arc::default(),
+        );
+        assert_eq!(conns.policy.max_auth_failures, 3);
+        assert!(conns.policy.auth_deadline.is_none());
+        let [never, lapsed, between] = established(&conns);
+        never.auth_failed();
+        never.auth_failed();
+        assert!(!never.is_closing());
+        never.auth_failed();
+        assert_eq!(never.closing_now(), Closing::Now);
+        lapsed.authenticated();
+        for _ in 0..3 {
+            lapsed.auth_failed();
+        }
+        assert_eq!(
+            lapsed.closing_now(),
+            Closing::Now,
+            "authenticated once, then its tenant removed"
+        );
+        for _ in 0..4 {
+            between.auth_failed();
+            between.auth_failed();
+            between.authenticated();
+        }
+        assert!(!between.is_closing());
+        assert_eq!(
+            conns.stats.closed_unauthenticated.load(Ordering::Relaxed),
+            2
+        );
+        // Where callers do not authenticate, nothing is closed for it.
+        let [plain] = established(&registry(16));
+        for _ in 0..5 {
+            plain.auth_failed();
+        }
+        assert!(!plain.is_closing());
+    }
+
+    /// With bearer's deadline, a connection that authenticated within it
+    /// and failed later is not closed by the deadline (it did authenticate
+    /// in time), only by its failures; one that never did is.
+    #[tokio::test(start_paused = true)]
+    async fn the_deadline_closes_only_connections_that_never_authenticated() {
+        let conns = Conns::new(
+            ConnPolicy {
+                callers_authenticate: true,
+                auth_deadline: Some(Duration::from_secs(10)),
+                ..registry(16).policy.clone()
+            },
+            Arc::default(),
+        );
+        let [silent, lapsed] = established(&conns);
+        lapsed.authenticated();
+        lapsed.auth_failed();
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        conns.sweep();
+        assert_eq!(silent.closing_now(), Closing::Now);
+        assert!(!lapsed.is_closing());
+        lapsed.auth_failed();
+        lapsed.auth_failed();
+        assert_eq!(lapsed.closing_now(), Closing::Now);
     }
 
     /// An IPv4-mapped IPv6 address counts as its IPv4 address.

@@ -1027,15 +1027,18 @@ struct Ends {
     skipped: Option<(u64, u64)>,
 }
 
-/// Reads the file from its start, line by line, for the last line whose
-/// MAC verifies — against the line before it, or the last one that did (a
-/// planted line never verifies, so a restart neither chains on from it nor
-/// is stopped by it). The chain is anchored only by a line that verifies
-/// against its own `prev` (the `start` or `rotate` line every file begins
-/// with): a line without one, or that does not verify, anchors nothing.
-/// When no line verifies at all (the keys that made them are no longer in
-/// the keyset), the restart chains on from the last complete line, as
-/// before such checks, and says so.
+/// Reads the file from its start, line by line, for the last line in the
+/// chain: one whose MAC verifies against the last good line's and whose
+/// `seq` is the next one. A line that fails is never chained on from, even
+/// by the line after it (a planted line can carry any MAC, so a copied run
+/// of old genuine lines would verify among itself), so a restart neither
+/// chains on from a planted or replayed line nor is stopped by it. The
+/// chain is anchored only by a line that verifies against its own `prev`
+/// (the `start` or `rotate` line every file begins with): a line without
+/// one, or that does not verify, anchors nothing. When no line verifies at
+/// all (the keys that made them are no longer in the keyset), the restart
+/// chains on from the last complete line, as before such checks, and says
+/// so.
 fn ends(f: &mut File, size: u64, ring: &Keyring) -> std::io::Result<Ends> {
     use std::io::BufRead;
     f.seek(SeekFrom::Start(0))?;
@@ -1046,11 +1049,9 @@ fn ends(f: &mut File, size: u64, ring: &Keyring) -> std::io::Result<Ends> {
                 == *mac
         })
     };
-    // (seq, MAC) of the last good line, of the line before, how many
-    // complete lines since the last good one did not verify, and the last
-    // complete line at all.
+    // (seq, MAC) of the last good line, how many complete lines since it
+    // did not verify, and the last complete line at all.
     let mut good: Option<(u64, [u8; 32])> = None;
-    let mut before: Option<[u8; 32]> = None;
     let mut bad = 0u64;
     let mut last_parsed: Option<(u64, [u8; 32])> = None;
     let (mut first, mut first_line) = (None, true);
@@ -1075,17 +1076,16 @@ fn ends(f: &mut File, size: u64, ring: &Keyring) -> std::io::Result<Ends> {
             .as_deref()
             .and_then(|p| verify::unhex32(p.as_bytes()));
         let ok = match (good, own) {
-            // A line with its own `prev` is checked against it, which
-            // must be the line before or the last good one (or, for the
-            // first anchor, anything: its MAC proves it).
-            (g, Some(p)) => {
-                (g.is_none() || before == Some(p) || g.is_some_and(|(_, m)| m == p))
-                    && verifies(&line, &raw, &p, &mac)
-            }
+            // The first anchor: a line that verifies against its own
+            // `prev` (its MAC proves it).
+            (None, Some(p)) => verifies(&line, &raw, &p, &mac),
             (None, None) => false,
-            (Some((_, g)), None) => {
-                before.is_some_and(|b| verifies(&line, &raw, &b, &mac))
-                    || verifies(&line, &raw, &g, &mac)
+            // Then only the next line of the chain: the next seq, a `prev`
+            // (if any) that is the last good MAC, and a MAC over it.
+            (Some((seq, g)), own) => {
+                seq.checked_add(1) == Some(line.seq)
+                    && own.is_none_or(|p| p == g)
+                    && verifies(&line, &raw, &g, &mac)
             }
         };
         if first_line && ok {
@@ -1099,7 +1099,6 @@ fn ends(f: &mut File, size: u64, ring: &Keyring) -> std::io::Result<Ends> {
         } else {
             bad += 1;
         }
-        before = Some(mac);
     }
     drop(lines);
     f.seek(SeekFrom::End(0))?;

@@ -416,7 +416,7 @@ impl Collector for Owned {
             load(&c.closed_stalled),
         )?;
         counter(&mut enc, "stateseal_connections_refused_per_ip", "Connections refused because their address held --max-connections-per-ip busy connections.", load(&c.refused_per_ip))?;
-        counter(&mut enc, "stateseal_connections_closed_unauthenticated", "Bearer mode: connections closed without a request with a valid credential within --auth-deadline-ms, or after 16 failed ones.", load(&c.closed_unauthenticated))?;
+        counter(&mut enc, "stateseal_connections_closed_unauthenticated", "Connections closed without a request with a valid credential within --auth-deadline-ms (bearer), or after 16 failed ones since the last that passed (bearer, mTLS).", load(&c.closed_unauthenticated))?;
         if let Some(a) = &src.audit {
             counter(
                 &mut enc,

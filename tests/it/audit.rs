@@ -421,6 +421,18 @@ fn verify_finds_each_kind_of_tampering_and_says_where() {
             .any(|p| p.contains("removed:5: MAC does not match")),
         "{found:?}"
     );
+    // The lines after it chain on from it, not from the last good line:
+    // named once, as one run to the end.
+    assert_eq!(found.len(), 3, "{found:?}");
+    assert!(
+        found[2].contains("removed:6: chains on from the line before")
+            && found[2].ends_with(&format!(
+                "and so do the 3 line(s) after it, to {}:9: lines copied from elsewhere, or \
+                 after a changed, removed or reordered line",
+                dir.path().join("removed").display()
+            )),
+        "{found:?}"
+    );
     // Reordered: two lines swapped.
     let found = tampered("reordered", &|v| v.swap(3, 4));
     assert!(
@@ -1153,4 +1165,118 @@ fn an_unwritable_audit_log_stops_the_start_with_one_line() {
         dir.path(),
         "audit log /nonexistent-dir/audit.log:",
     );
+}
+
+/// Issue 58 review, finding 1: two consecutive genuine lines of an earlier
+/// run copied to the end of the log (the second's MAC checks against the
+/// first's) are neither chained on from by a restart nor passed by verify,
+/// whether planted while the writer runs (its stop line follows them) or
+/// while it is stopped (they are the log's end): the restart chains on from
+/// the last genuine line, and verify names the two copies at their own
+/// lines and nothing else.
+#[test]
+fn a_replayed_pair_of_genuine_lines_neither_anchors_a_restart_nor_passes_verify() {
+    for live in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let file = KeysetFile::generate(1_700_000_000);
+        let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+        let ring = Keyring::from_file(&file).unwrap();
+        let log = dir.path().join("audit.log");
+        for _ in 0..3 {
+            let audit = audit_in(dir.path(), &handle, 1 << 20);
+            audit.close();
+            drop(audit);
+        }
+        let text = std::fs::read_to_string(&log).unwrap();
+        // "stop" seq 1 and "start" seq 2: the second chains on from the first.
+        let pair = text.lines().skip(1).take(2).collect::<Vec<_>>().join("\n") + "\n";
+        assert!(
+            pair.contains("\"seq\":1,") && pair.contains("\"seq\":2,"),
+            "{pair}"
+        );
+        let plant = || {
+            let mut f = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
+            std::io::Write::write_all(&mut f, pair.as_bytes()).unwrap();
+        };
+        let audit = audit_in(dir.path(), &handle, 1 << 20);
+        decide(&audit, 1);
+        if live {
+            plant();
+        }
+        audit.close();
+        drop(audit);
+        if !live {
+            plant();
+        }
+        let before = lines(&log);
+        // The last genuine line: the stop line of the run, after the pair
+        // when it was planted live.
+        let (genuine_at, planted_at) = if live {
+            (before.len() - 1, [before.len() - 2, before.len() - 1])
+        } else {
+            (before.len() - 3, [before.len() - 1, before.len()])
+        };
+        let genuine = &before[genuine_at];
+        assert_eq!(genuine["event"], "stop", "live {live}: {genuine}");
+        let genuine_seq = genuine["seq"].as_u64().unwrap();
+        assert_eq!(
+            genuine_seq, 8,
+            "live {live}: start, open, stop after three runs"
+        );
+
+        let audit = audit_in(dir.path(), &handle, 1 << 20);
+        audit.close();
+        drop(audit);
+        let after = lines(&log);
+        let start = &after[before.len()];
+        assert_eq!(start["event"], "start", "live {live}: {start}");
+        assert_eq!(
+            start["seq"].as_u64().unwrap(),
+            genuine_seq + 1,
+            "live {live}: the restart chained on from a replayed line: {start}"
+        );
+        assert_eq!(start["prev"], genuine["mac"], "live {live}: {start}");
+        let events: Vec<&str> = after[before.len()..]
+            .iter()
+            .map(|l| l["event"].as_str().unwrap())
+            .collect();
+        if live {
+            // The copies are not at the log's end: nothing to skip there.
+            assert_eq!(events, ["start", "stop"], "live {live}");
+        } else {
+            assert_eq!(events, ["start", "skipped", "stop"], "live {live}");
+            assert_eq!(after[before.len() + 1]["count"], 2, "live {live}");
+        }
+
+        let r = stateseal::verify_audit_log(std::slice::from_ref(&log), &ring, None).unwrap();
+        let named = |n: usize| {
+            let at = format!("{}:{n}:", log.display());
+            r.problems.iter().any(|p| p.starts_with(&at))
+        };
+        for n in planted_at {
+            assert!(
+                named(n),
+                "live {live}: line {n} not named: {:?}",
+                r.problems
+            );
+        }
+        assert!(
+            r.problems.iter().all(|p| planted_at
+                .iter()
+                .any(|n| p.starts_with(&format!("{}:{n}:", log.display())))),
+            "live {live}: a genuine line named: {:?}",
+            r.problems
+        );
+        assert_eq!(
+            r.skipped_at_restart.len(),
+            usize::from(!live),
+            "live {live}: {:?}",
+            r.skipped_at_restart
+        );
+        assert!(r.genesis && r.stopped, "live {live}");
+        assert_eq!(
+            r.last_seq,
+            Some(after.last().unwrap()["seq"].as_u64().unwrap())
+        );
+    }
 }

@@ -81,18 +81,24 @@ pub fn verify(
         files: files.len(),
         ..Report::default()
     };
-    let mut prev: Option<[u8; 32]> = after.map(|(_, mac)| mac);
-    let mut expect: Option<u64> = match after {
-        Some((seq, _)) => Some(seq.saturating_add(1)),
-        None => Some(0),
-    };
-    // The last line whose MAC verified (or the anchor), and the seq after
-    // it: kept across lines that cannot be parsed or do not verify, so a
-    // planted or changed line never resets the chain, and a line after it
-    // that chains on from the last good one (a restart skipping a planted
-    // tail, or the line after an inserted one) is checked against it.
-    let mut good: Option<([u8; 32], Option<u64>)> = prev.map(|p| (p, expect));
-    let mut after_bad = false;
+    // The last line in the chain (or the anchor): its MAC and the seq after
+    // it. Kept across lines that cannot be parsed or do not verify, so a
+    // planted or changed line never resets the chain and a line after it
+    // (a restart skipping a planted tail, or the line after an inserted
+    // one) is checked against it. Only a line that verifies against it,
+    // with the next seq, takes its place: never one that merely chains on
+    // from a line that failed (a planted line can carry any MAC, so a
+    // copied run of old genuine lines verifies among itself).
+    let mut good: Option<([u8; 32], Option<u64>)> =
+        after.map(|(seq, mac)| (mac, Some(seq.saturating_add(1))));
+    // Until a line verifies, nothing is known good: the chain is followed
+    // line by line from where the files start, each line reported.
+    let mut anchored = after.is_some();
+    // The last complete line: its MAC, its seq and the seq after it.
+    let mut last: Option<([u8; 32], u64, Option<u64>)> = None;
+    // Lines in a row that chain on from the line before, which is not in
+    // the chain: one problem (its index) for the run, from its first line.
+    let mut run: Option<(usize, String, u64)> = None;
     let mut last_event = String::from("stop");
     for file in files {
         let bytes = std::fs::read(file)?;
@@ -112,7 +118,6 @@ pub fn verify(
                     r.problems.push(format!(
                         "{at}: {why} (cut by a crash mid-write, or changed)"
                     ));
-                    after_bad = true;
                     continue;
                 }
             };
@@ -133,80 +138,126 @@ pub fn verify(
                 ));
             }
             let stated = line.prev.as_deref().map(|p| unhex32(p.as_bytes()));
-            // Where this line may chain on from: the line before, or (after
-            // one that failed) the last good line.
-            let rejoin = good.filter(|(g, _)| after_bad && Some(*g) != prev);
             let key = ring.get(KeyId(line.mac_key));
             let body = &raw[..raw.len() - MAC_SUFFIX_LEN];
             let verifies = |from: &[u8; 32]| {
                 key.as_ref()
                     .is_some_and(|k| k.audit_keys().chain_mac(from, body) == mac)
             };
-            let mut rejoined = false;
+            // The line before, when it is not the last good one: a line
+            // that chains on from it is not in the chain either.
+            let before = last.filter(|(m, _, _)| anchored && good.is_none_or(|(g, _)| g != *m));
+            let want = match good {
+                Some((_, e)) => e,
+                None if after.is_none() && last.is_none() => Some(0),
+                None => None,
+            };
+            let mut ok = false;
+            let mut follows = false;
             // Problems of the chain and the MAC, reported after the seq's.
             let mut later = Vec::new();
-            let chain_prev = match (prev, stated) {
+            match (good, stated) {
                 (_, Some(None)) => {
                     later.push(format!("{at}: its prev member is not a MAC"));
-                    None
                 }
-                (Some(p), Some(Some(s))) if p != s => {
-                    if rejoin.is_some_and(|(g, _)| g == s) {
-                        rejoined = true;
-                        Some(s)
+                _ if key.is_none() => {
+                    later.push(format!(
+                        "{at}: its chain key (root key {}) is not in this keyset: verify with a \
+                         keyset that still holds it",
+                        line.mac_key
+                    ));
+                }
+                (Some((g, _)), Some(Some(s))) if s != g => {
+                    if before.is_some_and(|(m, _, _)| m == s) && verifies(&s) {
+                        follows = true;
                     } else {
                         later.push(format!(
-                            "{at}: its prev member differs from the line before: lines removed, \
-                             reordered, or from another chain"
+                            "{at}: its prev member differs from the MAC of the {}: lines \
+                             removed, reordered, or from another chain",
+                            if anchored {
+                                "last line that verified"
+                            } else {
+                                "line before"
+                            }
                         ));
-                        Some(p)
                     }
                 }
-                (Some(p), _) => Some(p),
+                (Some((g, _)), _) => {
+                    if verifies(&g) {
+                        ok = true;
+                    } else if before.is_some_and(|(m, _, _)| verifies(&m)) {
+                        follows = true;
+                    } else {
+                        later.push(format!(
+                            "{at}: MAC does not match: the line was changed, or a line before \
+                             it was removed, inserted or reordered"
+                        ));
+                    }
+                }
                 (None, Some(Some(s))) => {
                     if r.lines == 1 && line.seq == 0 && s == [0u8; 32] && after.is_none() {
                         r.genesis = true;
                     }
-                    Some(s)
+                    if verifies(&s) {
+                        ok = true;
+                    } else {
+                        later.push(format!(
+                            "{at}: MAC does not match: the line was changed, or a line before \
+                             it was removed, inserted or reordered"
+                        ));
+                    }
                 }
                 (None, None) => {
                     later.push(format!(
                         "{at}: nothing to check it against: the chain does not start here \
                          (the files before it, or its first lines, are missing)"
                     ));
-                    None
                 }
-            };
-            // The MAC first, to know where the line chains on from; its
-            // problem is reported after the seq's.
-            let mut ok = false;
-            if let Some(from) = chain_prev {
-                if key.is_none() {
+            }
+            // A line whose MAC checks against the line before, with the
+            // seq after that line's, where that line is not in the chain:
+            // a run of lines copied from elsewhere (or the lines after a
+            // changed, removed or reordered one). One problem per run.
+            let in_run = follows && before.is_some_and(|(_, _, n)| n == Some(line.seq));
+            let mut seq_checked = !in_run;
+            if in_run {
+                let g = good
+                    .and_then(|(_, e)| e)
+                    .map_or_else(|| "none".to_owned(), |e| (e - 1).to_string());
+                match &mut run {
+                    Some((idx, first, count)) => {
+                        *count += 1;
+                        r.problems[*idx] = format!(
+                            "{first}: chains on from the line before, which is not in the \
+                             chain (the last line that verified is seq {g}), and so do the {} \
+                             line(s) after it, to {at}: lines copied from elsewhere, or after a \
+                             changed, removed or reordered line",
+                            *count
+                        );
+                    }
+                    None => {
+                        r.problems.push(format!(
+                            "{at}: chains on from the line before, which is not in the chain \
+                             (the last line that verified is seq {g}): lines copied from \
+                             elsewhere, or after a changed, removed or reordered line"
+                        ));
+                        run = Some((r.problems.len() - 1, at.clone(), 0));
+                    }
+                }
+            } else {
+                run = None;
+                if follows {
                     later.push(format!(
-                        "{at}: its chain key (root key {}) is not in this keyset: verify with a \
-                         keyset that still holds it",
-                        line.mac_key
-                    ));
-                } else if verifies(&from) {
-                    ok = true;
-                } else if rejoin.is_some_and(|(g, _)| !rejoined && verifies(&g)) {
-                    // Chained on from the last good line: the line(s)
-                    // between were inserted (each already reported).
-                    rejoined = true;
-                    ok = true;
-                } else {
-                    later.push(format!(
-                        "{at}: MAC does not match: the line was changed, or a line before it \
-                         was removed, inserted or reordered"
+                        "{at}: its MAC checks against the line before, which is not in the \
+                         chain: lines copied from elsewhere"
                     ));
                 }
             }
-            let want = if rejoined {
-                rejoin.and_then(|(_, e)| e)
-            } else {
-                expect
-            };
-            if let Some(e) = want {
+            if key.is_none() {
+                // Nothing about it can be judged: its key is named.
+                seq_checked = false;
+            }
+            if let (true, Some(e)) = (seq_checked, want) {
                 if line.seq != e {
                     r.problems.push(if r.lines == 1 && after.is_none() {
                         format!(
@@ -223,18 +274,21 @@ pub fn verify(
                             line.seq
                         )
                     });
+                    ok = false;
                 }
             }
             r.problems.extend(later);
-            expect = line.seq.checked_add(1);
-            if expect.is_none() {
+            let next = line.seq.checked_add(1);
+            if next.is_none() {
                 r.problems.push(format!("{at}: seq at its largest value"));
             }
-            prev = Some(mac);
-            if ok || good.is_none() {
-                good = Some((mac, expect));
+            if ok {
+                anchored = true;
             }
-            after_bad = !ok;
+            if ok || !anchored {
+                good = Some((mac, next));
+            }
+            last = Some((mac, line.seq, next));
         }
     }
     Ok(r)
