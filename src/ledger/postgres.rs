@@ -33,8 +33,9 @@
 //!   failover (a retry of the same attempt would be told it consumed).
 //! - Records are bounded as on sled (`--max-ledger-records` and each
 //!   tenant's share): counted in [`COUNTS`], `(tenant, shard) -> n`,
-//!   [`SHARDS`] rows per tenant (by a byte of the id), so that one tenant's
-//!   writes do not all wait for one row and no row is shared by tenants.
+//!   [`SHARDS`] rows per tenant (each statement counts in one, drawn at
+//!   random), so that one tenant's writes do not all wait for one row and
+//!   no row is shared by tenants.
 //!   Every statement that inserts or deletes records updates its tenants'
 //!   counts itself (a data-modifying CTE, in the same autocommit statement:
 //!   no transaction, no COMMIT to cancel), and an insert checks its
@@ -48,8 +49,9 @@
 //!   statement); the bound by that, plus what the other replicas inserted
 //!   since their last reading: in practice a second's inserts. Counter rows
 //!   are locked after the records (their update reads the records'
-//!   statement to its end), in (tenant, shard) order, by one statement at a
-//!   time, so two statements never wait for each other in a cycle there.
+//!   statement to its end), one per tenant in tenant order, by one
+//!   statement at a time, so two statements never wait for each other in a
+//!   cycle there.
 //!   Records of no tenant (written by a version before tenant tags) are
 //!   counted under one tag of their own at the upgrade; those an older
 //!   replica writes during a rolling upgrade are never counted (they age
@@ -76,8 +78,8 @@ pub const TABLE: &str = "stateseal_consumed_v1";
 /// The record counts: `(tenant, shard) -> n`; records written before
 /// tenant tags under [`LEGACY_TENANT`].
 pub const COUNTS: &str = "stateseal_counts_v1";
-/// Counter rows per tenant: a record counts in the row of its id's last
-/// byte modulo this.
+/// Counter rows per tenant: each statement counts in one of them, drawn at
+/// random.
 pub const SHARDS: u8 = 32;
 /// The tag the upgrade gives records written before tenant tags (a real
 /// tag has 8 bytes).
@@ -961,18 +963,21 @@ async fn insert_batch(
 
 /// A statement's CTE that counts the records the CTE `rows` returned
 /// (columns `id`, `tenant`, and `fresh`: only those with it set count) into
-/// [`COUNTS`], added with `sign` `+` or subtracted with `-`, into their
-/// tenant's row by shard; a record of no tenant (an older replica's,
-/// during a rolling upgrade) is not counted either way. In (tenant, shard)
-/// order, after every row of `rows` (the grouping reads them all first):
-/// see the module's notes on locks.
+/// [`COUNTS`], added with `sign` `+` or subtracted with `-`, into one row
+/// per tenant: the shard drawn for this statement (a tenant's count is the
+/// sum of its rows, whichever shard a record went in or out by, so a
+/// statement locks one row per tenant and statements rarely meet on one);
+/// a record of no tenant (an older replica's, during a rolling upgrade) is
+/// not counted either way. In tenant order, after every row of `rows` (the
+/// grouping reads them all first): see the module's notes on locks.
 fn count_cte(rows: &str, sign: char) -> String {
+    let shard = rand::random::<u8>() % SHARDS;
     format!(
         "INSERT INTO {COUNTS} AS c (tenant, shard, n)
-         SELECT r.tenant, (get_byte(r.id, 31) % {SHARDS})::smallint, {sign}count(*)
+         SELECT r.tenant, {shard}::smallint, {sign}count(*)
            FROM {rows} r
           WHERE r.fresh AND r.tenant IS NOT NULL
-          GROUP BY 1, 2 ORDER BY 1, 2
+          GROUP BY 1 ORDER BY 1
          ON CONFLICT (tenant, shard) DO UPDATE SET n = c.n + EXCLUDED.n"
     )
 }

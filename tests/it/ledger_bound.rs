@@ -728,19 +728,20 @@ async fn postgres_counts_stay_exact_under_concurrent_replicas() {
 }
 
 /// Review finding (lock cycle): the collection deletes and counts down in
-/// one statement, so while it waits for one counter row it holds none that
-/// comes after it. It took them in two statements: the first's rows stayed
-/// locked while the second waited, so a consume batch holding the row the
-/// second wanted and waiting for one the first held made a cycle (cut by
-/// the lock timeout: the whole batch `LEDGER_UNAVAILABLE`). Here a session
-/// holds the counter row of a lapsed reservation's shard (1); the
-/// collection, which also deletes an expired record of shard 5, must leave
-/// shard 5's row free while it waits.
+/// one statement, taking its counter rows in tenant order, so while it
+/// waits for one tenant's row it holds none of a tenant after it. It took
+/// them in two statements: the first's rows stayed locked while the second
+/// waited, so a consume batch holding the row the second wanted and
+/// waiting for one the first held made a cycle (cut by the lock timeout:
+/// the whole batch `LEDGER_UNAVAILABLE`). Here a session holds every
+/// counter row of the tenant of a lapsed reservation (the tenant that
+/// sorts first); the collection, which also deletes an expired record of
+/// the other tenant, must leave that tenant's rows free while it waits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_waiting_collection_holds_no_later_counter_row() {
     use stateseal::internals::clock::guard::Reference;
-    use stateseal::internals::ledger::postgres::{PgLedger, PgOptions};
-    use stateseal::internals::ledger::{Consumed, LeaseAsk, Ledger, Reserved};
+    use stateseal::internals::ledger::postgres::{PgLedger, PgOptions, SHARDS};
+    use stateseal::internals::ledger::{Consumed, LeaseAsk, Ledger, Reserved, TenantTag};
     let Some(pg) = crate::common::pg::shared("postgres-collection-locks").await else {
         return;
     };
@@ -756,11 +757,29 @@ async fn postgres_a_waiting_collection_holds_no_later_counter_row() {
             .unwrap()
             .with_max_records(1000),
     );
+    let (mut first, mut later) = ("p", "q");
+    if TenantTag::of(first).0 > TenantTag::of(later).0 {
+        std::mem::swap(&mut first, &mut later);
+    }
+    let (held_tag, free_tag) = (TenantTag::of(first).0, TenantTag::of(later).0);
+    // Every counter row of both tenants exists, so that any the collection
+    // counts down in is one a session can hold.
+    schema
+        .client
+        .execute(
+            &format!(
+                "INSERT INTO {s}.stateseal_counts_v1 (tenant, shard, n)
+                 SELECT t, g, 0 FROM unnest($1::bytea[]) t, generate_series(0, {}) g
+                 ON CONFLICT DO NOTHING",
+                SHARDS - 1
+            ),
+            &[&vec![&held_tag[..], &free_tag[..]]],
+        )
+        .await
+        .unwrap();
     let now = l.reference_now().await.unwrap().unwrap();
-    let mut expired = tenant_key("t", now + 1);
-    expired.id[31] = 5;
-    let mut lapsed = tenant_key("t", now + 3600);
-    lapsed.id[31] = 1;
+    let expired = tenant_key(later, now + 1);
+    let lapsed = tenant_key(first, now + 3600);
     assert_eq!(l.consume(&expired).await.unwrap(), Consumed::Now);
     let ask = LeaseAsk {
         rid: [7; 16],
@@ -774,7 +793,6 @@ async fn postgres_a_waiting_collection_holds_no_later_counter_row() {
     ));
     // Both past the collection's horizon (the database's clock minus the
     // skew and the statement timeout).
-    let tag = &stateseal::internals::ledger::TenantTag::of("t").0[..];
     let watch = crate::common::pg::pg_client(&pg.url).await;
     let due = std::time::Instant::now() + std::time::Duration::from_secs(60);
     loop {
@@ -798,10 +816,8 @@ async fn postgres_a_waiting_collection_holds_no_later_counter_row() {
     let mut holder = crate::common::pg::pg_client(&pg.url).await;
     let tx = holder.transaction().await.unwrap();
     tx.execute(
-        &format!(
-            "SELECT 1 FROM {s}.stateseal_counts_v1 WHERE tenant = $1 AND shard = 1 FOR UPDATE"
-        ),
-        &[&tag],
+        &format!("SELECT 1 FROM {s}.stateseal_counts_v1 WHERE tenant = $1 FOR UPDATE"),
+        &[&&held_tag[..]],
     )
     .await
     .unwrap();
@@ -825,27 +841,27 @@ async fn postgres_a_waiting_collection_holds_no_later_counter_row() {
         }
         assert!(
             std::time::Instant::now() < due,
-            "the collection never waited for the held counter row"
+            "the collection never waited for the held counter rows"
         );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     let free = watch
-        .query_opt(
-            &format!(
-                "SELECT n FROM {s}.stateseal_counts_v1
-                  WHERE tenant = $1 AND shard = 5 FOR UPDATE NOWAIT"
-            ),
-            &[&tag],
+        .query(
+            &format!("SELECT n FROM {s}.stateseal_counts_v1 WHERE tenant = $1 FOR UPDATE NOWAIT"),
+            &[&&free_tag[..]],
         )
         .await;
     tx.commit().await.unwrap();
     let removed = gc.await.unwrap().unwrap();
     assert!(
         free.is_ok(),
-        "the waiting collection held shard 5's counter row: {free:?}"
+        "the waiting collection held a counter row of the later tenant: {free:?}"
     );
     assert_eq!(removed, 2);
-    assert_eq!(pg_counts(&schema, &["t"]).await, [(0, 0), (0, 0)]);
+    assert_eq!(
+        pg_counts(&schema, &[first, later]).await,
+        [(0, 0), (0, 0), (0, 0)]
+    );
     l.close().await.unwrap();
     schema.remove().await;
 }
