@@ -1187,7 +1187,7 @@ impl Renewal {
         let method = self.method;
         let t = Instant::now();
         let sent = tokio::time::Instant::now();
-        let deadline = lease_rpc_deadline(self.granted);
+        let deadline = lease_rpc_deadline(self.granted).min(b.0.client.timeout());
         let renewed =
             b.0.client
                 .renew_within(&self.reservation, b.0.options.lease_seconds, deadline)
