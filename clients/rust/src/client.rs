@@ -362,7 +362,10 @@ impl RequestStateClient {
 
     /// Seals `state` under `binding`. With `input_requests_json` (an
     /// input_required result's `inputRequests`), the questions are validated
-    /// and sealed as a manifest that Open filters answers against.
+    /// and sealed as a manifest that Open filters answers against; `{}` asks
+    /// nothing (Open drops every answer). An empty string seals no manifest:
+    /// Open passes answers through unfiltered, never right for a round that
+    /// asks.
     pub async fn seal(
         &self,
         binding: &Binding,

@@ -257,7 +257,9 @@ export class RequestStateClient {
     ttlSeconds?: number;
     singleUse?: boolean;
     /** The input_required result's `inputRequests` (JSON), sealed as the
-     * token's manifest. */
+     * token's manifest. The default, `{}`, asks nothing: Open drops every
+     * answer. `''` seals no manifest and Open passes answers through
+     * unfiltered: never for a round that asks. */
     inputRequestsJson?: string;
   }): Promise<Sealed> {
     const r = await this.#call<SealResponse__Output>('Seal', {
@@ -265,7 +267,7 @@ export class RequestStateClient {
       state: req.state,
       ttl_seconds: req.ttlSeconds ?? 0,
       single_use: req.singleUse ?? false,
-      input_requests_json: req.inputRequestsJson ?? '',
+      input_requests_json: req.inputRequestsJson ?? '{}',
     });
     return { requestState: r.request_state, expiresAtUnix: r.expires_at_unix, keyId: r.key_id };
   }

@@ -474,3 +474,23 @@ test('a Commit try against a hung stateseal is abandoned within the lease and a 
     ss.proc.kill('SIGTERM');
   }
 });
+
+test('a token sealed with the low-level defaults lets no answer through; an explicit empty manifest does', async () => {
+  // Review note on issue 58: seal()'s default manifest asks nothing.
+  const ss = await startStateseal();
+  const c = new RequestStateClient(ss.addr);
+  try {
+    const binding = { subject: 'alice', method: 'tools/call' as const, paramsJson: '{"name":"t"}' };
+    const forged = '{"confirm":{"action":"accept","content":{"ok":true}}}';
+    const sealed = await c.seal({ binding, state: Buffer.from('s') });
+    const opened = await c.open({ requestState: sealed.requestState, binding, inputResponsesJson: forged });
+    assert.ok(!opened.inputResponsesJson.includes('confirm'), opened.inputResponsesJson);
+    assert.deepEqual(opened.dropped, [{ key: 'confirm', reason: 'UNASKED' }]);
+    const bare = await c.seal({ binding, state: Buffer.from('s'), inputRequestsJson: '' });
+    const raw = await c.open({ requestState: bare.requestState, binding, inputResponsesJson: forged });
+    assert.ok(raw.inputResponsesJson.includes('confirm'), raw.inputResponsesJson);
+  } finally {
+    c.close();
+    ss.proc.kill('SIGTERM');
+  }
+});

@@ -205,11 +205,13 @@ class RequestStateClient:
         params_digest: bytes | None = None,
         ttl_seconds: int = 0,
         single_use: bool = False,
-        input_requests_json: str = "",
+        input_requests_json: str = "{}",
     ) -> Sealed:
         """Seals `state`. With `input_requests_json` (the input_required
         result's `inputRequests`), the questions are validated and sealed as
-        a manifest that Open filters answers against."""
+        a manifest that Open filters answers against. The default, `{}`, asks
+        nothing: Open drops every answer. `""` seals no manifest at all and
+        Open passes answers through unfiltered: never for a round that asks."""
         req = stateseal_pb2.SealRequest(
             binding=_binding(subject, method, params_json, params_digest),
             state=state,
