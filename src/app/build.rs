@@ -265,6 +265,7 @@ impl ServeArgs {
                     timeout: std::time::Duration::from_millis(self.db_timeout_ms.max(10)),
                     skew: self.clock_skew,
                     require_synchronous: self.require_synchronous_replication,
+                    recount_every: crate::ledger::postgres::RECOUNT_EVERY,
                     replication_every: std::time::Duration::from_millis(
                         self.replication_check_interval_ms.max(100),
                     ),

@@ -84,6 +84,9 @@ pub const SHARDS: u8 = 32;
 /// The tag the upgrade gives records written before tenant tags (a real
 /// tag has 8 bytes).
 pub const LEGACY_TENANT: &[u8] = b"legacy";
+/// Sums of counts are read within [0, this] (a count a hostile or broken
+/// table drives past it cannot overflow a statement).
+const CLAMP: i64 = 1 << 62;
 /// How often each replica reads the sum of the counts (the bound on all
 /// records is checked against it).
 pub const COUNT_EVERY: Duration = Duration::from_secs(1);
@@ -109,6 +112,9 @@ pub struct PgOptions {
     pub require_synchronous: bool,
     /// How often the primary's replication is checked.
     pub replication_every: Duration,
+    /// How often the collector rebuilds the record counts from the table
+    /// (and each start does): see [`rebuild_counts`].
+    pub recount_every: Duration,
 }
 
 impl Default for PgOptions {
@@ -120,9 +126,13 @@ impl Default for PgOptions {
             tls: PgTlsFlags::default(),
             require_synchronous: false,
             replication_every: Duration::from_secs(60),
+            recount_every: RECOUNT_EVERY,
         }
     }
 }
+
+/// The default [`PgOptions::recount_every`].
+pub const RECOUNT_EVERY: Duration = Duration::from_secs(600);
 
 /// A consumption to decide: the key, the keyed hash of the caller's attempt
 /// id (if any), and where the answer goes.
@@ -179,7 +189,9 @@ async fn read_counted(pool: &Pool, limit: Duration) -> Result<i64, LedgerError> 
         "count",
         limit,
         client.query_one(
-            &format!("SELECT coalesce(sum(n), 0)::bigint FROM {COUNTS}"),
+            &format!(
+                "SELECT least(greatest(coalesce(sum(n), 0), 0), {CLAMP})::bigint FROM {COUNTS}"
+            ),
             &[],
         ),
     )
@@ -187,10 +199,46 @@ async fn read_counted(pool: &Pool, limit: Duration) -> Result<i64, LedgerError> 
     Ok(row.get(0))
 }
 
+/// Rebuilds the record counts from the table: one row per tenant, its
+/// records counted by a scan, with the counts locked meanwhile (writes
+/// wait at their count, which then follows the rebuild); under the
+/// collector's lock, so one replica at a time (false when another held
+/// it). Heals counts that changed behind this version's back: records an
+/// older replica deleted during a rolling upgrade (it deletes without
+/// counting down), or anything else that wrote the table. Each start runs
+/// it, and the collector every [`PgOptions::recount_every`].
+async fn rebuild_counts(pool: &Pool, limit: Duration) -> Result<bool, LedgerError> {
+    let mut client = timed("connect", limit, pool.get()).await?;
+    let tx = timed("begin", limit, client.transaction()).await?;
+    let locked: bool = timed(
+        "gc lock",
+        limit,
+        tx.query_one("SELECT pg_try_advisory_xact_lock($1)", &[&LOCK_GC]),
+    )
+    .await?
+    .get(0);
+    if !locked {
+        return Ok(false);
+    }
+    timed(
+        "recount",
+        limit,
+        tx.batch_execute(&format!(
+            "LOCK TABLE {COUNTS} IN EXCLUSIVE MODE;
+             DELETE FROM {COUNTS};
+             INSERT INTO {COUNTS} (tenant, shard, n)
+             SELECT tenant, 0, count(*) FROM {TABLE} WHERE tenant IS NOT NULL GROUP BY tenant"
+        )),
+    )
+    .await?;
+    timed("recount commit", limit, tx.commit()).await?;
+    Ok(true)
+}
+
 /// Reads the sum of the counts every [`COUNT_EVERY`] while the ledger
 /// lives (it holds the only strong reference to `bounds` beside the
 /// batcher's); a failed reading keeps the last.
-async fn recount(pool: Pool, bounds: std::sync::Weak<Bounds>, limit: Duration) {
+async fn read_total_every_second(pool: Pool, bounds: std::sync::Weak<Bounds>, limit: Duration) {
     loop {
         tokio::time::sleep(COUNT_EVERY).await;
         let Some(b) = bounds.upgrade() else { return };
@@ -238,6 +286,8 @@ pub struct PgLedger {
     /// Autovacuum does not cover the table: the collector vacuums it itself.
     self_vacuum: bool,
     last_vacuum: std::sync::Mutex<Option<std::time::Instant>>,
+    recount_every: Duration,
+    last_recount: std::sync::Mutex<std::time::Instant>,
 }
 
 impl std::fmt::Debug for PgLedger {
@@ -365,10 +415,17 @@ impl PgLedger {
         }
         let healthy = Arc::new(AtomicBool::new(true));
         let bounds = Arc::new(Bounds::default());
+        if let Err(e) = rebuild_counts(&pool, opts.timeout).await {
+            tracing::warn!(error = %e, "the record counts were not rebuilt at start; the collector tries again");
+        }
         bounds
             .counted
             .store(read_counted(&pool, opts.timeout).await?, Ordering::Relaxed);
-        tokio::spawn(recount(pool.clone(), Arc::downgrade(&bounds), opts.timeout));
+        tokio::spawn(read_total_every_second(
+            pool.clone(),
+            Arc::downgrade(&bounds),
+            opts.timeout,
+        ));
         let (tx, rx) = mpsc::unbounded_channel();
         let skew = i64::try_from(opts.skew).unwrap_or(i64::MAX);
         // The batcher ends when the ledger, its only sender, is dropped (after
@@ -399,6 +456,8 @@ impl PgLedger {
             require_synchronous: opts.require_synchronous,
             self_vacuum,
             last_vacuum: std::sync::Mutex::new(None),
+            recount_every: opts.recount_every,
+            last_recount: std::sync::Mutex::new(std::time::Instant::now()),
         };
         // The first check, before the server starts: logged (a warning for
         // asynchronous standbys); with `require_synchronous`, anything but
@@ -859,7 +918,7 @@ async fn insert_batch(
                        AS u(id, expires_at, attempt, tenant), h
                  WHERE u.expires_at >= h.horizon),
               held AS (
-                SELECT c.tenant, greatest(sum(c.n), 0)::bigint AS n FROM {COUNTS} c
+                SELECT c.tenant, least(greatest(sum(c.n), 0), {CLAMP})::bigint AS n FROM {COUNTS} c
                  WHERE c.tenant = ANY($5::bytea[])
                  GROUP BY c.tenant),
               by_tenant AS (
@@ -1152,7 +1211,7 @@ impl Ledger for PgLedger {
         let sql = format!(
             "WITH h AS (SELECT extract(epoch FROM statement_timestamp())::bigint AS now),
                   held AS (
-                    SELECT greatest(coalesce(sum(n), 0), 0)::bigint AS mine
+                    SELECT least(greatest(coalesce(sum(n), 0), 0), {CLAMP})::bigint AS mine
                       FROM {COUNTS} WHERE tenant = $8),
                   ins AS (
                     INSERT INTO {TABLE} (id, expires_at, state, lease_until, rid, attempt, tenant)
@@ -1351,6 +1410,25 @@ impl Ledger for PgLedger {
     }
 
     async fn remove_expired(&self, before_unix: u64, limit: usize) -> Result<usize, LedgerError> {
+        let due = {
+            let last = self.last_recount.lock().unwrap_or_else(|e| e.into_inner());
+            last.elapsed() >= self.recount_every
+        };
+        if due {
+            match rebuild_counts(&self.pool, self.timeout).await {
+                Ok(true) => {
+                    *self.last_recount.lock().unwrap_or_else(|e| e.into_inner()) =
+                        std::time::Instant::now();
+                    if let Ok(n) = read_counted(&self.pool, self.timeout).await {
+                        self.bounds.counted.store(n, Ordering::Relaxed);
+                    }
+                }
+                Ok(false) => {} // another replica holds the collector's lock
+                Err(e) => {
+                    tracing::warn!(error = %e, "the record counts were not rebuilt; tried again at the next collection")
+                }
+            }
+        }
         let before = i64::try_from(before_unix).unwrap_or(i64::MAX);
         let n = i64::try_from(limit).unwrap_or(i64::MAX);
         let mut client = timed("connect", self.timeout, self.pool.get()).await?;

@@ -865,3 +865,71 @@ async fn postgres_a_waiting_collection_holds_no_later_counter_row() {
     l.close().await.unwrap();
     schema.remove().await;
 }
+
+/// Second review, PG-1: records deleted behind the counts' back (an older
+/// replica's collection during a rolling upgrade deletes without counting
+/// down) left them counted for good, and a tenant at its share refused
+/// with nothing held. The collector rebuilds the counts from the table
+/// every `recount_every`, and every start does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_counts_heal_from_records_deleted_behind_them() {
+    use stateseal::internals::ledger::postgres::{PgLedger, PgOptions};
+    use stateseal::internals::ledger::{Consumed, Ledger};
+    let Some(pg) = crate::common::pg::shared("postgres-recount").await else {
+        return;
+    };
+    let schema = crate::common::pg::OwnSchema::create(&pg.url, "recount").await;
+    let s = schema.name.clone();
+    let far = 4_000_000_000;
+    let connect = |every: std::time::Duration| {
+        let url = schema.url.clone();
+        async move {
+            PgLedger::connect(
+                &url,
+                PgOptions {
+                    recount_every: every,
+                    ..PgOptions::default()
+                },
+            )
+            .await
+            .unwrap()
+            .with_max_tenant_records(3)
+        }
+    };
+    let forget = || async {
+        // What an older replica's collection does: delete, count nothing.
+        schema
+            .client
+            .batch_execute(&format!("DELETE FROM {s}.stateseal_consumed_v1"))
+            .await
+            .unwrap();
+    };
+    let l = connect(std::time::Duration::ZERO).await;
+    for _ in 0..3 {
+        assert_eq!(
+            l.consume(&tenant_key("t", far)).await.unwrap(),
+            Consumed::Now
+        );
+    }
+    forget().await;
+    assert_eq!(
+        l.consume(&tenant_key("t", far)).await.unwrap(),
+        Consumed::Full,
+        "the counts still hold the deleted records until a rebuild"
+    );
+    l.remove_expired(0, 10).await.unwrap();
+    assert_eq!(pg_counts(&schema, &["t"]).await, [(0, 0), (0, 0)]);
+    assert_eq!(
+        l.consume(&tenant_key("t", far)).await.unwrap(),
+        Consumed::Now
+    );
+    l.close().await.unwrap();
+    drop(l);
+    // A start rebuilds them too.
+    forget().await;
+    assert_eq!(pg_counts(&schema, &["t"]).await, [(1, 0), (1, 0)]);
+    let l = connect(std::time::Duration::from_secs(3600)).await;
+    assert_eq!(pg_counts(&schema, &["t"]).await, [(0, 0), (0, 0)]);
+    l.close().await.unwrap();
+    schema.remove().await;
+}
