@@ -55,7 +55,9 @@
 //!   Records of no tenant (written by a version before tenant tags) are
 //!   counted under one tag of their own at the upgrade; those an older
 //!   replica writes during a rolling upgrade are never counted (they age
-//!   out).
+//!   out). Each start, and the collector every [`RECOUNT_EVERY`], rebuild
+//!   the counts from the table ([`rebuild_counts`]): what an older replica
+//!   deleted without counting down does not stay counted.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
