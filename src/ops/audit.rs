@@ -81,10 +81,16 @@ pub enum AuditError {
         source: std::io::Error,
     },
     #[error(
-        "audit log {0}: no complete audit line in its last 64 KiB to chain from; \
-         move the file aside to start a new chain"
+        "audit log {0}: no complete audit line to chain from; move the file aside to start \
+         a new chain"
     )]
     NoChain(PathBuf),
+    #[error(
+        "audit log {0}: no line verifies under this keyset, though lines name its keys \
+         (changed or planted?); check it with `stateseal audit verify`, then move the file \
+         aside to start a new chain"
+    )]
+    Unverified(PathBuf),
     #[error("--audit-sample-seals must be at least 1")]
     Sampling,
     #[error("audit log {0}: another process is writing it")]
@@ -200,6 +206,18 @@ struct Health {
     failing: AtomicBool,
     /// When the write in progress started (ms since the epoch), or 0.
     writing_since: AtomicU64,
+    /// The writer thread has ended (stopped, or panicked): nothing is
+    /// written any more.
+    ended: AtomicBool,
+}
+
+/// Marks the writer ended when its thread ends, however it ends.
+struct Ended(Arc<Health>);
+
+impl Drop for Ended {
+    fn drop(&mut self) {
+        self.0.ended.store(true, Ordering::Release);
+    }
 }
 
 impl Health {
@@ -208,7 +226,9 @@ impl Health {
         t != 0 && now_ms().saturating_sub(t) > STALL_MS
     }
     fn ok(&self) -> bool {
-        !self.failing.load(Ordering::Acquire) && !self.stalled()
+        !self.failing.load(Ordering::Acquire)
+            && !self.stalled()
+            && !self.ended.load(Ordering::Acquire)
     }
 }
 
@@ -279,6 +299,7 @@ impl Audit {
         std::thread::Builder::new()
             .name("stateseal-audit".into())
             .spawn(move || {
+                let _ended = Ended(h.clone());
                 w.run(rx, &h, on_failure);
                 let _ = done_tx.send(());
             })
@@ -302,12 +323,19 @@ impl Audit {
     }
 
     /// Before acting: `AUDIT_UNAVAILABLE` while a closed sink cannot write
-    /// (its last write failed, or the one in progress has hung).
+    /// (its last write failed, the one in progress has hung, or the writer
+    /// has ended).
     pub fn admit(&self) -> Result<(), Reject> {
         if self.on_failure == OnFailure::Closed && !self.health.ok() {
             return Err(Reject::AuditUnavailable);
         }
         Ok(())
+    }
+
+    /// For readiness: a closed sink that can write, or an open one whose
+    /// writer still runs.
+    pub fn ready(&self) -> bool {
+        self.admit().is_ok() && !self.health.ended.load(Ordering::Acquire)
     }
 
     /// Records a decision. With `Closed`, returns once its line is written
@@ -604,6 +632,9 @@ struct Writer {
     /// Lines at the end of the log that did not verify, which the restart
     /// chained on past: how many, and the seq it chained on from.
     skipped: Option<(u64, u64)>,
+    /// The seq has reached its largest value: no line can be numbered, the
+    /// sink fails for good.
+    exhausted: bool,
 }
 
 impl Writer {
@@ -627,6 +658,7 @@ impl Writer {
             stats,
             clock: Clock::default(),
             skipped: None,
+            exhausted: false,
         };
         if let Sink::File(path) = &cfg.sink {
             let io = |source| AuditError::Io {
@@ -646,6 +678,9 @@ impl Writer {
             let ring = w.keys.current();
             let (from, last) = if size > 0 {
                 let e = ends(&mut f, size, &ring).map_err(io)?;
+                if e.unverified {
+                    return Err(AuditError::Unverified(path.clone()));
+                }
                 if e.torn {
                     // A line cut by a crash mid-write stays (verify reports
                     // it); the chain goes on on a line of its own.
@@ -657,6 +692,9 @@ impl Writer {
                 let mut rf = std::fs::File::open(&r).map_err(io)?;
                 let len = rf.metadata().map_err(io)?.len();
                 let e = ends(&mut rf, len, &ring).map_err(io)?;
+                if e.unverified {
+                    return Err(AuditError::Unverified(r.clone()));
+                }
                 w.skipped = e.skipped;
                 (
                     None,
@@ -682,8 +720,15 @@ impl Writer {
         Ok(w)
     }
 
-    /// Numbers, chains and queues one line.
+    /// Numbers, chains and queues one line. A line whose seq would have no
+    /// successor is not made: it is counted as dropped and the sink fails.
     fn push(&mut self, mut line: Line, ring: &Keyring) {
+        let Some(next) = self.seq.checked_add(1) else {
+            self.exhausted = true;
+            self.stats.dropped.fetch_add(1, Ordering::Relaxed);
+            self.reported += 1; // no `dropped` line can count it
+            return;
+        };
         let key = ring.primary();
         line.seq = self.seq;
         line.time = self.clock.now();
@@ -703,7 +748,7 @@ impl Writer {
         self.pending.extend_from_slice(hex(&mac).as_bytes());
         self.pending.extend_from_slice(b"\"}\n");
         self.prev = mac;
-        self.seq += 1;
+        self.seq = next;
         self.stats.lines.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -909,6 +954,12 @@ impl Writer {
                 .store(now_ms().max(1), Ordering::Release);
             let written = self.flush();
             health.writing_since.store(0, Ordering::Release);
+            let written = match written {
+                Ok(()) if self.exhausted => Err(std::io::Error::other(
+                    "its seq has reached its largest value: start a new log",
+                )),
+                w => w,
+            };
             let ok = match written {
                 Ok(()) => true,
                 Err(e) => {
@@ -1025,7 +1076,15 @@ struct Ends {
     torn: bool,
     /// Complete lines after `last` that did not verify, and `last`'s seq.
     skipped: Option<(u64, u64)>,
+    /// No line verifies, though some name a key of the keyset: changed or
+    /// planted, not made by keys since removed.
+    unverified: bool,
 }
+
+/// No writer reaches a seq past this (2^62 lines): a line that claims one
+/// was planted, and is never chained on from (its successors would
+/// exhaust the seq).
+pub const MAX_SEQ: u64 = 1 << 62;
 
 /// Reads the file from its start, line by line, for the last line in the
 /// chain: one whose MAC verifies against the last good line's and whose
@@ -1036,9 +1095,10 @@ struct Ends {
 /// chain is anchored only by a line that verifies against its own `prev`
 /// (the `start` or `rotate` line every file begins with): a line without
 /// one, or that does not verify, anchors nothing. When no line verifies at
-/// all (the keys that made them are no longer in the keyset), the restart
-/// chains on from the last complete line, as before such checks, and says
-/// so.
+/// all and no line names a key of the keyset (the keys that made them were
+/// removed), the restart chains on from the last complete line, as before
+/// such checks, and says so; when lines name its keys, it refuses. A line
+/// with a seq past [`MAX_SEQ`] is in no chain.
 fn ends(f: &mut File, size: u64, ring: &Keyring) -> std::io::Result<Ends> {
     use std::io::BufRead;
     f.seek(SeekFrom::Start(0))?;
@@ -1054,6 +1114,7 @@ fn ends(f: &mut File, size: u64, ring: &Keyring) -> std::io::Result<Ends> {
     let mut good: Option<(u64, [u8; 32])> = None;
     let mut bad = 0u64;
     let mut last_parsed: Option<(u64, [u8; 32])> = None;
+    let mut named_key = false;
     let (mut first, mut first_line) = (None, true);
     let mut torn = false;
     let mut lines = std::io::BufReader::new(&mut *f).split(b'\n');
@@ -1070,6 +1131,12 @@ fn ends(f: &mut File, size: u64, ring: &Keyring) -> std::io::Result<Ends> {
             first_line = false;
             continue;
         };
+        named_key |= ring.get(KeyId(line.mac_key)).is_some();
+        if line.seq > MAX_SEQ {
+            bad += 1;
+            first_line = false;
+            continue;
+        }
         last_parsed = Some((line.seq, mac));
         let own = line
             .prev
@@ -1092,8 +1159,7 @@ fn ends(f: &mut File, size: u64, ring: &Keyring) -> std::io::Result<Ends> {
             first = Some(line.seq);
         }
         first_line = false;
-        // A seq with no successor cannot be chained on from.
-        if ok && line.seq < u64::MAX - 1 {
+        if ok {
             good = Some((line.seq, mac));
             bad = 0;
         } else {
@@ -1102,6 +1168,15 @@ fn ends(f: &mut File, size: u64, ring: &Keyring) -> std::io::Result<Ends> {
     }
     drop(lines);
     f.seek(SeekFrom::End(0))?;
+    if good.is_none() && named_key {
+        return Ok(Ends {
+            first,
+            last: None,
+            torn,
+            skipped: None,
+            unverified: true,
+        });
+    }
     if good.is_none() && last_parsed.is_some() {
         tracing::warn!(
             "audit log: no line verifies under this keyset (its keys were removed?); chained \
@@ -1109,9 +1184,10 @@ fn ends(f: &mut File, size: u64, ring: &Keyring) -> std::io::Result<Ends> {
         );
         return Ok(Ends {
             first,
-            last: last_parsed.filter(|(seq, _)| *seq < u64::MAX - 1),
+            last: last_parsed,
             torn,
             skipped: None,
+            unverified: false,
         });
     }
     Ok(Ends {
@@ -1119,6 +1195,7 @@ fn ends(f: &mut File, size: u64, ring: &Keyring) -> std::io::Result<Ends> {
         last: good,
         torn,
         skipped: good.filter(|_| bad > 0).map(|(seq, _)| (bad, seq)),
+        unverified: false,
     })
 }
 
@@ -1139,5 +1216,35 @@ mod tests {
         let want = crate::domain::keyring::rfc3339(secs);
         assert_eq!(&t[..10], &want[..10]);
         assert_eq!(hex(&[0x00, 0x0f, 0xa5, 0xff]), "000fa5ff");
+    }
+
+    /// A seq at its largest value is a failing sink, never an overflow.
+    #[test]
+    fn an_exhausted_seq_makes_no_line_and_does_not_panic() {
+        let file = crate::domain::keyring::KeysetFile::generate(1_700_000_000);
+        let keys = Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+        let cfg = AuditConfig {
+            sink: Sink::Stdout,
+            max_bytes: 1 << 20,
+            sample_seals: 1,
+            on_failure: OnFailure::Closed,
+            replica: "r".into(),
+        };
+        let stats = Arc::new(AuditStats::default());
+        let Ok(mut w) = Writer::open(&cfg, keys.clone(), stats.clone()) else {
+            panic!("no writer");
+        };
+        w.seq = u64::MAX - 1;
+        let ring = keys.current();
+        w.push(Line::new("stop"), &ring);
+        w.push(Line::new("stop"), &ring);
+        let text = String::from_utf8(w.pending.clone()).unwrap();
+        assert_eq!(text.lines().count(), 1, "{text}");
+        assert!(
+            text.starts_with(&format!("{{\"seq\":{},", u64::MAX - 1)),
+            "{text}"
+        );
+        assert!(w.exhausted);
+        assert_eq!(stats.dropped.load(Ordering::Relaxed), 1);
     }
 }

@@ -1280,3 +1280,104 @@ fn a_replayed_pair_of_genuine_lines_neither_anchors_a_restart_nor_passes_verify(
         );
     }
 }
+
+/// Rewrites each line of `log` with `f`.
+fn rewrite(log: &Path, f: impl Fn(&str) -> String) {
+    let text = std::fs::read_to_string(log).unwrap();
+    let out: String = text.lines().map(|l| f(l) + "\n").collect();
+    std::fs::write(log, out).unwrap();
+}
+
+/// A line with `seq`, a made-up MAC under root key `mac_key`.
+fn planted(seq: u64, mac_key: u32) -> String {
+    format!(
+        "{{\"seq\":{seq},\"time\":\"2026-12-06T00:00:00.000000Z\",\"replica\":\"r\",\"event\":\"stop\",\"mac_key\":{mac_key},\"mac\":\"{}\"}}\n",
+        "ab".repeat(32)
+    )
+}
+
+/// Second review of issue 58, AUD-2: when no line of the log verifies, a
+/// restart chains on from the last line unchecked only when no line names
+/// a key of the keyset (its keys were removed), and never from a seq near
+/// the top (a planted `2^64 - 3` made the writer thread panic on its next
+/// line). Lines that name its keys and all fail are tampering: the start is
+/// refused, in clear words.
+#[test]
+fn a_log_no_line_of_which_verifies_never_chains_on_from_a_planted_seq() {
+    let file = KeysetFile::generate(1_700_000_000);
+    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let cfg = |dir: &Path| AuditConfig {
+        sink: Sink::File(dir.join("audit.log")),
+        max_bytes: 1 << 20,
+        sample_seals: 1,
+        on_failure: OnFailure::Closed,
+        replica: "r".into(),
+    };
+    for keys_removed in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("audit.log");
+        for _ in 0..2 {
+            let audit = audit_in(dir.path(), &handle, 1 << 20);
+            decide(&audit, 2);
+            audit.close();
+        }
+        let honest = lines(&log);
+        let last_seq = honest.last().unwrap()["seq"].as_u64().unwrap();
+        // Every line changed (its MAC fails), or made by a key the keyset
+        // no longer holds; then the planted line, under the same key.
+        let key = if keys_removed { 7 } else { 1 };
+        rewrite(&log, |l| {
+            if keys_removed {
+                l.replace("\"mac_key\":1,", "\"mac_key\":7,")
+            } else {
+                l.replacen("\"replica\":\"r\"", "\"replica\":\"q\"", 1)
+            }
+        });
+        let mut f = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
+        std::io::Write::write_all(&mut f, planted(u64::MAX - 2, key).as_bytes()).unwrap();
+        drop(f);
+        match Audit::start(cfg(dir.path()), handle.clone()) {
+            Ok(audit) if keys_removed => {
+                decide(&audit, 1);
+                audit.close();
+                let after = lines(&log);
+                let start = &after[honest.len() + 1];
+                assert_eq!(start["event"], "start", "{start}");
+                assert_eq!(
+                    start["seq"].as_u64().unwrap(),
+                    last_seq + 1,
+                    "chained on from the planted seq: {start}"
+                );
+                assert_eq!(after.last().unwrap()["event"], "stop");
+            }
+            Ok(audit) => {
+                let seq = lines(&log)[honest.len() + 1]["seq"].clone();
+                audit.close();
+                panic!("started on a log whose every line fails, at seq {seq}");
+            }
+            Err(e) if keys_removed => panic!("keys removed: refused: {e}"),
+            Err(e) => {
+                let e = e.to_string();
+                assert!(
+                    e.contains("no line verifies") && e.contains("move the file aside"),
+                    "{e}"
+                );
+            }
+        }
+    }
+}
+
+/// AUD-2: a writer thread that has ended (here: closed) is a failing sink:
+/// Seals and Opens are refused and the replica is not ready.
+#[test]
+fn an_ended_writer_refuses_and_is_not_ready() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = KeysetFile::generate(1_700_000_000);
+    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let audit = audit_in(dir.path(), &handle, 1 << 20);
+    assert!(audit.admit().is_ok());
+    assert!(audit.ready());
+    audit.close();
+    assert_eq!(audit.admit(), Err(Reject::AuditUnavailable));
+    assert!(!audit.ready());
+}
