@@ -274,17 +274,22 @@ impl Audit {
         line.keys = Some(key_list(&ring));
         line.prev = Some(hex(&w.prev));
         w.push(line, &ring);
-        if let Some((count, seq)) = w.skipped {
+        if let Some(Skipped { count, before, seq }) = w.skipped {
             tracing::warn!(
                 path = %w.path.display(),
                 count,
+                before_the_chain = before,
                 seq,
-                "audit log: lines at its end do not verify (planted or changed); \
-                 chained on from the last line that does, and recorded what was skipped"
+                "audit log: lines do not verify (planted or changed); chained on from the \
+                 last line in the chain, and recorded what was skipped"
             );
             let mut line = Line::new("skipped");
             line.count = Some(count);
-            line.reason = Some(format!("chained on from seq {seq}"));
+            line.reason = Some(if before > 0 {
+                format!("chained on from seq {seq}; {before} before the chain's first line")
+            } else {
+                format!("chained on from seq {seq}")
+            });
             w.push(line, &ring);
         }
         w.flush().map_err(|source| AuditError::Io {
@@ -629,9 +634,9 @@ struct Writer {
     reported: u64,
     stats: Arc<AuditStats>,
     clock: Clock,
-    /// Lines at the end of the log that did not verify, which the restart
-    /// chained on past: how many, and the seq it chained on from.
-    skipped: Option<(u64, u64)>,
+    /// Lines of the log that did not verify, which the restart chained on
+    /// past.
+    skipped: Option<Skipped>,
     /// The seq has reached its largest value: no line can be numbered, the
     /// sink fails for good.
     exhausted: bool,
@@ -1063,9 +1068,15 @@ pub fn rotated_name(path: &Path, first_seq: u64) -> PathBuf {
     PathBuf::from(s)
 }
 
-/// The file's first line's seq, its last complete audit line's (seq, mac),
-/// and whether it ends in a cut line.
-#[allow(clippy::type_complexity)]
+/// Lines a restart found that did not verify: before the chain's first
+/// line (`before` of them) and after its last, `seq`.
+#[derive(Clone, Copy, Debug)]
+struct Skipped {
+    count: u64,
+    before: u64,
+    seq: u64,
+}
+
 /// What a restart reads at the end of a log file.
 struct Ends {
     /// The seq of the file's first line.
@@ -1074,8 +1085,9 @@ struct Ends {
     last: Option<(u64, [u8; 32])>,
     /// The file does not end with a newline (a write cut by a crash).
     torn: bool,
-    /// Complete lines after `last` that did not verify, and `last`'s seq.
-    skipped: Option<(u64, u64)>,
+    /// Lines that did not verify, before the chain's first line or after
+    /// `last`.
+    skipped: Option<Skipped>,
     /// No line verifies, though some name a key of the keyset: changed or
     /// planted, not made by keys since removed.
     unverified: bool,
@@ -1092,9 +1104,12 @@ pub const MAX_SEQ: u64 = 1 << 62;
 /// by the line after it (a planted line can carry any MAC, so a copied run
 /// of old genuine lines would verify among itself), so a restart neither
 /// chains on from a planted or replayed line nor is stopped by it. The
-/// chain is anchored only by a line that verifies against its own `prev`
-/// (the `start` or `rotate` line every file begins with): a line without
-/// one, or that does not verify, anchors nothing. When no line verifies at
+/// chain is anchored, as in verify, only by the file's first line (the
+/// `start` or `rotate` line every file begins with) verifying against its
+/// own `prev`, or, past lines that failed, by a line that chains on from
+/// the line physically before it (next seq, MAC over its MAC): a replayed
+/// `start` further on anchors nothing. Lines that failed before the anchor
+/// are counted with those after the chain's last line. When no line verifies at
 /// all and no line names a key of the keyset (the keys that made them were
 /// removed), the restart chains on from the last complete line, as before
 /// such checks, and says so; when lines name its keys, it refuses. A line
@@ -1110,10 +1125,13 @@ fn ends(f: &mut File, size: u64, ring: &Keyring) -> std::io::Result<Ends> {
         })
     };
     // (seq, MAC) of the last good line, how many complete lines since it
-    // did not verify, and the last complete line at all.
+    // (or, before it, since the file's start) did not verify, how many did
+    // before the anchor, and the last complete line at all.
     let mut good: Option<(u64, [u8; 32])> = None;
     let mut bad = 0u64;
+    let mut before_anchor = 0u64;
     let mut last_parsed: Option<(u64, [u8; 32])> = None;
+    let mut phys: Option<(u64, [u8; 32])> = None;
     let mut named_key = false;
     let (mut first, mut first_line) = (None, true);
     let mut torn = false;
@@ -1132,34 +1150,46 @@ fn ends(f: &mut File, size: u64, ring: &Keyring) -> std::io::Result<Ends> {
             continue;
         };
         named_key |= ring.get(KeyId(line.mac_key)).is_some();
+        // The complete line physically before this one.
+        let before = std::mem::take(&mut phys);
         if line.seq > MAX_SEQ {
             bad += 1;
             first_line = false;
             continue;
         }
         last_parsed = Some((line.seq, mac));
+        phys = last_parsed;
         let own = line
             .prev
             .as_deref()
             .and_then(|p| verify::unhex32(p.as_bytes()));
-        let ok = match (good, own) {
-            // The first anchor: a line that verifies against its own
-            // `prev` (its MAC proves it).
-            (None, Some(p)) => verifies(&line, &raw, &p, &mac),
-            (None, None) => false,
-            // Then only the next line of the chain: the next seq, a `prev`
-            // (if any) that is the last good MAC, and a MAC over it.
-            (Some((seq, g)), own) => {
-                seq.checked_add(1) == Some(line.seq)
-                    && own.is_none_or(|p| p == g)
-                    && verifies(&line, &raw, &g, &mac)
+        // The next line of `after`: the next seq, a `prev` (if any) that is
+        // its MAC, and a MAC over it.
+        let next_of = |(seq, m): (u64, [u8; 32])| {
+            seq.checked_add(1) == Some(line.seq)
+                && own.is_none_or(|p| p == m)
+                && verifies(&line, &raw, &m, &mac)
+        };
+        let ok = match good {
+            // The anchor, as verify's: the file's first line, verifying
+            // against its own `prev`, or the next line of the line
+            // physically before it. Never a line further on that verifies
+            // against its own `prev` alone (a replayed `start` does).
+            None => {
+                (first_line && own.is_some_and(|p| verifies(&line, &raw, &p, &mac)))
+                    || before.is_some_and(next_of)
             }
+            // Then only the next line of the chain.
+            Some(g) => next_of(g),
         };
         if first_line && ok {
             first = Some(line.seq);
         }
         first_line = false;
         if ok {
+            if good.is_none() {
+                before_anchor = bad;
+            }
             good = Some((line.seq, mac));
             bad = 0;
         } else {
@@ -1194,7 +1224,13 @@ fn ends(f: &mut File, size: u64, ring: &Keyring) -> std::io::Result<Ends> {
         first,
         last: good,
         torn,
-        skipped: good.filter(|_| bad > 0).map(|(seq, _)| (bad, seq)),
+        skipped: good
+            .filter(|_| bad + before_anchor > 0)
+            .map(|(seq, _)| Skipped {
+                count: bad + before_anchor,
+                before: before_anchor,
+                seq,
+            }),
         unverified: false,
     })
 }

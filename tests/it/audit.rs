@@ -1381,3 +1381,74 @@ fn an_ended_writer_refuses_and_is_not_ready() {
     assert_eq!(audit.admit(), Err(Reject::AuditUnavailable));
     assert!(!audit.ready());
 }
+
+/// Second review of issue 58, AUD-1: with every `start` line changed, a
+/// copy of the first one (seq 0) appended does not anchor a restart: only a
+/// file's first line, or a line that verifies over the line before it with
+/// the next seq, anchors the chain (as in verify); the restart chains on
+/// from the last line of that chain, and its `skipped` line counts the
+/// lines that failed, before the anchor too. Verify then names those lines
+/// and none the restart wrote.
+#[test]
+fn a_replayed_start_line_does_not_anchor_a_restart_and_failed_lines_are_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = KeysetFile::generate(1_700_000_000);
+    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let ring = Keyring::from_file(&file).unwrap();
+    let log = dir.path().join("audit.log");
+    for _ in 0..2 {
+        let audit = audit_in(dir.path(), &handle, 1 << 20);
+        decide(&audit, 2);
+        audit.close();
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    let copy = text.lines().next().unwrap().to_owned();
+    rewrite(&log, |l| {
+        if l.contains("\"event\":\"start\"") {
+            l.replacen("\"replica\":\"r\"", "\"replica\":\"q\"", 1)
+        } else {
+            l.to_owned()
+        }
+    });
+    let mut f = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
+    std::io::Write::write_all(&mut f, format!("{copy}\n").as_bytes()).unwrap();
+    drop(f);
+    let before = lines(&log);
+    // start 0, open 1, open 2, stop 3 | start 4 ... stop 7 | the copy.
+    assert_eq!(before.len(), 9);
+    let stop = &before[3];
+    assert_eq!(stop["event"], "stop");
+
+    let audit = audit_in(dir.path(), &handle, 1 << 20);
+    audit.close();
+    let after = lines(&log);
+    let start = &after[before.len()];
+    assert_eq!(start["event"], "start");
+    assert_eq!(
+        start["seq"].as_u64().unwrap(),
+        4,
+        "anchored on a replayed line: {start}"
+    );
+    assert_eq!(start["prev"], stop["mac"], "{start}");
+    let skipped = &after[before.len() + 1];
+    assert_eq!(skipped["event"], "skipped", "{skipped}");
+    // The first start line, the second run (4 lines), the copy.
+    assert_eq!(skipped["count"], 6, "{skipped}");
+    assert_eq!(after.last().unwrap()["event"], "stop");
+
+    let r = stateseal::verify_audit_log(std::slice::from_ref(&log), &ring, None).unwrap();
+    let named = |n: usize| {
+        let at = format!("{}:{n}:", log.display());
+        r.problems.iter().any(|p| p.starts_with(&at))
+    };
+    for n in [1, 5, 9] {
+        assert!(named(n), "line {n} not named: {:?}", r.problems);
+    }
+    for n in before.len() + 1..=after.len() {
+        assert!(
+            !named(n),
+            "line {n}, the restart's, named: {:?}",
+            r.problems
+        );
+    }
+}
