@@ -619,7 +619,8 @@ struct Writer {
     path: PathBuf,
     /// Bytes in the current file.
     size: u64,
-    /// The seq of the current file's first line (names it when rotated).
+    /// Names the current file when rotated: the seq of its first line, or of
+    /// this writer's `start` line in it.
     first_seq: u64,
     /// The next line's seq, and the chain's last MAC.
     seq: u64,
@@ -681,7 +682,7 @@ impl Writer {
             // a rotation short and left it empty or missing) from the last
             // line of the newest rotated file.
             let ring = w.keys.current();
-            let (from, last) = if size > 0 {
+            let (clean_first, first, last) = if size > 0 {
                 let e = ends(&mut f, size, &ring).map_err(io)?;
                 if e.unverified {
                     return Err(AuditError::Unverified(path.clone()));
@@ -692,7 +693,7 @@ impl Writer {
                     f.write_all(b"\n").map_err(io)?;
                 }
                 w.skipped = e.skipped;
-                (e.first, e.last)
+                (e.first.filter(|_| e.clean), e.first, e.last)
             } else if let Some(r) = newest_rotated(path).map_err(io)? {
                 let mut rf = std::fs::File::open(&r).map_err(io)?;
                 let len = rf.metadata().map_err(io)?.len();
@@ -703,10 +704,11 @@ impl Writer {
                 w.skipped = e.skipped;
                 (
                     None,
+                    None,
                     Some(e.last.ok_or_else(|| AuditError::NoChain(r.clone()))?),
                 )
             } else {
-                (None, None)
+                (None, None, None)
             };
             if size > 0 && last.is_none() {
                 return Err(AuditError::NoChain(path.clone()));
@@ -717,7 +719,14 @@ impl Writer {
                     .ok_or_else(|| AuditError::NoChain(path.clone()))?;
                 w.prev = mac;
             }
-            w.first_seq = from.unwrap_or(w.seq);
+            // The name this file gets when rotated: its first line's seq
+            // when every line of it is in the chain (or when a crash cut its
+            // rotation short after the link, the name it has); else, past
+            // lines that failed (the first line, though it anchors, may be
+            // a replayed one), the seq this writer goes on with.
+            w.first_seq = clean_first
+                .or(first.filter(|&s| same_file(path, &rotated_name(path, s))))
+                .unwrap_or(w.seq);
             w.size = f.metadata().map_err(io)?.len();
             w.out = Out::File(f);
             w.path = path.clone();
@@ -839,8 +848,9 @@ impl Writer {
     }
 
     /// Once the file has reached its size (and nothing is pending): gives
-    /// it the name `PATH.<its first seq, 20 digits>` (a hard link, so an
-    /// existing file of that name is never replaced), starts a new one and
+    /// it the name `PATH.<first_seq, 20 digits>` (a hard link, so an
+    /// existing file of that name is never replaced: another file's name
+    /// gets a `.N` suffix), starts a new one and
     /// writes its first line, `rotate`, with the name and the chain's
     /// previous MAC.
     fn rotate_if_full(&mut self, ring: &Keyring) -> std::io::Result<()> {
@@ -850,21 +860,36 @@ impl Writer {
         {
             return Ok(());
         }
-        let to = rotated_name(&self.path, self.first_seq);
-        match std::fs::hard_link(&self.path, &to) {
-            Ok(()) => std::fs::remove_file(&self.path)?,
-            // Linked before a crash that stopped the rotation: the same file.
-            Err(e)
-                if e.kind() == std::io::ErrorKind::AlreadyExists && same_file(&self.path, &to) =>
-            {
-                std::fs::remove_file(&self.path)?;
+        let mut to = rotated_name(&self.path, self.first_seq);
+        let mut suffix = 0u32;
+        loop {
+            match std::fs::hard_link(&self.path, &to) {
+                Ok(()) => std::fs::remove_file(&self.path)?,
+                // Linked before a crash that stopped the rotation: the same
+                // file.
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::AlreadyExists
+                        && same_file(&self.path, &to) =>
+                {
+                    std::fs::remove_file(&self.path)?;
+                }
+                // Another file has the name (a chain that went back, past
+                // planted or replayed lines): never replaced, the next
+                // free `.N` suffix instead.
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && suffix < 1000 => {
+                    suffix += 1;
+                    to = rotated_name(&self.path, self.first_seq);
+                    to.as_mut_os_string().push(format!(".{suffix}"));
+                    continue;
+                }
+                // An earlier try linked it and removed the live name, then
+                // could not create the new file: the lines since went on
+                // into the rotated one (the open descriptor), and this try
+                // goes on from there.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && to.exists() => {}
+                Err(e) => return Err(e),
             }
-            // An earlier try linked it and removed the live name, then could
-            // not create the new file: the lines since went on into the
-            // rotated one (the open descriptor), and this try goes on from
-            // there.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && to.exists() => {}
-            Err(e) => return Err(e),
+            break;
         }
         // A crash from here on leaves the live name missing or empty: the
         // next start chains on from the newest rotated file.
@@ -1040,21 +1065,23 @@ fn newest_rotated(path: &Path) -> std::io::Result<Option<PathBuf>> {
         dir
     };
     let prefix = format!("{}.", name.to_string_lossy());
-    let mut best: Option<(u64, PathBuf)> = None;
+    let mut best: Option<((u64, u32), PathBuf)> = None;
     for e in std::fs::read_dir(dir)? {
         let e = e?;
         let n = e.file_name().to_string_lossy().into_owned();
-        let Some(digits) = n.strip_prefix(&prefix) else {
+        let Some(rest) = n.strip_prefix(&prefix) else {
             continue;
         };
+        // `<seq, 20 digits>`, or `<seq>.<N>` (a name another file held).
+        let (digits, suffix) = rest.split_once('.').unwrap_or((rest, "0"));
         if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
             continue;
         }
-        let Ok(seq) = digits.parse::<u64>() else {
+        let (Ok(seq), Ok(suffix)) = (digits.parse::<u64>(), suffix.parse::<u32>()) else {
             continue;
         };
-        if best.as_ref().is_none_or(|(b, _)| seq > *b) {
-            best = Some((seq, e.path()));
+        if best.as_ref().is_none_or(|(b, _)| (seq, suffix) > *b) {
+            best = Some(((seq, suffix), e.path()));
         }
     }
     Ok(best.map(|(_, p)| p))
@@ -1079,8 +1106,11 @@ struct Skipped {
 
 /// What a restart reads at the end of a log file.
 struct Ends {
-    /// The seq of the file's first line.
+    /// The seq of the file's first line, when it anchors the chain.
     first: Option<u64>,
+    /// Every complete audit line is in the chain (none failed: no replayed
+    /// or changed line).
+    clean: bool,
     /// The last line whose MAC verifies, to chain on from.
     last: Option<(u64, [u8; 32])>,
     /// The file does not end with a newline (a write cut by a crash).
@@ -1129,6 +1159,7 @@ fn ends(f: &mut File, size: u64, ring: &Keyring) -> std::io::Result<Ends> {
     // before the anchor, and the last complete line at all.
     let mut good: Option<(u64, [u8; 32])> = None;
     let mut bad = 0u64;
+    let mut failed = 0u64;
     let mut before_anchor = 0u64;
     let mut last_parsed: Option<(u64, [u8; 32])> = None;
     let mut phys: Option<(u64, [u8; 32])> = None;
@@ -1145,6 +1176,8 @@ fn ends(f: &mut File, size: u64, ring: &Keyring) -> std::io::Result<Ends> {
             break;
         }
         let Ok((line, mac)) = verify::parse(&raw) else {
+            // Not a line (a crash's cut one): counted, but it does not
+            // make the file unclean.
             bad += 1;
             first_line = false;
             continue;
@@ -1154,6 +1187,7 @@ fn ends(f: &mut File, size: u64, ring: &Keyring) -> std::io::Result<Ends> {
         let before = std::mem::take(&mut phys);
         if line.seq > MAX_SEQ {
             bad += 1;
+            failed += 1;
             first_line = false;
             continue;
         }
@@ -1194,6 +1228,7 @@ fn ends(f: &mut File, size: u64, ring: &Keyring) -> std::io::Result<Ends> {
             bad = 0;
         } else {
             bad += 1;
+            failed += 1;
         }
     }
     drop(lines);
@@ -1201,6 +1236,7 @@ fn ends(f: &mut File, size: u64, ring: &Keyring) -> std::io::Result<Ends> {
     if good.is_none() && named_key {
         return Ok(Ends {
             first,
+            clean: false,
             last: None,
             torn,
             skipped: None,
@@ -1214,6 +1250,7 @@ fn ends(f: &mut File, size: u64, ring: &Keyring) -> std::io::Result<Ends> {
         );
         return Ok(Ends {
             first,
+            clean: false,
             last: last_parsed,
             torn,
             skipped: None,
@@ -1222,6 +1259,7 @@ fn ends(f: &mut File, size: u64, ring: &Keyring) -> std::io::Result<Ends> {
     }
     Ok(Ends {
         first,
+        clean: failed == 0,
         last: good,
         torn,
         skipped: good

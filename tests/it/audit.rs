@@ -1452,3 +1452,61 @@ fn a_replayed_start_line_does_not_anchor_a_restart_and_failed_lines_are_counted(
         );
     }
 }
+
+/// Second review of issue 58, AUD-3: a replayed line ahead of a new file's
+/// `rotate` line (an appender winning the race after a rotation) must not
+/// make every later rotation fail on a name already taken: the name comes
+/// from the seq the writer goes on with, and a name another file holds
+/// gets a suffix. No rotated file is replaced, and the sink stays healthy.
+#[test]
+fn a_replayed_line_ahead_of_a_rotate_line_does_not_stop_rotations() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = KeysetFile::generate(1_700_000_000);
+    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let log = dir.path().join("audit.log");
+    let first = dir.path().join("audit.log.00000000000000000000");
+    let audit = audit_in(dir.path(), &handle, 4096);
+    let mut n = 0;
+    while !first.exists() {
+        decide(&audit, 1);
+        n += 1;
+        assert!(n < 1000, "never rotated");
+    }
+    audit.close();
+    drop(audit);
+    assert_eq!(all_files(dir.path()).len(), 2);
+    let rotated = std::fs::read(&first).unwrap();
+    let start = rotated.split(|&b| b == b'\n').next().unwrap();
+    let mut live = start.to_vec();
+    live.push(b'\n');
+    live.extend(std::fs::read(&log).unwrap());
+    std::fs::write(&log, live).unwrap();
+
+    let audit = audit_in(dir.path(), &handle, 4096);
+    // Another file already holds the name this file would take.
+    let seq = lines(&log).iter().rfind(|l| l["event"] == "start").unwrap()["seq"]
+        .as_u64()
+        .unwrap();
+    let held = dir.path().join(format!("audit.log.{seq:020}"));
+    std::fs::write(&held, "another file\n").unwrap();
+    decide(&audit, 3 * n);
+    assert_eq!(
+        audit.admit(),
+        Ok(()),
+        "the sink fails (a rotation that cannot be done?)"
+    );
+    audit.close();
+    assert_eq!(
+        std::fs::read(&first).unwrap(),
+        rotated,
+        "a rotated file was replaced"
+    );
+    assert_eq!(std::fs::read_to_string(&held).unwrap(), "another file\n");
+    let mut suffixed = held.into_os_string();
+    suffixed.push(".1");
+    let taken = lines(Path::new(&suffixed));
+    assert_eq!(taken[0]["seq"], 0, "not the file rotated after the restart");
+    assert!(taken.iter().any(|l| l["seq"] == seq), "{taken:?}");
+    let files = all_files(dir.path());
+    assert!(files.len() >= 5, "no rotation after the restart: {files:?}");
+}
