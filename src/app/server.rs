@@ -574,8 +574,9 @@ async fn report_readiness(
 ) {
     loop {
         // A fail-closed audit log that cannot write refuses every request:
-        // not ready, so that traffic goes to replicas whose disk has room.
-        let audit_ok = audit.as_ref().is_none_or(|a| a.admit().is_ok());
+        // not ready, so that traffic goes to replicas whose disk has room;
+        // nor is a replica whose audit writer has ended (either mode).
+        let audit_ok = audit.as_ref().is_none_or(|a| a.ready());
         let ready = ledger.ready().await && guard.synced() && audit_ok;
         if last != Some(ready) {
             set_health(&health, &metrics, ready).await;

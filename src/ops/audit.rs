@@ -81,10 +81,16 @@ pub enum AuditError {
         source: std::io::Error,
     },
     #[error(
-        "audit log {0}: no complete audit line in its last 64 KiB to chain from; \
-         move the file aside to start a new chain"
+        "audit log {0}: no complete audit line to chain from; move the file aside to start \
+         a new chain"
     )]
     NoChain(PathBuf),
+    #[error(
+        "audit log {0}: no line verifies under this keyset, though lines name its keys \
+         (changed or planted?); check it with `stateseal audit verify`, then move the file \
+         aside to start a new chain"
+    )]
+    Unverified(PathBuf),
     #[error("--audit-sample-seals must be at least 1")]
     Sampling,
     #[error("audit log {0}: another process is writing it")]
@@ -200,6 +206,18 @@ struct Health {
     failing: AtomicBool,
     /// When the write in progress started (ms since the epoch), or 0.
     writing_since: AtomicU64,
+    /// The writer thread has ended (stopped, or panicked): nothing is
+    /// written any more.
+    ended: AtomicBool,
+}
+
+/// Marks the writer ended when its thread ends, however it ends.
+struct Ended(Arc<Health>);
+
+impl Drop for Ended {
+    fn drop(&mut self) {
+        self.0.ended.store(true, Ordering::Release);
+    }
 }
 
 impl Health {
@@ -208,7 +226,9 @@ impl Health {
         t != 0 && now_ms().saturating_sub(t) > STALL_MS
     }
     fn ok(&self) -> bool {
-        !self.failing.load(Ordering::Acquire) && !self.stalled()
+        !self.failing.load(Ordering::Acquire)
+            && !self.stalled()
+            && !self.ended.load(Ordering::Acquire)
     }
 }
 
@@ -254,17 +274,22 @@ impl Audit {
         line.keys = Some(key_list(&ring));
         line.prev = Some(hex(&w.prev));
         w.push(line, &ring);
-        if let Some((count, seq)) = w.skipped {
+        if let Some(Skipped { count, before, seq }) = w.skipped {
             tracing::warn!(
                 path = %w.path.display(),
                 count,
+                before_the_chain = before,
                 seq,
-                "audit log: lines at its end do not verify (planted or changed); \
-                 chained on from the last line that does, and recorded what was skipped"
+                "audit log: lines do not verify (planted or changed); chained on from the \
+                 last line in the chain, and recorded what was skipped"
             );
             let mut line = Line::new("skipped");
             line.count = Some(count);
-            line.reason = Some(format!("chained on from seq {seq}"));
+            line.reason = Some(if before > 0 {
+                format!("chained on from seq {seq}; {before} before the chain's first line")
+            } else {
+                format!("chained on from seq {seq}")
+            });
             w.push(line, &ring);
         }
         w.flush().map_err(|source| AuditError::Io {
@@ -279,6 +304,7 @@ impl Audit {
         std::thread::Builder::new()
             .name("stateseal-audit".into())
             .spawn(move || {
+                let _ended = Ended(h.clone());
                 w.run(rx, &h, on_failure);
                 let _ = done_tx.send(());
             })
@@ -302,12 +328,19 @@ impl Audit {
     }
 
     /// Before acting: `AUDIT_UNAVAILABLE` while a closed sink cannot write
-    /// (its last write failed, or the one in progress has hung).
+    /// (its last write failed, the one in progress has hung, or the writer
+    /// has ended).
     pub fn admit(&self) -> Result<(), Reject> {
         if self.on_failure == OnFailure::Closed && !self.health.ok() {
             return Err(Reject::AuditUnavailable);
         }
         Ok(())
+    }
+
+    /// For readiness: a closed sink that can write, or an open one whose
+    /// writer still runs.
+    pub fn ready(&self) -> bool {
+        self.admit().is_ok() && !self.health.ended.load(Ordering::Acquire)
     }
 
     /// Records a decision. With `Closed`, returns once its line is written
@@ -586,7 +619,8 @@ struct Writer {
     path: PathBuf,
     /// Bytes in the current file.
     size: u64,
-    /// The seq of the current file's first line (names it when rotated).
+    /// Names the current file when rotated: the seq of its first line, or of
+    /// this writer's `start` line in it.
     first_seq: u64,
     /// The next line's seq, and the chain's last MAC.
     seq: u64,
@@ -601,9 +635,12 @@ struct Writer {
     reported: u64,
     stats: Arc<AuditStats>,
     clock: Clock,
-    /// Lines at the end of the log that did not verify, which the restart
-    /// chained on past: how many, and the seq it chained on from.
-    skipped: Option<(u64, u64)>,
+    /// Lines of the log that did not verify, which the restart chained on
+    /// past.
+    skipped: Option<Skipped>,
+    /// The seq has reached its largest value: no line can be numbered, the
+    /// sink fails for good.
+    exhausted: bool,
 }
 
 impl Writer {
@@ -627,6 +664,7 @@ impl Writer {
             stats,
             clock: Clock::default(),
             skipped: None,
+            exhausted: false,
         };
         if let Sink::File(path) = &cfg.sink {
             let io = |source| AuditError::Io {
@@ -644,26 +682,33 @@ impl Writer {
             // a rotation short and left it empty or missing) from the last
             // line of the newest rotated file.
             let ring = w.keys.current();
-            let (from, last) = if size > 0 {
+            let (clean_first, first, last) = if size > 0 {
                 let e = ends(&mut f, size, &ring).map_err(io)?;
+                if e.unverified {
+                    return Err(AuditError::Unverified(path.clone()));
+                }
                 if e.torn {
                     // A line cut by a crash mid-write stays (verify reports
                     // it); the chain goes on on a line of its own.
                     f.write_all(b"\n").map_err(io)?;
                 }
                 w.skipped = e.skipped;
-                (e.first, e.last)
+                (e.first.filter(|_| e.clean), e.first, e.last)
             } else if let Some(r) = newest_rotated(path).map_err(io)? {
                 let mut rf = std::fs::File::open(&r).map_err(io)?;
                 let len = rf.metadata().map_err(io)?.len();
                 let e = ends(&mut rf, len, &ring).map_err(io)?;
+                if e.unverified {
+                    return Err(AuditError::Unverified(r.clone()));
+                }
                 w.skipped = e.skipped;
                 (
+                    None,
                     None,
                     Some(e.last.ok_or_else(|| AuditError::NoChain(r.clone()))?),
                 )
             } else {
-                (None, None)
+                (None, None, None)
             };
             if size > 0 && last.is_none() {
                 return Err(AuditError::NoChain(path.clone()));
@@ -674,7 +719,14 @@ impl Writer {
                     .ok_or_else(|| AuditError::NoChain(path.clone()))?;
                 w.prev = mac;
             }
-            w.first_seq = from.unwrap_or(w.seq);
+            // The name this file gets when rotated: its first line's seq
+            // when every line of it is in the chain (or when a crash cut its
+            // rotation short after the link, the name it has); else, past
+            // lines that failed (the first line, though it anchors, may be
+            // a replayed one), the seq this writer goes on with.
+            w.first_seq = clean_first
+                .or(first.filter(|&s| same_file(path, &rotated_name(path, s))))
+                .unwrap_or(w.seq);
             w.size = f.metadata().map_err(io)?.len();
             w.out = Out::File(f);
             w.path = path.clone();
@@ -682,8 +734,15 @@ impl Writer {
         Ok(w)
     }
 
-    /// Numbers, chains and queues one line.
+    /// Numbers, chains and queues one line. A line whose seq would have no
+    /// successor is not made: it is counted as dropped and the sink fails.
     fn push(&mut self, mut line: Line, ring: &Keyring) {
+        let Some(next) = self.seq.checked_add(1) else {
+            self.exhausted = true;
+            self.stats.dropped.fetch_add(1, Ordering::Relaxed);
+            self.reported += 1; // no `dropped` line can count it
+            return;
+        };
         let key = ring.primary();
         line.seq = self.seq;
         line.time = self.clock.now();
@@ -703,7 +762,7 @@ impl Writer {
         self.pending.extend_from_slice(hex(&mac).as_bytes());
         self.pending.extend_from_slice(b"\"}\n");
         self.prev = mac;
-        self.seq += 1;
+        self.seq = next;
         self.stats.lines.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -789,8 +848,9 @@ impl Writer {
     }
 
     /// Once the file has reached its size (and nothing is pending): gives
-    /// it the name `PATH.<its first seq, 20 digits>` (a hard link, so an
-    /// existing file of that name is never replaced), starts a new one and
+    /// it the name `PATH.<first_seq, 20 digits>` (a hard link, so an
+    /// existing file of that name is never replaced: another file's name
+    /// gets a `.N` suffix), starts a new one and
     /// writes its first line, `rotate`, with the name and the chain's
     /// previous MAC.
     fn rotate_if_full(&mut self, ring: &Keyring) -> std::io::Result<()> {
@@ -800,21 +860,36 @@ impl Writer {
         {
             return Ok(());
         }
-        let to = rotated_name(&self.path, self.first_seq);
-        match std::fs::hard_link(&self.path, &to) {
-            Ok(()) => std::fs::remove_file(&self.path)?,
-            // Linked before a crash that stopped the rotation: the same file.
-            Err(e)
-                if e.kind() == std::io::ErrorKind::AlreadyExists && same_file(&self.path, &to) =>
-            {
-                std::fs::remove_file(&self.path)?;
+        let mut to = rotated_name(&self.path, self.first_seq);
+        let mut suffix = 0u32;
+        loop {
+            match std::fs::hard_link(&self.path, &to) {
+                Ok(()) => std::fs::remove_file(&self.path)?,
+                // Linked before a crash that stopped the rotation: the same
+                // file.
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::AlreadyExists
+                        && same_file(&self.path, &to) =>
+                {
+                    std::fs::remove_file(&self.path)?;
+                }
+                // Another file has the name (a chain that went back, past
+                // planted or replayed lines): never replaced, the next
+                // free `.N` suffix instead.
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && suffix < 1000 => {
+                    suffix += 1;
+                    to = rotated_name(&self.path, self.first_seq);
+                    to.as_mut_os_string().push(format!(".{suffix}"));
+                    continue;
+                }
+                // An earlier try linked it and removed the live name, then
+                // could not create the new file: the lines since went on
+                // into the rotated one (the open descriptor), and this try
+                // goes on from there.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && to.exists() => {}
+                Err(e) => return Err(e),
             }
-            // An earlier try linked it and removed the live name, then could
-            // not create the new file: the lines since went on into the
-            // rotated one (the open descriptor), and this try goes on from
-            // there.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && to.exists() => {}
-            Err(e) => return Err(e),
+            break;
         }
         // A crash from here on leaves the live name missing or empty: the
         // next start chains on from the newest rotated file.
@@ -909,6 +984,12 @@ impl Writer {
                 .store(now_ms().max(1), Ordering::Release);
             let written = self.flush();
             health.writing_since.store(0, Ordering::Release);
+            let written = match written {
+                Ok(()) if self.exhausted => Err(std::io::Error::other(
+                    "its seq has reached its largest value: start a new log",
+                )),
+                w => w,
+            };
             let ok = match written {
                 Ok(()) => true,
                 Err(e) => {
@@ -984,21 +1065,23 @@ fn newest_rotated(path: &Path) -> std::io::Result<Option<PathBuf>> {
         dir
     };
     let prefix = format!("{}.", name.to_string_lossy());
-    let mut best: Option<(u64, PathBuf)> = None;
+    let mut best: Option<((u64, u32), PathBuf)> = None;
     for e in std::fs::read_dir(dir)? {
         let e = e?;
         let n = e.file_name().to_string_lossy().into_owned();
-        let Some(digits) = n.strip_prefix(&prefix) else {
+        let Some(rest) = n.strip_prefix(&prefix) else {
             continue;
         };
+        // `<seq, 20 digits>`, or `<seq>.<N>` (a name another file held).
+        let (digits, suffix) = rest.split_once('.').unwrap_or((rest, "0"));
         if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
             continue;
         }
-        let Ok(seq) = digits.parse::<u64>() else {
+        let (Ok(seq), Ok(suffix)) = (digits.parse::<u64>(), suffix.parse::<u32>()) else {
             continue;
         };
-        if best.as_ref().is_none_or(|(b, _)| seq > *b) {
-            best = Some((seq, e.path()));
+        if best.as_ref().is_none_or(|(b, _)| (seq, suffix) > *b) {
+            best = Some(((seq, suffix), e.path()));
         }
     }
     Ok(best.map(|(_, p)| p))
@@ -1012,20 +1095,38 @@ pub fn rotated_name(path: &Path, first_seq: u64) -> PathBuf {
     PathBuf::from(s)
 }
 
-/// The file's first line's seq, its last complete audit line's (seq, mac),
-/// and whether it ends in a cut line.
-#[allow(clippy::type_complexity)]
+/// Lines a restart found that did not verify: before the chain's first
+/// line (`before` of them) and after its last, `seq`.
+#[derive(Clone, Copy, Debug)]
+struct Skipped {
+    count: u64,
+    before: u64,
+    seq: u64,
+}
+
 /// What a restart reads at the end of a log file.
 struct Ends {
-    /// The seq of the file's first line.
+    /// The seq of the file's first line, when it anchors the chain.
     first: Option<u64>,
+    /// Every complete audit line is in the chain (none failed: no replayed
+    /// or changed line).
+    clean: bool,
     /// The last line whose MAC verifies, to chain on from.
     last: Option<(u64, [u8; 32])>,
     /// The file does not end with a newline (a write cut by a crash).
     torn: bool,
-    /// Complete lines after `last` that did not verify, and `last`'s seq.
-    skipped: Option<(u64, u64)>,
+    /// Lines that did not verify, before the chain's first line or after
+    /// `last`.
+    skipped: Option<Skipped>,
+    /// No line verifies, though some name a key of the keyset: changed or
+    /// planted, not made by keys since removed.
+    unverified: bool,
 }
+
+/// No writer reaches a seq past this (2^62 lines): a line that claims one
+/// was planted, and is never chained on from (its successors would
+/// exhaust the seq).
+pub const MAX_SEQ: u64 = 1 << 62;
 
 /// Reads the file from its start, line by line, for the last line in the
 /// chain: one whose MAC verifies against the last good line's and whose
@@ -1033,12 +1134,16 @@ struct Ends {
 /// by the line after it (a planted line can carry any MAC, so a copied run
 /// of old genuine lines would verify among itself), so a restart neither
 /// chains on from a planted or replayed line nor is stopped by it. The
-/// chain is anchored only by a line that verifies against its own `prev`
-/// (the `start` or `rotate` line every file begins with): a line without
-/// one, or that does not verify, anchors nothing. When no line verifies at
-/// all (the keys that made them are no longer in the keyset), the restart
-/// chains on from the last complete line, as before such checks, and says
-/// so.
+/// chain is anchored, as in verify, only by the file's first line (the
+/// `start` or `rotate` line every file begins with) verifying against its
+/// own `prev`, or, past lines that failed, by a line that chains on from
+/// the line physically before it (next seq, MAC over its MAC): a replayed
+/// `start` further on anchors nothing. Lines that failed before the anchor
+/// are counted with those after the chain's last line. When no line verifies at
+/// all and no line names a key of the keyset (the keys that made them were
+/// removed), the restart chains on from the last complete line, as before
+/// such checks, and says so; when lines name its keys, it refuses. A line
+/// with a seq past [`MAX_SEQ`] is in no chain.
 fn ends(f: &mut File, size: u64, ring: &Keyring) -> std::io::Result<Ends> {
     use std::io::BufRead;
     f.seek(SeekFrom::Start(0))?;
@@ -1050,10 +1155,15 @@ fn ends(f: &mut File, size: u64, ring: &Keyring) -> std::io::Result<Ends> {
         })
     };
     // (seq, MAC) of the last good line, how many complete lines since it
-    // did not verify, and the last complete line at all.
+    // (or, before it, since the file's start) did not verify, how many did
+    // before the anchor, and the last complete line at all.
     let mut good: Option<(u64, [u8; 32])> = None;
     let mut bad = 0u64;
+    let mut failed = 0u64;
+    let mut before_anchor = 0u64;
     let mut last_parsed: Option<(u64, [u8; 32])> = None;
+    let mut phys: Option<(u64, [u8; 32])> = None;
+    let mut named_key = false;
     let (mut first, mut first_line) = (None, true);
     let mut torn = false;
     let mut lines = std::io::BufReader::new(&mut *f).split(b'\n');
@@ -1066,42 +1176,73 @@ fn ends(f: &mut File, size: u64, ring: &Keyring) -> std::io::Result<Ends> {
             break;
         }
         let Ok((line, mac)) = verify::parse(&raw) else {
+            // Not a line (a crash's cut one): counted, but it does not
+            // make the file unclean.
             bad += 1;
             first_line = false;
             continue;
         };
+        named_key |= ring.get(KeyId(line.mac_key)).is_some();
+        // The complete line physically before this one.
+        let before = std::mem::take(&mut phys);
+        if line.seq > MAX_SEQ {
+            bad += 1;
+            failed += 1;
+            first_line = false;
+            continue;
+        }
         last_parsed = Some((line.seq, mac));
+        phys = last_parsed;
         let own = line
             .prev
             .as_deref()
             .and_then(|p| verify::unhex32(p.as_bytes()));
-        let ok = match (good, own) {
-            // The first anchor: a line that verifies against its own
-            // `prev` (its MAC proves it).
-            (None, Some(p)) => verifies(&line, &raw, &p, &mac),
-            (None, None) => false,
-            // Then only the next line of the chain: the next seq, a `prev`
-            // (if any) that is the last good MAC, and a MAC over it.
-            (Some((seq, g)), own) => {
-                seq.checked_add(1) == Some(line.seq)
-                    && own.is_none_or(|p| p == g)
-                    && verifies(&line, &raw, &g, &mac)
+        // The next line of `after`: the next seq, a `prev` (if any) that is
+        // its MAC, and a MAC over it.
+        let next_of = |(seq, m): (u64, [u8; 32])| {
+            seq.checked_add(1) == Some(line.seq)
+                && own.is_none_or(|p| p == m)
+                && verifies(&line, &raw, &m, &mac)
+        };
+        let ok = match good {
+            // The anchor, as verify's: the file's first line, verifying
+            // against its own `prev`, or the next line of the line
+            // physically before it. Never a line further on that verifies
+            // against its own `prev` alone (a replayed `start` does).
+            None => {
+                (first_line && own.is_some_and(|p| verifies(&line, &raw, &p, &mac)))
+                    || before.is_some_and(next_of)
             }
+            // Then only the next line of the chain.
+            Some(g) => next_of(g),
         };
         if first_line && ok {
             first = Some(line.seq);
         }
         first_line = false;
-        // A seq with no successor cannot be chained on from.
-        if ok && line.seq < u64::MAX - 1 {
+        if ok {
+            if good.is_none() {
+                before_anchor = bad;
+            }
             good = Some((line.seq, mac));
             bad = 0;
         } else {
             bad += 1;
+            failed += 1;
         }
     }
     drop(lines);
     f.seek(SeekFrom::End(0))?;
+    if good.is_none() && named_key {
+        return Ok(Ends {
+            first,
+            clean: false,
+            last: None,
+            torn,
+            skipped: None,
+            unverified: true,
+        });
+    }
     if good.is_none() && last_parsed.is_some() {
         tracing::warn!(
             "audit log: no line verifies under this keyset (its keys were removed?); chained \
@@ -1109,16 +1250,26 @@ fn ends(f: &mut File, size: u64, ring: &Keyring) -> std::io::Result<Ends> {
         );
         return Ok(Ends {
             first,
-            last: last_parsed.filter(|(seq, _)| *seq < u64::MAX - 1),
+            clean: false,
+            last: last_parsed,
             torn,
             skipped: None,
+            unverified: false,
         });
     }
     Ok(Ends {
         first,
+        clean: failed == 0,
         last: good,
         torn,
-        skipped: good.filter(|_| bad > 0).map(|(seq, _)| (bad, seq)),
+        skipped: good
+            .filter(|_| bad + before_anchor > 0)
+            .map(|(seq, _)| Skipped {
+                count: bad + before_anchor,
+                before: before_anchor,
+                seq,
+            }),
+        unverified: false,
     })
 }
 
@@ -1139,5 +1290,35 @@ mod tests {
         let want = crate::domain::keyring::rfc3339(secs);
         assert_eq!(&t[..10], &want[..10]);
         assert_eq!(hex(&[0x00, 0x0f, 0xa5, 0xff]), "000fa5ff");
+    }
+
+    /// A seq at its largest value is a failing sink, never an overflow.
+    #[test]
+    fn an_exhausted_seq_makes_no_line_and_does_not_panic() {
+        let file = crate::domain::keyring::KeysetFile::generate(1_700_000_000);
+        let keys = Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+        let cfg = AuditConfig {
+            sink: Sink::Stdout,
+            max_bytes: 1 << 20,
+            sample_seals: 1,
+            on_failure: OnFailure::Closed,
+            replica: "r".into(),
+        };
+        let stats = Arc::new(AuditStats::default());
+        let Ok(mut w) = Writer::open(&cfg, keys.clone(), stats.clone()) else {
+            panic!("no writer");
+        };
+        w.seq = u64::MAX - 1;
+        let ring = keys.current();
+        w.push(Line::new("stop"), &ring);
+        w.push(Line::new("stop"), &ring);
+        let text = String::from_utf8(w.pending.clone()).unwrap();
+        assert_eq!(text.lines().count(), 1, "{text}");
+        assert!(
+            text.starts_with(&format!("{{\"seq\":{},", u64::MAX - 1)),
+            "{text}"
+        );
+        assert!(w.exhausted);
+        assert_eq!(stats.dropped.load(Ordering::Relaxed), 1);
     }
 }

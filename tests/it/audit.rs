@@ -1280,3 +1280,233 @@ fn a_replayed_pair_of_genuine_lines_neither_anchors_a_restart_nor_passes_verify(
         );
     }
 }
+
+/// Rewrites each line of `log` with `f`.
+fn rewrite(log: &Path, f: impl Fn(&str) -> String) {
+    let text = std::fs::read_to_string(log).unwrap();
+    let out: String = text.lines().map(|l| f(l) + "\n").collect();
+    std::fs::write(log, out).unwrap();
+}
+
+/// A line with `seq`, a made-up MAC under root key `mac_key`.
+fn planted(seq: u64, mac_key: u32) -> String {
+    format!(
+        "{{\"seq\":{seq},\"time\":\"2026-12-06T00:00:00.000000Z\",\"replica\":\"r\",\"event\":\"stop\",\"mac_key\":{mac_key},\"mac\":\"{}\"}}\n",
+        "ab".repeat(32)
+    )
+}
+
+/// Second review of issue 58, AUD-2: when no line of the log verifies, a
+/// restart chains on from the last line unchecked only when no line names
+/// a key of the keyset (its keys were removed), and never from a seq near
+/// the top (a planted `2^64 - 3` made the writer thread panic on its next
+/// line). Lines that name its keys and all fail are tampering: the start is
+/// refused, in clear words.
+#[test]
+fn a_log_no_line_of_which_verifies_never_chains_on_from_a_planted_seq() {
+    let file = KeysetFile::generate(1_700_000_000);
+    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let cfg = |dir: &Path| AuditConfig {
+        sink: Sink::File(dir.join("audit.log")),
+        max_bytes: 1 << 20,
+        sample_seals: 1,
+        on_failure: OnFailure::Closed,
+        replica: "r".into(),
+    };
+    for keys_removed in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("audit.log");
+        for _ in 0..2 {
+            let audit = audit_in(dir.path(), &handle, 1 << 20);
+            decide(&audit, 2);
+            audit.close();
+        }
+        let honest = lines(&log);
+        let last_seq = honest.last().unwrap()["seq"].as_u64().unwrap();
+        // Every line changed (its MAC fails), or made by a key the keyset
+        // no longer holds; then the planted line, under the same key.
+        let key = if keys_removed { 7 } else { 1 };
+        rewrite(&log, |l| {
+            if keys_removed {
+                l.replace("\"mac_key\":1,", "\"mac_key\":7,")
+            } else {
+                l.replacen("\"replica\":\"r\"", "\"replica\":\"q\"", 1)
+            }
+        });
+        let mut f = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
+        std::io::Write::write_all(&mut f, planted(u64::MAX - 2, key).as_bytes()).unwrap();
+        drop(f);
+        match Audit::start(cfg(dir.path()), handle.clone()) {
+            Ok(audit) if keys_removed => {
+                decide(&audit, 1);
+                audit.close();
+                let after = lines(&log);
+                let start = &after[honest.len() + 1];
+                assert_eq!(start["event"], "start", "{start}");
+                assert_eq!(
+                    start["seq"].as_u64().unwrap(),
+                    last_seq + 1,
+                    "chained on from the planted seq: {start}"
+                );
+                assert_eq!(after.last().unwrap()["event"], "stop");
+            }
+            Ok(audit) => {
+                let seq = lines(&log)[honest.len() + 1]["seq"].clone();
+                audit.close();
+                panic!("started on a log whose every line fails, at seq {seq}");
+            }
+            Err(e) if keys_removed => panic!("keys removed: refused: {e}"),
+            Err(e) => {
+                let e = e.to_string();
+                assert!(
+                    e.contains("no line verifies") && e.contains("move the file aside"),
+                    "{e}"
+                );
+            }
+        }
+    }
+}
+
+/// AUD-2: a writer thread that has ended (here: closed) is a failing sink:
+/// Seals and Opens are refused and the replica is not ready.
+#[test]
+fn an_ended_writer_refuses_and_is_not_ready() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = KeysetFile::generate(1_700_000_000);
+    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let audit = audit_in(dir.path(), &handle, 1 << 20);
+    assert!(audit.admit().is_ok());
+    assert!(audit.ready());
+    audit.close();
+    assert_eq!(audit.admit(), Err(Reject::AuditUnavailable));
+    assert!(!audit.ready());
+}
+
+/// Second review of issue 58, AUD-1: with every `start` line changed, a
+/// copy of the first one (seq 0) appended does not anchor a restart: only a
+/// file's first line, or a line that verifies over the line before it with
+/// the next seq, anchors the chain (as in verify); the restart chains on
+/// from the last line of that chain, and its `skipped` line counts the
+/// lines that failed, before the anchor too. Verify then names those lines
+/// and none the restart wrote.
+#[test]
+fn a_replayed_start_line_does_not_anchor_a_restart_and_failed_lines_are_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = KeysetFile::generate(1_700_000_000);
+    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let ring = Keyring::from_file(&file).unwrap();
+    let log = dir.path().join("audit.log");
+    for _ in 0..2 {
+        let audit = audit_in(dir.path(), &handle, 1 << 20);
+        decide(&audit, 2);
+        audit.close();
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    let copy = text.lines().next().unwrap().to_owned();
+    rewrite(&log, |l| {
+        if l.contains("\"event\":\"start\"") {
+            l.replacen("\"replica\":\"r\"", "\"replica\":\"q\"", 1)
+        } else {
+            l.to_owned()
+        }
+    });
+    let mut f = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
+    std::io::Write::write_all(&mut f, format!("{copy}\n").as_bytes()).unwrap();
+    drop(f);
+    let before = lines(&log);
+    // start 0, open 1, open 2, stop 3 | start 4 ... stop 7 | the copy.
+    assert_eq!(before.len(), 9);
+    let stop = &before[3];
+    assert_eq!(stop["event"], "stop");
+
+    let audit = audit_in(dir.path(), &handle, 1 << 20);
+    audit.close();
+    let after = lines(&log);
+    let start = &after[before.len()];
+    assert_eq!(start["event"], "start");
+    assert_eq!(
+        start["seq"].as_u64().unwrap(),
+        4,
+        "anchored on a replayed line: {start}"
+    );
+    assert_eq!(start["prev"], stop["mac"], "{start}");
+    let skipped = &after[before.len() + 1];
+    assert_eq!(skipped["event"], "skipped", "{skipped}");
+    // The first start line, the second run (4 lines), the copy.
+    assert_eq!(skipped["count"], 6, "{skipped}");
+    assert_eq!(after.last().unwrap()["event"], "stop");
+
+    let r = stateseal::verify_audit_log(std::slice::from_ref(&log), &ring, None).unwrap();
+    let named = |n: usize| {
+        let at = format!("{}:{n}:", log.display());
+        r.problems.iter().any(|p| p.starts_with(&at))
+    };
+    for n in [1, 5, 9] {
+        assert!(named(n), "line {n} not named: {:?}", r.problems);
+    }
+    for n in before.len() + 1..=after.len() {
+        assert!(
+            !named(n),
+            "line {n}, the restart's, named: {:?}",
+            r.problems
+        );
+    }
+}
+
+/// Second review of issue 58, AUD-3: a replayed line ahead of a new file's
+/// `rotate` line (an appender winning the race after a rotation) must not
+/// make every later rotation fail on a name already taken: the name comes
+/// from the seq the writer goes on with, and a name another file holds
+/// gets a suffix. No rotated file is replaced, and the sink stays healthy.
+#[test]
+fn a_replayed_line_ahead_of_a_rotate_line_does_not_stop_rotations() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = KeysetFile::generate(1_700_000_000);
+    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let log = dir.path().join("audit.log");
+    let first = dir.path().join("audit.log.00000000000000000000");
+    let audit = audit_in(dir.path(), &handle, 4096);
+    let mut n = 0;
+    while !first.exists() {
+        decide(&audit, 1);
+        n += 1;
+        assert!(n < 1000, "never rotated");
+    }
+    audit.close();
+    drop(audit);
+    assert_eq!(all_files(dir.path()).len(), 2);
+    let rotated = std::fs::read(&first).unwrap();
+    let start = rotated.split(|&b| b == b'\n').next().unwrap();
+    let mut live = start.to_vec();
+    live.push(b'\n');
+    live.extend(std::fs::read(&log).unwrap());
+    std::fs::write(&log, live).unwrap();
+
+    let audit = audit_in(dir.path(), &handle, 4096);
+    // Another file already holds the name this file would take.
+    let seq = lines(&log).iter().rfind(|l| l["event"] == "start").unwrap()["seq"]
+        .as_u64()
+        .unwrap();
+    let held = dir.path().join(format!("audit.log.{seq:020}"));
+    std::fs::write(&held, "another file\n").unwrap();
+    decide(&audit, 3 * n);
+    assert_eq!(
+        audit.admit(),
+        Ok(()),
+        "the sink fails (a rotation that cannot be done?)"
+    );
+    audit.close();
+    assert_eq!(
+        std::fs::read(&first).unwrap(),
+        rotated,
+        "a rotated file was replaced"
+    );
+    assert_eq!(std::fs::read_to_string(&held).unwrap(), "another file\n");
+    let mut suffixed = held.into_os_string();
+    suffixed.push(".1");
+    let taken = lines(Path::new(&suffixed));
+    assert_eq!(taken[0]["seq"], 0, "not the file rotated after the restart");
+    assert!(taken.iter().any(|l| l["seq"] == seq), "{taken:?}");
+    let files = all_files(dir.path());
+    assert!(files.len() >= 5, "no rotation after the restart: {files:?}");
+}

@@ -32,8 +32,9 @@ pub struct Report {
     /// `start` lines after a run that did not end with `stop` (a crash, a
     /// `kill -9` — or lines cut from that run's end): `FILE:LINE`.
     pub unclean_restarts: Vec<String>,
-    /// `skipped` lines: a restart that found lines at the log's end that
-    /// did not verify and chained on from the last line that did
+    /// `skipped` lines: a restart that found lines that did not verify
+    /// (before the chain's first line, or at its end) and chained on from
+    /// the last line in the chain
     /// (`FILE:LINE: what`).
     pub skipped_at_restart: Vec<String>,
     /// Each as `FILE:LINE: what`.
@@ -131,8 +132,7 @@ pub fn verify(
             last_event.clone_from(&line.event);
             if line.event == "skipped" {
                 r.skipped_at_restart.push(format!(
-                    "{at}: the restart above skipped {} line(s) at the end of the log that did \
-                     not verify ({})",
+                    "{at}: the restart above skipped {} line(s) that did not verify ({})",
                     line.count.unwrap_or(0),
                     line.reason.as_deref().unwrap_or("no detail")
                 ));
