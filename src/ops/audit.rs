@@ -1046,10 +1046,19 @@ fn open_private(path: &Path, new: bool) -> std::io::Result<File> {
     o.open(path)
 }
 
+/// Whether `a` and `b` are one regular file, neither of them a symbolic
+/// link (a link planted at a rotated name pointing at the live file must
+/// not pass for a hard link a crash left, or the live file would be
+/// removed with its lines).
 fn same_file(a: &Path, b: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;
-    match (std::fs::metadata(a), std::fs::metadata(b)) {
-        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+    match (std::fs::symlink_metadata(a), std::fs::symlink_metadata(b)) {
+        (Ok(x), Ok(y)) => {
+            x.file_type().is_file()
+                && y.file_type().is_file()
+                && x.dev() == y.dev()
+                && x.ino() == y.ino()
+        }
         _ => false,
     }
 }
@@ -1142,8 +1151,9 @@ pub const MAX_SEQ: u64 = 1 << 62;
 /// are counted with those after the chain's last line. When no line verifies at
 /// all and no line names a key of the keyset (the keys that made them were
 /// removed), the restart chains on from the last complete line, as before
-/// such checks, and says so; when lines name its keys, it refuses. A line
-/// with a seq past [`MAX_SEQ`] is in no chain.
+/// such checks, and says so, never from a seq at or past [`MAX_SEQ`];
+/// when lines name its keys, it refuses. Lines that are not audit lines
+/// (junk, a cut line) are not the file's first line.
 fn ends(f: &mut File, size: u64, ring: &Keyring) -> std::io::Result<Ends> {
     use std::io::BufRead;
     f.seek(SeekFrom::Start(0))?;
@@ -1177,22 +1187,21 @@ fn ends(f: &mut File, size: u64, ring: &Keyring) -> std::io::Result<Ends> {
         }
         let Ok((line, mac)) = verify::parse(&raw) else {
             // Not a line (a crash's cut one): counted, but it does not
-            // make the file unclean.
+            // make the file unclean, nor is it the file's first line (as
+            // in verify, the first complete line is).
             bad += 1;
-            first_line = false;
             continue;
         };
         named_key |= ring.get(KeyId(line.mac_key)).is_some();
         // The complete line physically before this one.
         let before = std::mem::take(&mut phys);
-        if line.seq > MAX_SEQ {
-            bad += 1;
-            failed += 1;
-            first_line = false;
-            continue;
+        // The unchecked fallback never goes on from a seq at or past the
+        // ceiling; a line that verifies is the writer's own, whatever its
+        // seq.
+        if line.seq < MAX_SEQ {
+            last_parsed = Some((line.seq, mac));
         }
-        last_parsed = Some((line.seq, mac));
-        phys = last_parsed;
+        phys = Some((line.seq, mac));
         let own = line
             .prev
             .as_deref()

@@ -1313,7 +1313,12 @@ fn a_log_no_line_of_which_verifies_never_chains_on_from_a_planted_seq() {
         on_failure: OnFailure::Closed,
         replica: "r".into(),
     };
-    for keys_removed in [false, true] {
+    // Third review, F10: the ceiling itself (2^62) is past it too.
+    for (keys_removed, planted_seq) in [
+        (false, u64::MAX - 2),
+        (true, u64::MAX - 2),
+        (true, stateseal::internals::audit::MAX_SEQ),
+    ] {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("audit.log");
         for _ in 0..2 {
@@ -1334,7 +1339,7 @@ fn a_log_no_line_of_which_verifies_never_chains_on_from_a_planted_seq() {
             }
         });
         let mut f = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
-        std::io::Write::write_all(&mut f, planted(u64::MAX - 2, key).as_bytes()).unwrap();
+        std::io::Write::write_all(&mut f, planted(planted_seq, key).as_bytes()).unwrap();
         drop(f);
         match Audit::start(cfg(dir.path()), handle.clone()) {
             Ok(audit) if keys_removed => {
@@ -1509,4 +1514,75 @@ fn a_replayed_line_ahead_of_a_rotate_line_does_not_stop_rotations() {
     assert!(taken.iter().any(|l| l["seq"] == seq), "{taken:?}");
     let files = all_files(dir.path());
     assert!(files.len() >= 5, "no rotation after the restart: {files:?}");
+}
+
+/// Third review, F3: a line that is not an audit line above the file's
+/// first line neither stops a start nor keeps that line from anchoring the
+/// chain (verify anchors on it too).
+#[test]
+fn junk_above_the_first_line_does_not_stop_a_start() {
+    let file = KeysetFile::generate(1_700_000_000);
+    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("audit.log");
+    let audit = audit_in(dir.path(), &handle, 1 << 20);
+    audit.close();
+    // Only the `start` line, as a kill -9 right after it leaves the file,
+    // with junk above it.
+    let text = std::fs::read_to_string(&log).unwrap();
+    let first = text.lines().next().unwrap();
+    std::fs::write(&log, format!("junk\n{first}\n")).unwrap();
+    let honest = [serde_json::from_str::<serde_json::Value>(first).unwrap()];
+    let last_seq = honest[0]["seq"].as_u64().unwrap();
+    let audit = audit_in(dir.path(), &handle, 1 << 20);
+    audit.close();
+    let text = std::fs::read_to_string(&log).unwrap();
+    let after: Vec<serde_json::Value> = text
+        .lines()
+        .skip(1)
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let start = &after[honest.len()];
+    assert_eq!(start["event"], "start", "{start}");
+    assert_eq!(start["seq"].as_u64().unwrap(), last_seq + 1, "{start}");
+}
+
+/// Third review, F8: a symbolic link planted at the name the live file is
+/// about to be rotated to (pointing at the live file) is not taken for the
+/// hard link a crash left: the live file's lines are never removed.
+#[test]
+fn a_symlink_at_the_rotated_name_never_removes_the_live_file() {
+    let file = KeysetFile::generate(1_700_000_000);
+    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("audit.log");
+    audit_in(dir.path(), &handle, 4096).close();
+    std::os::unix::fs::symlink(&log, dir.path().join(format!("audit.log.{:020}", 0))).unwrap();
+    let audit = audit_in(dir.path(), &handle, 4096);
+    decide(&audit, 60);
+    audit.close();
+    let mut seqs: Vec<u64> = Vec::new();
+    for p in std::fs::read_dir(dir.path()).unwrap() {
+        let p = p.unwrap().path();
+        if !std::fs::symlink_metadata(&p).unwrap().file_type().is_file() {
+            continue;
+        }
+        for l in std::fs::read_to_string(&p).unwrap().lines() {
+            if let Ok(v) = serde_json::from_str::<serde_json::Value>(l) {
+                seqs.extend(v["seq"].as_u64());
+            }
+        }
+    }
+    seqs.sort_unstable();
+    assert_eq!(
+        seqs.first(),
+        Some(&0),
+        "the first file's lines were removed: {seqs:?}"
+    );
+    let n = seqs.len() as u64;
+    assert_eq!(
+        seqs,
+        (0..n).collect::<Vec<_>>(),
+        "every line kept once, in regular files"
+    );
 }
