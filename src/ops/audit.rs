@@ -682,7 +682,7 @@ impl Writer {
             // a rotation short and left it empty or missing) from the last
             // line of the newest rotated file.
             let ring = w.keys.current();
-            let (clean_first, first, last) = if size > 0 {
+            let live = if size > 0 {
                 let e = ends(&mut f, size, &ring).map_err(io)?;
                 if e.unverified {
                     return Err(AuditError::Unverified(path.clone()));
@@ -692,6 +692,14 @@ impl Writer {
                     // it); the chain goes on on a line of its own.
                     f.write_all(b"\n").map_err(io)?;
                 }
+                // A file without one complete audit line (a crash cut its
+                // first line, right after a rotation say) is as if empty.
+                e.any_line.then_some(e)
+            } else {
+                None
+            };
+            let had_lines = live.is_some();
+            let (clean_first, first, last) = if let Some(e) = live {
                 w.skipped = e.skipped;
                 (e.first.filter(|_| e.clean), e.first, e.last)
             } else if let Some(r) = newest_rotated(path).map_err(io)? {
@@ -710,7 +718,7 @@ impl Writer {
             } else {
                 (None, None, None)
             };
-            if size > 0 && last.is_none() {
+            if had_lines && last.is_none() {
                 return Err(AuditError::NoChain(path.clone()));
             }
             if let Some((seq, mac)) = last {
@@ -1130,6 +1138,8 @@ struct Ends {
     /// No line verifies, though some name a key of the keyset: changed or
     /// planted, not made by keys since removed.
     unverified: bool,
+    /// Some complete line of the file is an audit line.
+    any_line: bool,
 }
 
 /// No writer reaches a seq past this (2^62 lines): a line that claims one
@@ -1174,6 +1184,7 @@ fn ends(f: &mut File, size: u64, ring: &Keyring) -> std::io::Result<Ends> {
     let mut last_parsed: Option<(u64, [u8; 32])> = None;
     let mut phys: Option<(u64, [u8; 32])> = None;
     let mut named_key = false;
+    let mut any_line = false;
     let (mut first, mut first_line) = (None, true);
     let mut torn = false;
     let mut lines = std::io::BufReader::new(&mut *f).split(b'\n');
@@ -1193,6 +1204,7 @@ fn ends(f: &mut File, size: u64, ring: &Keyring) -> std::io::Result<Ends> {
             continue;
         };
         named_key |= ring.get(KeyId(line.mac_key)).is_some();
+        any_line = true;
         // The complete line physically before this one.
         let before = std::mem::take(&mut phys);
         // The unchecked fallback never goes on from a seq at or past the
@@ -1250,6 +1262,7 @@ fn ends(f: &mut File, size: u64, ring: &Keyring) -> std::io::Result<Ends> {
             torn,
             skipped: None,
             unverified: true,
+            any_line,
         });
     }
     if good.is_none() && last_parsed.is_some() {
@@ -1264,6 +1277,7 @@ fn ends(f: &mut File, size: u64, ring: &Keyring) -> std::io::Result<Ends> {
             torn,
             skipped: None,
             unverified: false,
+            any_line,
         });
     }
     Ok(Ends {
@@ -1279,6 +1293,7 @@ fn ends(f: &mut File, size: u64, ring: &Keyring) -> std::io::Result<Ends> {
                 seq,
             }),
         unverified: false,
+        any_line,
     })
 }
 

@@ -1586,3 +1586,40 @@ fn a_symlink_at_the_rotated_name_never_removes_the_live_file() {
         "every line kept once, in regular files"
     );
 }
+
+/// Third review, F7: a live file holding only a line cut by a crash (right
+/// after a rotation, or a partial write on a full disk) is as if empty: the
+/// restart chains on from the newest rotated file, instead of refusing.
+#[test]
+fn a_live_file_holding_only_a_cut_line_chains_on_from_the_rotated_one() {
+    let file = KeysetFile::generate(1_700_000_000);
+    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("audit.log");
+    let audit = audit_in(dir.path(), &handle, 4096);
+    decide(&audit, 40);
+    audit.close();
+    let rotated: Vec<PathBuf> = all_files(dir.path())
+        .into_iter()
+        .filter(|p| p != &log)
+        .collect();
+    let newest = rotated.last().expect("a rotation").clone();
+    let last = lines(&newest).last().unwrap().clone();
+    let text = std::fs::read_to_string(&log).unwrap();
+    std::fs::write(&log, &text.as_bytes()[..40]).unwrap();
+    let audit = audit_in(dir.path(), &handle, 4096);
+    audit.close();
+    let text = std::fs::read_to_string(&log).unwrap();
+    let start: serde_json::Value = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .next()
+        .expect("a start line");
+    assert_eq!(start["event"], "start", "{start}");
+    assert_eq!(
+        start["seq"].as_u64().unwrap(),
+        last["seq"].as_u64().unwrap() + 1,
+        "{start}"
+    );
+    assert_eq!(start["prev"], last["mac"], "{start}");
+}
