@@ -104,6 +104,22 @@ impl Cluster {
             .map(String::from)
             .to_vec()
         };
+        // Every replica on PostgreSQL, whichever: its ledger flags.
+        let on_postgres = |url: &str| -> Vec<String> {
+            [
+                "--ledger",
+                "postgres",
+                "--database-url",
+                url,
+                "--expected-replicas",
+                "3",
+                "--db-timeout-ms",
+                &DB_TIMEOUT_MS.to_string(),
+                "--insecure-plaintext",
+            ]
+            .map(String::from)
+            .to_vec()
+        };
         let mut replicas = Vec::new();
         let mut patroni = None;
         let (pg, tmpfs) = match cfg.store {
@@ -116,22 +132,8 @@ impl Cluster {
                     let port = private_pg::free_port();
                     let data = dir.join(format!("replica{idx}"));
                     let mut args = common(format!("127.0.0.1:{port}"), &data);
-                    args.extend(
-                        [
-                            "--ledger",
-                            "postgres",
-                            "--database-url",
-                            &url,
-                            "--expected-replicas",
-                            "3",
-                            "--db-timeout-ms",
-                            &DB_TIMEOUT_MS.to_string(),
-                            "--replication-check-interval-ms",
-                            "1000",
-                            "--insecure-plaintext",
-                        ]
-                        .map(String::from),
-                    );
+                    args.extend(on_postgres(&url));
+                    args.extend(["--replication-check-interval-ms".into(), "1000".into()]);
                     if !cfg.asynchronous {
                         args.push("--require-synchronous-replication".into());
                     }
@@ -175,20 +177,7 @@ impl Cluster {
                         "postgres://postgres@{}:{db_port}/postgres?sslmode=disable",
                         ns.host_ip
                     );
-                    args.extend(
-                        [
-                            "--ledger",
-                            "postgres",
-                            "--database-url",
-                            &url,
-                            "--expected-replicas",
-                            "3",
-                            "--db-timeout-ms",
-                            &DB_TIMEOUT_MS.to_string(),
-                            "--insecure-plaintext",
-                        ]
-                        .map(String::from),
-                    );
+                    args.extend(on_postgres(&url));
                     replicas.push(Replica::new(
                         idx.into(),
                         Some(ns),

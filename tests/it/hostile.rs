@@ -233,6 +233,19 @@ async fn stream_outcome(resp: h2::client::ResponseFuture) -> String {
 /// Every stream's outcome goes to `tally`. Returns once every stream has
 /// been attempted; the connections stay open until the returned handles
 /// are dropped.
+const HEALTH_CHECK: &str = "/grpc.health.v1.Health/Check";
+
+/// The headers of a gRPC call of `path` on `addr`, for a raw h2 client.
+fn grpc_post(addr: SocketAddr, path: &str) -> http::Request<()> {
+    http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{addr}{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap()
+}
+
 async fn stream_flood(
     addr: SocketAddr,
     path: &str,
@@ -265,14 +278,7 @@ async fn stream_flood(
                 let Ok(mut c) = client.ready().await else {
                     return;
                 };
-                let req = http::Request::builder()
-                    .method("POST")
-                    .uri(format!("http://{addr}{path}"))
-                    .header("content-type", "application/grpc")
-                    .header("te", "trailers")
-                    .body(())
-                    .unwrap();
-                let Ok((resp, mut body)) = c.send_request(req, false) else {
+                let Ok((resp, mut body)) = c.send_request(grpc_post(addr, &path), false) else {
                     return;
                 };
                 tally.sent.fetch_add(1, Ordering::Relaxed);
@@ -396,17 +402,7 @@ async fn stream_flood_on_the_health_port() {
 }
 
 fn bearer_args(dir: &std::path::Path) -> Vec<String> {
-    use sha2::Digest;
-    let digest: String = sha2::Sha256::digest(b"the-secret")
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    let tenants = dir.join("tenants.json");
-    std::fs::write(
-        &tenants,
-        format!(r#"{{"tenants":[{{"name":"t","bearer_sha256":"{digest}"}}]}}"#),
-    )
-    .unwrap();
+    let tenants = crate::common::process::bearer_tenants(dir, "the-secret");
     vec![
         "--auth".into(),
         "bearer".into(),
@@ -711,14 +707,9 @@ async fn expiring_calls(
     let mut resets = Vec::new();
     for _ in 0..n {
         let mut c = client.clone().ready().await.expect("a slot");
-        let req = http::Request::builder()
-            .method("POST")
-            .uri(format!("http://{addr}/grpc.health.v1.Health/Check"))
-            .header("content-type", "application/grpc")
-            .header("te", "trailers")
-            .body(())
-            .unwrap();
-        let (resp, mut body) = c.send_request(req, false).expect("send");
+        let (resp, mut body) = c
+            .send_request(grpc_post(addr, HEALTH_CHECK), false)
+            .expect("send");
         body.send_data(Bytes::from_static(&[0, 0, 0, 0, 0]), true)
             .expect("body");
         resets.push(tokio::spawn(async move {
@@ -737,14 +728,7 @@ async fn health_on(client: &h2::client::SendRequest<Bytes>, addr: SocketAddr) ->
     let Ok(mut c) = client.clone().ready().await else {
         return "closed".into();
     };
-    let req = http::Request::builder()
-        .method("POST")
-        .uri(format!("http://{addr}/grpc.health.v1.Health/Check"))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(())
-        .unwrap();
-    let Ok((resp, mut body)) = c.send_request(req, false) else {
+    let Ok((resp, mut body)) = c.send_request(grpc_post(addr, HEALTH_CHECK), false) else {
         return "closed".into();
     };
     let _ = body.send_data(Bytes::from_static(&[0, 0, 0, 0, 0]), true);

@@ -273,19 +273,7 @@ async fn idle_connections_cannot_lock_out_the_grpc_port() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn idle_connections_without_credentials_are_closed_in_bearer_mode() {
     let dir = tempfile::tempdir().unwrap();
-    let tenants = dir.path().join("tenants.json");
-    let digest: String = {
-        use sha2::Digest;
-        sha2::Sha256::digest(b"the-secret")
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect()
-    };
-    std::fs::write(
-        &tenants,
-        format!(r#"{{"tenants":[{{"name":"t","bearer_sha256":"{digest}"}}]}}"#),
-    )
-    .unwrap();
+    let tenants = crate::common::process::bearer_tenants(dir.path(), "the-secret");
     let s = spawn(
         &dir.path().join("data"),
         &[
@@ -394,17 +382,9 @@ async fn idle_tls_connections_without_credentials_cannot_lock_out_the_bearer_por
         p.to_str().unwrap().to_owned()
     };
     let (cert, key) = (write("tls.crt", &cert), write("tls.key", &key));
-    let digest: String = {
-        use sha2::Digest;
-        sha2::Sha256::digest(b"the-secret")
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect()
-    };
-    let tenants = write(
-        "tenants.json",
-        &format!(r#"{{"tenants":[{{"name":"t","bearer_sha256":"{digest}"}}]}}"#),
-    );
+    let tenants = crate::common::process::bearer_tenants(dir.path(), "the-secret")
+        .display()
+        .to_string();
     let s = spawn(
         &dir.path().join("data"),
         &[
@@ -552,19 +532,7 @@ async fn h2_unary(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_arrival_evicts_an_unauthenticated_busy_connection_before_an_authenticated_idle_one() {
     let dir = tempfile::tempdir().unwrap();
-    let tenants = dir.path().join("tenants.json");
-    let digest: String = {
-        use sha2::Digest;
-        sha2::Sha256::digest(b"the-secret")
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect()
-    };
-    std::fs::write(
-        &tenants,
-        format!(r#"{{"tenants":[{{"name":"t","bearer_sha256":"{digest}"}}]}}"#),
-    )
-    .unwrap();
+    let tenants = crate::common::process::bearer_tenants(dir.path(), "the-secret");
     // Neither the authentication deadline nor the stream age closes the
     // stalled connections during the test: only eviction does.
     let s = spawn(

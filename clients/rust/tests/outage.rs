@@ -172,15 +172,7 @@ async fn handler_returns_into_an_outage(
     }));
     let url = serve_handler(boundary(ss).build().wrap(account.clone())).await;
     let client = connect(&url).await;
-    let a = asked(call(&client, "close_account", json!({"id": 7}), None).await);
-    let r = call(
-        &client,
-        "close_account",
-        json!({"id": 7}),
-        Some((&a, yes())),
-    )
-    .await;
-    assert_eq!(done(r), "account 7 closed");
+    let a = close_confirmed(&client, 7).await;
     let began = tokio::time::timeout(Duration::from_secs(30), began.wait_for(Option::is_some))
         .await
         .expect("the outage began")
@@ -652,6 +644,21 @@ async fn pass(
 
 /// A boundary in front of `relay` (the client's default 5 s timeout)
 /// asking for a 6 s lease, its steps counted into `steps`.
+/// `close_account` of `id` as a user runs it: asked, confirmed, closed;
+/// the question it answered (what a replay sends again).
+async fn close_confirmed(client: &Client, id: u64) -> InputRequiredResult {
+    let a = asked(call(client, "close_account", json!({ "id": id }), None).await);
+    let r = call(
+        client,
+        "close_account",
+        json!({ "id": id }),
+        Some((&a, yes())),
+    )
+    .await;
+    assert_eq!(done(r), format!("account {id} closed"));
+    a
+}
+
 fn held_boundary(relay: &Holding, steps: &Arc<stateseal_rmcp::steps::Steps>) -> StatesealBoundary {
     StatesealBoundary::builder(
         RequestStateClient::new(&relay.addr).expect("client"),
@@ -700,15 +707,7 @@ async fn a_renewal_against_a_hung_stateseal_gives_up_within_a_third_of_the_lease
     };
     let url = serve_handler(held_boundary(&relay, &steps).wrap(account.clone())).await;
     let client = connect(&url).await;
-    let a = asked(call(&client, "close_account", json!({"id": 7}), None).await);
-    let r = call(
-        &client,
-        "close_account",
-        json!({"id": 7}),
-        Some((&a, yes())),
-    )
-    .await;
-    assert_eq!(done(r), "account 7 closed");
+    let a = close_confirmed(&client, 7).await;
     assert!(
         gave_up.load(Ordering::SeqCst) >= 1,
         "no Renew against the hung stateseal had given up when the 6 s lease ran out"
@@ -751,15 +750,7 @@ async fn a_commit_try_against_a_hung_stateseal_gives_up_within_a_third_of_the_le
     let b = held_boundary(&relay, &steps);
     let url = serve_handler(b.wrap(account.clone())).await;
     let client = connect(&url).await;
-    let a = asked(call(&client, "close_account", json!({"id": 8}), None).await);
-    let r = call(
-        &client,
-        "close_account",
-        json!({"id": 8}),
-        Some((&a, yes())),
-    )
-    .await;
-    assert_eq!(done(r), "account 8 closed");
+    let a = close_confirmed(&client, 8).await;
     let end = Instant::now() + Duration::from_secs(4);
     while steps.count(Step::RpcCommit) == 0 && Instant::now() < end {
         tokio::time::sleep(Duration::from_millis(20)).await;

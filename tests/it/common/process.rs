@@ -261,3 +261,20 @@ pub fn metrics_addr(p: &ServerProcess) -> std::net::SocketAddr {
         .parse()
         .unwrap()
 }
+
+/// Writes `DIR/tenants.json` with one tenant, `t`, whose bearer secret is
+/// `secret`; returns its path.
+pub fn bearer_tenants(dir: &Path, secret: &str) -> std::path::PathBuf {
+    use sha2::Digest;
+    let digest: String = sha2::Sha256::digest(secret.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let tenants = dir.join("tenants.json");
+    std::fs::write(
+        &tenants,
+        format!(r#"{{"tenants":[{{"name":"t","bearer_sha256":"{digest}"}}]}}"#),
+    )
+    .unwrap();
+    tenants
+}
