@@ -682,8 +682,35 @@ impl Writer {
             // a rotation short and left it empty or missing) from the last
             // line of the newest rotated file.
             let ring = w.keys.current();
+            // The newest rotated file (not the live file itself, which a
+            // crash mid-rotation leaves under its rotated name too), and
+            // the chain's last line in it: the line the live file's chain
+            // goes on from.
+            let rotated = match newest_rotated(path).map_err(io)? {
+                Some((name_seq, r)) => {
+                    let mut rf = std::fs::File::open(&r).map_err(io)?;
+                    let len = rf.metadata().map_err(io)?.len();
+                    let e = ends(&mut rf, len, &ring, None).map_err(io)?;
+                    Some((name_seq, r, e))
+                }
+                None => None,
+            };
+            // Only a rotated file whose chain verifies and holds the line
+            // its name gives (the seq of its first line, or of the `start`
+            // line of the writer that named it): an older file copied under
+            // a newer name does not take the seq back.
+            let seed = rotated.as_ref().and_then(|(name_seq, _, e)| {
+                e.last.filter(|&(last, _)| {
+                    e.anchor.is_some_and(|a| a <= *name_seq) && *name_seq <= last
+                })
+            });
+            if rotated.is_some() && seed.is_none() && size > 0 {
+                tracing::warn!(path = %path.display(),
+                    "audit log: the newest rotated file's chain does not verify; the live file's \
+                     chain is checked on its own");
+            }
             let live = if size > 0 {
-                let e = ends(&mut f, size, &ring).map_err(io)?;
+                let e = ends(&mut f, size, &ring, seed).map_err(io)?;
                 if e.unverified {
                     return Err(AuditError::Unverified(path.clone()));
                 }
@@ -702,10 +729,7 @@ impl Writer {
             let (clean_first, first, last) = if let Some(e) = live {
                 w.skipped = e.skipped;
                 (e.first.filter(|_| e.clean), e.first, e.last)
-            } else if let Some(r) = newest_rotated(path).map_err(io)? {
-                let mut rf = std::fs::File::open(&r).map_err(io)?;
-                let len = rf.metadata().map_err(io)?.len();
-                let e = ends(&mut rf, len, &ring).map_err(io)?;
+            } else if let Some((_, r, e)) = rotated {
                 if e.unverified {
                     return Err(AuditError::Unverified(r.clone()));
                 }
@@ -855,21 +879,20 @@ impl Writer {
         }
     }
 
+    /// The current file is full, and every line is written to it.
+    fn rotation_due(&self) -> bool {
+        matches!(self.out, Out::File(_)) && self.pending.is_empty() && self.size >= self.max_bytes
+    }
+
     /// Once the file has reached its size (and nothing is pending): gives
     /// it the name `PATH.<first_seq, 20 digits>` (a hard link, so an
     /// existing file of that name is never replaced: another file's name
     /// gets a `.N` suffix), starts a new one and
     /// writes its first line, `rotate`, with the name and the chain's
     /// previous MAC.
-    fn rotate_if_full(&mut self, ring: &Keyring) -> std::io::Result<()> {
-        if !matches!(self.out, Out::File(_))
-            || !self.pending.is_empty()
-            || self.size < self.max_bytes
-        {
-            return Ok(());
-        }
+    fn rotate(&mut self, ring: &Keyring) -> std::io::Result<()> {
         let mut to = rotated_name(&self.path, self.first_seq);
-        let mut suffix = 0u32;
+        let mut tries = 0u32;
         loop {
             match std::fs::hard_link(&self.path, &to) {
                 Ok(()) => std::fs::remove_file(&self.path)?,
@@ -881,13 +904,12 @@ impl Writer {
                 {
                     std::fs::remove_file(&self.path)?;
                 }
-                // Another file has the name (a chain that went back, past
-                // planted or replayed lines): never replaced, the next
-                // free `.N` suffix instead.
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && suffix < 1000 => {
-                    suffix += 1;
-                    to = rotated_name(&self.path, self.first_seq);
-                    to.as_mut_os_string().push(format!(".{suffix}"));
+                // Another file has the name (planted, or a chain that went
+                // back): never replaced, a free `.N` suffix instead, found
+                // in one read of the directory however many are taken.
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && tries < 8 => {
+                    tries += 1;
+                    to = free_suffix(&self.path, self.first_seq)?;
                     continue;
                 }
                 // An earlier try linked it and removed the live name, then
@@ -941,8 +963,18 @@ impl Writer {
             let ring = self.keys.current();
             // A rotation that fails is a failing sink (closed refuses Seal
             // and Open, the replica is not ready) until a retry succeeds;
-            // meanwhile the lines are written on into the current file.
-            let rotated = self.rotate_if_full(&ring);
+            // meanwhile the lines are written on into the current file. One
+            // that hangs (its link or fsync) is a stalled write.
+            let rotated = if self.rotation_due() {
+                health
+                    .writing_since
+                    .store(now_ms().max(1), Ordering::Release);
+                let r = self.rotate(&ring);
+                health.writing_since.store(0, Ordering::Release);
+                r
+            } else {
+                Ok(())
+            };
             if let Err(e) = &rotated {
                 self.stats.write_failures.fetch_add(1, Ordering::Relaxed);
                 if !rotation_failing {
@@ -1071,8 +1103,10 @@ fn same_file(a: &Path, b: &Path) -> bool {
     }
 }
 
-/// The rotated file of `path` with the highest first seq, if any.
-fn newest_rotated(path: &Path) -> std::io::Result<Option<PathBuf>> {
+/// The rotated file of `path` with the highest first seq, if any, other
+/// than `path` itself (a crash mid-rotation links it under its rotated
+/// name before removing the live name), with the seq its name gives.
+fn newest_rotated(path: &Path) -> std::io::Result<Option<(u64, PathBuf)>> {
     let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
         return Ok(None);
     };
@@ -1097,11 +1131,45 @@ fn newest_rotated(path: &Path) -> std::io::Result<Option<PathBuf>> {
         let (Ok(seq), Ok(suffix)) = (digits.parse::<u64>(), suffix.parse::<u32>()) else {
             continue;
         };
-        if best.as_ref().is_none_or(|(b, _)| (seq, suffix) > *b) {
+        if best.as_ref().is_none_or(|(b, _)| (seq, suffix) > *b) && !same_file(path, &e.path()) {
             best = Some(((seq, suffix), e.path()));
         }
     }
-    Ok(best.map(|(_, p)| p))
+    Ok(best.map(|((seq, _), p)| (seq, p)))
+}
+
+/// `rotated_name(path, seq)` with a `.N` suffix no file in the directory
+/// has: one above the highest taken, so that names sort in the order they
+/// were made, or, when that is `u32::MAX`, the lowest free one.
+fn free_suffix(path: &Path, seq: u64) -> std::io::Result<PathBuf> {
+    let base = rotated_name(path, seq);
+    let (Some(dir), Some(name)) = (base.parent(), base.file_name()) else {
+        return Err(std::io::Error::other("the audit log path has no file name"));
+    };
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    let prefix = format!("{}.", name.to_string_lossy());
+    let mut taken = std::collections::BTreeSet::new();
+    for e in std::fs::read_dir(dir)? {
+        let n = e?.file_name().to_string_lossy().into_owned();
+        if let Some(k) = n.strip_prefix(&prefix).and_then(|r| r.parse::<u32>().ok()) {
+            taken.insert(k);
+        }
+    }
+    let suffix = match taken.last() {
+        None => 1,
+        Some(&max) if max < u32::MAX => max + 1,
+        // At most u32::MAX names are taken, so one in 1..=u32::MAX is free.
+        Some(_) => (1..u32::MAX)
+            .find(|k| !taken.contains(k))
+            .unwrap_or(u32::MAX),
+    };
+    let mut to = base.into_os_string();
+    to.push(format!(".{suffix}"));
+    Ok(PathBuf::from(to))
 }
 
 /// The name a file gets when rotated: its first line's seq, zero-padded so
@@ -1125,6 +1193,9 @@ struct Skipped {
 struct Ends {
     /// The seq of the file's first line, when it anchors the chain.
     first: Option<u64>,
+    /// The seq of the file's first line in the chain (None: no line of the
+    /// file verifies, or the chain was taken unchecked).
+    anchor: Option<u64>,
     /// Every complete audit line is in the chain (none failed: no replayed
     /// or changed line).
     clean: bool,
@@ -1140,6 +1211,40 @@ struct Ends {
     unverified: bool,
     /// Some complete line of the file is an audit line.
     any_line: bool,
+}
+
+/// The longest line a restart reads: longer ones (no writer makes one; a
+/// `start` line listing thousands of keys stays far below) are junk, read
+/// past without being held in memory.
+const MAX_LINE: usize = 1 << 20;
+
+/// The next line of `r` into `buf`, without its newline, keeping at most
+/// `MAX_LINE + 1` bytes of it: its length, and whether a newline ended it;
+/// `None` at the end.
+fn next_line(
+    r: &mut impl std::io::BufRead,
+    buf: &mut Vec<u8>,
+) -> std::io::Result<Option<(u64, bool)>> {
+    buf.clear();
+    let mut len = 0u64;
+    loop {
+        let chunk = r.fill_buf()?;
+        if chunk.is_empty() {
+            return Ok((len > 0).then_some((len, false)));
+        }
+        let (part, ended) = match chunk.iter().position(|&b| b == b'\n') {
+            Some(i) => (&chunk[..i], true),
+            None => (chunk, false),
+        };
+        let room = (MAX_LINE + 1).saturating_sub(buf.len());
+        buf.extend_from_slice(&part[..part.len().min(room)]);
+        let n = part.len();
+        len += n as u64;
+        r.consume(n + usize::from(ended));
+        if ended {
+            return Ok(Some((len, true)));
+        }
+    }
 }
 
 /// No writer reaches a seq past this (2^62 lines): a line that claims one
@@ -1164,8 +1269,20 @@ pub const MAX_SEQ: u64 = 1 << 62;
 /// such checks, and says so, never from a seq at or past [`MAX_SEQ`];
 /// when lines name its keys, it refuses. Lines that are not audit lines
 /// (junk, a cut line) are not the file's first line.
-fn ends(f: &mut File, size: u64, ring: &Keyring) -> std::io::Result<Ends> {
-    use std::io::BufRead;
+///
+/// `seed`, the last line of the newest rotated file (when its chain holds),
+/// is the chain this file continues: then no line of this file anchors on
+/// its own, only the next line of `seed` does, as in verify, which checks
+/// the files as one chain. A `start` line copied from another log to the
+/// top of the file, or an older rotated file put in the live file's place,
+/// is then skipped instead of taking the seq back.
+fn ends(
+    f: &mut File,
+    size: u64,
+    ring: &Keyring,
+    seed: Option<(u64, [u8; 32])>,
+) -> std::io::Result<Ends> {
+    use std::io::Read;
     f.seek(SeekFrom::Start(0))?;
     let verifies = |line: &Line, raw: &[u8], over: &[u8; 32], mac: &[u8; 32]| {
         ring.get(KeyId(line.mac_key)).is_some_and(|k| {
@@ -1177,26 +1294,32 @@ fn ends(f: &mut File, size: u64, ring: &Keyring) -> std::io::Result<Ends> {
     // (seq, MAC) of the last good line, how many complete lines since it
     // (or, before it, since the file's start) did not verify, how many did
     // before the anchor, and the last complete line at all.
-    let mut good: Option<(u64, [u8; 32])> = None;
+    let mut good: Option<(u64, [u8; 32])> = seed;
     let mut bad = 0u64;
     let mut failed = 0u64;
     let mut before_anchor = 0u64;
+    // The seq of this file's first line in the chain.
+    let mut anchor: Option<u64> = None;
     let mut last_parsed: Option<(u64, [u8; 32])> = None;
     let mut phys: Option<(u64, [u8; 32])> = None;
     let mut named_key = false;
     let mut any_line = false;
     let (mut first, mut first_line) = (None, true);
     let mut torn = false;
-    let mut lines = std::io::BufReader::new(&mut *f).split(b'\n');
-    let mut read = 0u64;
-    while let Some(raw) = lines.next().transpose()? {
-        read += raw.len() as u64 + 1;
-        if read > size {
+    let mut lines = std::io::BufReader::new((&mut *f).take(size));
+    let mut raw = Vec::new();
+    while let Some((len, ended)) = next_line(&mut lines, &mut raw)? {
+        if !ended {
             // The last segment, without its newline: cut by a crash.
             torn = true;
             break;
         }
-        let Ok((line, mac)) = verify::parse(&raw) else {
+        let parsed = if len > MAX_LINE as u64 {
+            Err("longer than any audit line")
+        } else {
+            verify::parse(&raw)
+        };
+        let Ok((line, mac)) = parsed else {
             // Not a line (a crash's cut one): counted, but it does not
             // make the file unclean, nor is it the file's first line (as
             // in verify, the first complete line is).
@@ -1242,8 +1365,9 @@ fn ends(f: &mut File, size: u64, ring: &Keyring) -> std::io::Result<Ends> {
         }
         first_line = false;
         if ok {
-            if good.is_none() {
+            if anchor.is_none() {
                 before_anchor = bad;
+                anchor = Some(line.seq);
             }
             good = Some((line.seq, mac));
             bad = 0;
@@ -1257,6 +1381,7 @@ fn ends(f: &mut File, size: u64, ring: &Keyring) -> std::io::Result<Ends> {
     if good.is_none() && named_key {
         return Ok(Ends {
             first,
+            anchor: None,
             clean: false,
             last: None,
             torn,
@@ -1272,6 +1397,7 @@ fn ends(f: &mut File, size: u64, ring: &Keyring) -> std::io::Result<Ends> {
         );
         return Ok(Ends {
             first,
+            anchor: None,
             clean: false,
             last: last_parsed,
             torn,
@@ -1282,6 +1408,7 @@ fn ends(f: &mut File, size: u64, ring: &Keyring) -> std::io::Result<Ends> {
     }
     Ok(Ends {
         first,
+        anchor,
         clean: failed == 0,
         last: good,
         torn,
@@ -1314,6 +1441,28 @@ mod tests {
         let want = crate::domain::keyring::rfc3339(secs);
         assert_eq!(&t[..10], &want[..10]);
         assert_eq!(hex(&[0x00, 0x0f, 0xa5, 0xff]), "000fa5ff");
+    }
+
+    /// A line longer than any audit line is read past keeping at most
+    /// `MAX_LINE + 1` bytes of it; the lines around it are read whole, and
+    /// a last segment without its newline is told apart.
+    #[test]
+    fn a_line_longer_than_any_audit_line_is_not_held_whole() {
+        let mut data = b"first\n".to_vec();
+        data.resize(data.len() + 16 * MAX_LINE, b'a');
+        data.extend_from_slice(b"\nlast\ncut");
+        let mut r = std::io::BufReader::with_capacity(8192, &data[..]);
+        let mut buf = Vec::new();
+        assert_eq!(next_line(&mut r, &mut buf).unwrap(), Some((5, true)));
+        assert_eq!(buf, b"first");
+        let long = next_line(&mut r, &mut buf).unwrap();
+        assert_eq!(long, Some((16 * MAX_LINE as u64, true)));
+        assert_eq!(buf.len(), MAX_LINE + 1);
+        assert!(buf.capacity() <= 2 * (MAX_LINE + 1), "{}", buf.capacity());
+        assert_eq!(next_line(&mut r, &mut buf).unwrap(), Some((4, true)));
+        assert_eq!(buf, b"last");
+        assert_eq!(next_line(&mut r, &mut buf).unwrap(), Some((3, false)));
+        assert_eq!(next_line(&mut r, &mut buf).unwrap(), None);
     }
 
     /// A seq at its largest value is a failing sink, never an overflow.

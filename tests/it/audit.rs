@@ -1623,3 +1623,212 @@ fn a_live_file_holding_only_a_cut_line_chains_on_from_the_rotated_one() {
     );
     assert_eq!(start["prev"], last["mac"], "{start}");
 }
+
+/// The lines of the files of `dir`'s log in the order their names sort
+/// (rotated files, then the live file): their seqs.
+fn seqs_in_name_order(dir: &Path) -> Vec<u64> {
+    all_files(dir)
+        .iter()
+        .flat_map(|p| lines(p))
+        .filter(|l| l["replica"] == "r")
+        .map(|l| l["seq"].as_u64().unwrap())
+        .collect()
+}
+
+/// Fourth review of issue 58 (third review's F1/F2): a genuine `start`
+/// line copied from another replica's log (same keyset) to the top of the
+/// live file does not anchor the restart: the live file goes on from the
+/// newest rotated file's chain, as verify checks it, so the seq never goes
+/// back, the genuine lines stay in the chain, and verify names only the
+/// copied line.
+#[test]
+fn a_start_line_from_another_log_on_top_of_the_live_file_does_not_take_the_seq_back() {
+    let file = KeysetFile::generate(1_700_000_000);
+    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let ring = Keyring::from_file(&file).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("audit.log");
+    let audit = audit_in(dir.path(), &handle, 4096);
+    decide(&audit, 50);
+    audit.close();
+    assert!(all_files(dir.path()).len() >= 3, "no rotation");
+    let other = tempfile::tempdir().unwrap();
+    let o = Audit::start(
+        AuditConfig {
+            sink: Sink::File(other.path().join("audit.log")),
+            max_bytes: 1 << 20,
+            sample_seals: 1,
+            on_failure: OnFailure::Closed,
+            replica: "q".into(),
+        },
+        handle.clone(),
+    )
+    .unwrap();
+    o.close();
+    let foreign = std::fs::read_to_string(other.path().join("audit.log")).unwrap();
+    let foreign = foreign.lines().next().unwrap();
+    let genuine = std::fs::read_to_string(&log).unwrap();
+    let last = lines(&log).last().unwrap().clone();
+    std::fs::write(&log, format!("{foreign}\n{genuine}")).unwrap();
+
+    let audit = audit_in(dir.path(), &handle, 4096);
+    audit.close();
+    let after = lines(&log);
+    let start = after
+        .iter()
+        .rfind(|l| l["event"] == "start" && l["replica"] == "r")
+        .unwrap();
+    assert_eq!(
+        start["seq"].as_u64().unwrap(),
+        last["seq"].as_u64().unwrap() + 1,
+        "the seq went back: {start}"
+    );
+    assert_eq!(start["prev"], last["mac"], "{start}");
+    let skipped = after.iter().find(|l| l["event"] == "skipped").unwrap();
+    assert_eq!(skipped["count"], 1, "{skipped}");
+    // Rotations after the restart keep names in chain order.
+    let audit = audit_in(dir.path(), &handle, 4096);
+    decide(&audit, 50);
+    audit.close();
+    let seqs = seqs_in_name_order(dir.path());
+    assert!(
+        seqs.windows(2).all(|w| w[1] == w[0] + 1),
+        "names do not sort in chain order: {seqs:?}"
+    );
+    let files = all_files(dir.path());
+    let r = stateseal::verify_audit_log(&files, &ring, None).unwrap();
+    assert!(!r.problems.is_empty());
+    let rotated_live = files
+        .iter()
+        .find(|p| lines(p).iter().any(|l| l["replica"] == "q"))
+        .unwrap();
+    let at = format!("{}:1:", rotated_live.display());
+    assert!(
+        r.problems.iter().all(|p| p.starts_with(&at)),
+        "verify names more than the copied line: {:?}",
+        r.problems
+    );
+}
+
+/// Third review's F6: the live file replaced by a copy of an older rotated
+/// file does not take the seq back: the restart goes on from the newest
+/// rotated file's chain and records the copy's lines as skipped.
+#[test]
+fn an_older_rotated_file_in_the_live_files_place_does_not_take_the_seq_back() {
+    let file = KeysetFile::generate(1_700_000_000);
+    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("audit.log");
+    let audit = audit_in(dir.path(), &handle, 4096);
+    decide(&audit, 60);
+    audit.close();
+    let files = all_files(dir.path());
+    assert!(files.len() >= 3, "fewer than two rotated files: {files:?}");
+    let newest = &files[files.len() - 2];
+    let top = lines(newest).last().unwrap()["seq"].as_u64().unwrap();
+    std::fs::copy(&files[0], &log).unwrap();
+    let copied = lines(&log).len() as u64;
+
+    let audit = audit_in(dir.path(), &handle, 1 << 20);
+    audit.close();
+    let after = lines(&log);
+    let start = &after[copied as usize];
+    assert_eq!(start["event"], "start", "{start}");
+    assert_eq!(
+        start["seq"].as_u64().unwrap(),
+        top + 1,
+        "the seq went back: {start}"
+    );
+    assert_eq!(after[copied as usize + 1]["event"], "skipped");
+    assert_eq!(after[copied as usize + 1]["count"], copied);
+}
+
+/// Third review's F5: names planted at a rotated file's name and its first
+/// thousand `.N` suffixes do not stop rotation for good.
+#[test]
+fn a_thousand_planted_names_do_not_stop_rotation() {
+    let file = KeysetFile::generate(1_700_000_000);
+    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let dir = tempfile::tempdir().unwrap();
+    let audit = audit_in(dir.path(), &handle, 4096);
+    let base = dir.path().join(format!("audit.log.{:020}", 0));
+    std::fs::write(&base, "planted\n").unwrap();
+    for k in 1..=1000 {
+        std::fs::write(format!("{}.{k}", base.display()), "planted\n").unwrap();
+    }
+    decide(&audit, 30);
+    assert_eq!(audit.admit(), Ok(()), "rotation fails");
+    audit.close();
+    let rotated = PathBuf::from(format!("{}.1001", base.display()));
+    let first = lines(&rotated);
+    assert_eq!(first[0]["seq"], 0, "{first:?}");
+    assert_eq!(std::fs::read_to_string(&base).unwrap(), "planted\n");
+}
+
+/// Third review's F4: a planted line far longer than any audit line is
+/// read past at restart (junk, skipped), not held in memory whole; the
+/// chain goes on from the line before it.
+#[test]
+fn a_huge_planted_line_is_read_past_at_restart() {
+    let file = KeysetFile::generate(1_700_000_000);
+    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("audit.log");
+    let audit = audit_in(dir.path(), &handle, 1 << 30);
+    decide(&audit, 3);
+    audit.close();
+    let last = lines(&log).last().unwrap().clone();
+    let mut f = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
+    let mut huge =
+        format!("{{\"seq\":{},\"pad\":\"", last["seq"].as_u64().unwrap() + 1).into_bytes();
+    huge.resize(8 << 20, b'a');
+    huge.extend_from_slice(b"\"}\n");
+    std::io::Write::write_all(&mut f, &huge).unwrap();
+    drop(f);
+    let audit = audit_in(dir.path(), &handle, 1 << 30);
+    audit.close();
+    let text = std::fs::read_to_string(&log).unwrap();
+    let start: serde_json::Value = serde_json::from_str(
+        text.lines()
+            .rev()
+            .find(|l| l.contains("\"event\":\"start\""))
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        start["seq"].as_u64().unwrap(),
+        last["seq"].as_u64().unwrap() + 1
+    );
+    assert_eq!(start["prev"], last["mac"]);
+}
+
+/// An older rotated file copied under a newer rotated name is not the
+/// chain the live file goes on from (its name's seq is not in its chain):
+/// the restart goes on from the live file's own last line.
+#[test]
+fn an_older_rotated_file_under_a_newer_name_does_not_take_the_seq_back() {
+    let file = KeysetFile::generate(1_700_000_000);
+    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("audit.log");
+    let audit = audit_in(dir.path(), &handle, 4096);
+    decide(&audit, 40);
+    audit.close();
+    let files = all_files(dir.path());
+    assert!(files.len() >= 2, "no rotation: {files:?}");
+    let last = lines(&log).last().unwrap().clone();
+    let top = last["seq"].as_u64().unwrap();
+    std::fs::copy(
+        &files[0],
+        dir.path().join(format!("audit.log.{:020}", top + 1)),
+    )
+    .unwrap();
+    let audit = audit_in(dir.path(), &handle, 1 << 20);
+    audit.close();
+    let start = lines(&log)
+        .into_iter()
+        .rfind(|l| l["event"] == "start")
+        .unwrap();
+    assert_eq!(start["seq"].as_u64().unwrap(), top + 1, "{start}");
+    assert_eq!(start["prev"], last["mac"], "{start}");
+}
