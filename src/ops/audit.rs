@@ -304,8 +304,10 @@ impl Audit {
         std::thread::Builder::new()
             .name("stateseal-audit".into())
             .spawn(move || {
-                let _ended = Ended(h.clone());
+                let ended = Ended(h.clone());
                 w.run(rx, &h, on_failure);
+                // Ended before `close` returns: a closed sink refuses at once.
+                drop(ended);
                 let _ = done_tx.send(());
             })
             .map_err(|source| AuditError::Io {
@@ -678,39 +680,19 @@ impl Writer {
                 return Err(AuditError::InUse(path.clone()));
             }
             let size = f.metadata().map_err(io)?.len();
-            // Chain on from the live file's last line, or (when a crash cut
-            // a rotation short and left it empty or missing) from the last
-            // line of the newest rotated file.
+            // Chain on from the live file's last line in the chain, or
+            // (when a crash cut a rotation short and left it empty or
+            // missing) from the chain of the rotated files.
             let ring = w.keys.current();
-            // The newest rotated file (not the live file itself, which a
-            // crash mid-rotation leaves under its rotated name too), and
-            // the chain's last line in it: the line the live file's chain
-            // goes on from.
-            let rotated = match newest_rotated(path).map_err(io)? {
-                Some((name_seq, r)) => {
-                    let mut rf = std::fs::File::open(&r).map_err(io)?;
-                    let len = rf.metadata().map_err(io)?.len();
-                    let e = ends(&mut rf, len, &ring, None).map_err(io)?;
-                    Some((name_seq, r, e))
-                }
-                None => None,
-            };
-            // Only a rotated file whose chain verifies and holds the line
-            // its name gives (the seq of its first line, or of the `start`
-            // line of the writer that named it): an older file copied under
-            // a newer name does not take the seq back.
-            let seed = rotated.as_ref().and_then(|(name_seq, _, e)| {
-                e.last.filter(|&(last, _)| {
-                    e.anchor.is_some_and(|a| a <= *name_seq) && *name_seq <= last
-                })
-            });
-            if rotated.is_some() && seed.is_none() && size > 0 {
-                tracing::warn!(path = %path.display(),
-                    "audit log: the newest rotated file's chain does not verify; the live file's \
-                     chain is checked on its own");
-            }
+            let limit = w.max_bytes.saturating_mul(2).saturating_add(16 << 20);
+            let rotated = rotated_chain(path, &ring, &cfg.replica, limit).map_err(io)?;
             let live = if size > 0 {
-                let e = ends(&mut f, size, &ring, seed).map_err(io)?;
+                let own = ends(&mut f, size, &ring, None).map_err(io)?;
+                let on = match rotated.seed {
+                    Some(seed) => Some(ends(&mut f, size, &ring, Some(seed)).map_err(io)?),
+                    None => None,
+                };
+                let e = choose(own, on, rotated.ours);
                 if e.unverified {
                     return Err(AuditError::Unverified(path.clone()));
                 }
@@ -729,7 +711,12 @@ impl Writer {
             let (clean_first, first, last) = if let Some(e) = live {
                 w.skipped = e.skipped;
                 (e.first.filter(|_| e.clean), e.first, e.last)
-            } else if let Some((_, r, e)) = rotated {
+            } else if let Some(seed) = rotated.seed {
+                w.skipped = rotated.skipped;
+                (None, None, Some(seed))
+            } else if let Some((r, e)) = rotated.newest {
+                // No rotated file's chain holds (their keys were removed,
+                // or they were changed): as before such checks.
                 if e.unverified {
                     return Err(AuditError::Unverified(r.clone()));
                 }
@@ -910,6 +897,11 @@ impl Writer {
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && tries < 8 => {
                     tries += 1;
                     to = free_suffix(&self.path, self.first_seq)?;
+                    if same_file(&self.path, &to) {
+                        // Linked under that suffix before a crash.
+                        std::fs::remove_file(&self.path)?;
+                        break;
+                    }
                     continue;
                 }
                 // An earlier try linked it and removed the live name, then
@@ -1103,12 +1095,17 @@ fn same_file(a: &Path, b: &Path) -> bool {
     }
 }
 
-/// The rotated file of `path` with the highest first seq, if any, other
-/// than `path` itself (a crash mid-rotation links it under its rotated
-/// name before removing the live name), with the seq its name gives.
-fn newest_rotated(path: &Path) -> std::io::Result<Option<(u64, PathBuf)>> {
+/// How many of the newest rotated files a restart reads for the chain the
+/// live file continues.
+const ROTATED_WALK: usize = 3;
+
+/// The rotated files of `path`, oldest first, with the seq their names
+/// give (suffixed names after the plain one), other than `path` itself (a
+/// crash mid-rotation links it under its rotated name before removing the
+/// live name); regular files only.
+fn rotated_files(path: &Path) -> std::io::Result<Vec<(u64, PathBuf)>> {
     let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
-        return Ok(None);
+        return Ok(Vec::new());
     };
     let dir = if dir.as_os_str().is_empty() {
         Path::new(".")
@@ -1116,7 +1113,7 @@ fn newest_rotated(path: &Path) -> std::io::Result<Option<(u64, PathBuf)>> {
         dir
     };
     let prefix = format!("{}.", name.to_string_lossy());
-    let mut best: Option<((u64, u32), PathBuf)> = None;
+    let mut found = Vec::new();
     for e in std::fs::read_dir(dir)? {
         let e = e?;
         let n = e.file_name().to_string_lossy().into_owned();
@@ -1131,16 +1128,134 @@ fn newest_rotated(path: &Path) -> std::io::Result<Option<(u64, PathBuf)>> {
         let (Ok(seq), Ok(suffix)) = (digits.parse::<u64>(), suffix.parse::<u32>()) else {
             continue;
         };
-        if best.as_ref().is_none_or(|(b, _)| (seq, suffix) > *b) && !same_file(path, &e.path()) {
-            best = Some(((seq, suffix), e.path()));
+        let p = e.path();
+        if std::fs::symlink_metadata(&p).is_ok_and(|m| m.file_type().is_file())
+            && !same_file(path, &p)
+        {
+            found.push(((seq, suffix), p));
         }
     }
-    Ok(best.map(|((seq, _), p)| (seq, p)))
+    found.sort();
+    Ok(found.into_iter().map(|((seq, _), p)| (seq, p)).collect())
+}
+
+/// Opens a rotated file to read, if it is a regular file no longer than
+/// `limit`: never a FIFO (whose open would wait), a directory, a symbolic
+/// link, or a sparse file of gigabytes (read in full at each start). A
+/// file that cannot be read is passed over with a warning.
+fn open_rotated(p: &Path, limit: u64) -> Option<(File, u64)> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(
+            rustix::fs::OFlags::NONBLOCK.bits() as i32 | rustix::fs::OFlags::NOFOLLOW.bits() as i32,
+        )
+        .open(p)
+        .and_then(|f| f.metadata().map(|m| (f, m)));
+    match opened {
+        Ok((f, m)) if m.is_file() && m.len() <= limit => Some((f, m.len())),
+        Ok(_) => {
+            tracing::warn!(path = %p.display(), "audit log: a rotated file that is not a regular file of a rotated file's size is passed over");
+            None
+        }
+        Err(e) => {
+            tracing::warn!(path = %p.display(), error = %e, "audit log: a rotated file that cannot be read is passed over");
+            None
+        }
+    }
+}
+
+/// What the rotated files give a restart.
+struct RotatedChain {
+    /// The chain's last line, through the newest rotated files that hold.
+    seed: Option<(u64, [u8; 32])>,
+    /// That line was written by this replica (its name).
+    ours: bool,
+    /// Lines of the file holding `seed` that did not verify.
+    skipped: Option<Skipped>,
+    /// When no file holds: the newest readable one, checked on its own.
+    newest: Option<(PathBuf, Ends)>,
+}
+
+/// Follows the chain through the newest [`ROTATED_WALK`] rotated files,
+/// oldest first, as verify does: each goes on from the one before, or,
+/// when it does not (the files between were removed), is checked on its
+/// own. A file holds when its chain holds the seq its name gives (the seq
+/// of its first line, or of the `start` line of the writer that named it),
+/// so an older file copied under a newer name holds nothing, and the chain
+/// never goes back: a file whose chain ends below the one before it is
+/// passed over.
+fn rotated_chain(
+    path: &Path,
+    ring: &Keyring,
+    replica: &str,
+    limit: u64,
+) -> std::io::Result<RotatedChain> {
+    let files = rotated_files(path)?;
+    let mut out = RotatedChain {
+        seed: None,
+        ours: false,
+        skipped: None,
+        newest: None,
+    };
+    for (name_seq, p) in files.iter().skip(files.len().saturating_sub(ROTATED_WALK)) {
+        let Some((mut f, len)) = open_rotated(p, limit) else {
+            continue;
+        };
+        let holds = |e: &Ends| {
+            e.anchor.is_some_and(|a| a <= *name_seq)
+                && e.last.is_some_and(|(last, _)| *name_seq <= last)
+        };
+        let mut e = ends(&mut f, len, ring, out.seed)?;
+        if out.seed.is_some() && !holds(&e) {
+            e = ends(&mut f, len, ring, None)?;
+        }
+        if holds(&e) {
+            if let Some(last) = e.last.filter(|l| out.seed.is_none_or(|s| l.0 >= s.0)) {
+                out.seed = Some(last);
+                out.ours = e.last_replica.as_deref() == Some(replica);
+                out.skipped = e.skipped;
+            }
+        }
+        out.newest = Some((p.clone(), e));
+    }
+    if out.seed.is_some() {
+        out.newest = None;
+    }
+    Ok(out)
+}
+
+/// The live file's chain: `on` (the live file read as going on from the
+/// rotated files' chain) when a line of it does; else the live file's own
+/// chain, unless the rotated files' chain, written by this replica, ends
+/// later (an older file put in the live file's place). A planted or
+/// foreign line on top of the live file, or rotated files removed or
+/// planted, never take the seq back below what the live file holds.
+fn choose(own: Ends, on: Option<Ends>, ours: bool) -> Ends {
+    let Some(on) = on else {
+        return own;
+    };
+    if on.anchor.is_some() {
+        return on;
+    }
+    let own_last = if own.unverified {
+        None
+    } else {
+        own.last.map(|l| l.0)
+    };
+    let seed_last = on.last.map(|l| l.0);
+    if (ours || own_last.is_none()) && seed_last > own_last {
+        on
+    } else {
+        own
+    }
 }
 
 /// `rotated_name(path, seq)` with a `.N` suffix no file in the directory
 /// has: one above the highest taken, so that names sort in the order they
-/// were made, or, when that is `u32::MAX`, the lowest free one.
+/// were made, or, when that is `u32::MAX`, the lowest free one; or the
+/// suffixed name that is already `path` (a crash between the link and the
+/// removal of the live name).
 fn free_suffix(path: &Path, seq: u64) -> std::io::Result<PathBuf> {
     let base = rotated_name(path, seq);
     let (Some(dir), Some(name)) = (base.parent(), base.file_name()) else {
@@ -1156,6 +1271,11 @@ fn free_suffix(path: &Path, seq: u64) -> std::io::Result<PathBuf> {
     for e in std::fs::read_dir(dir)? {
         let n = e?.file_name().to_string_lossy().into_owned();
         if let Some(k) = n.strip_prefix(&prefix).and_then(|r| r.parse::<u32>().ok()) {
+            let mut p = base.clone().into_os_string();
+            p.push(format!(".{k}"));
+            if same_file(path, Path::new(&p)) {
+                return Ok(PathBuf::from(p));
+            }
             taken.insert(k);
         }
     }
@@ -1201,6 +1321,8 @@ struct Ends {
     clean: bool,
     /// The last line whose MAC verifies, to chain on from.
     last: Option<(u64, [u8; 32])>,
+    /// The replica that wrote that line (None: the seed's, or unchecked).
+    last_replica: Option<String>,
     /// The file does not end with a newline (a write cut by a crash).
     torn: bool,
     /// Lines that did not verify, before the chain's first line or after
@@ -1298,8 +1420,10 @@ fn ends(
     let mut bad = 0u64;
     let mut failed = 0u64;
     let mut before_anchor = 0u64;
-    // The seq of this file's first line in the chain.
+    // The seq of this file's first line in the chain, and the replica of
+    // its last.
     let mut anchor: Option<u64> = None;
+    let mut last_replica: Option<String> = None;
     let mut last_parsed: Option<(u64, [u8; 32])> = None;
     let mut phys: Option<(u64, [u8; 32])> = None;
     let mut named_key = false;
@@ -1370,6 +1494,7 @@ fn ends(
                 anchor = Some(line.seq);
             }
             good = Some((line.seq, mac));
+            last_replica = Some(line.replica);
             bad = 0;
         } else {
             bad += 1;
@@ -1384,6 +1509,7 @@ fn ends(
             anchor: None,
             clean: false,
             last: None,
+            last_replica: None,
             torn,
             skipped: None,
             unverified: true,
@@ -1400,6 +1526,7 @@ fn ends(
             anchor: None,
             clean: false,
             last: last_parsed,
+            last_replica: None,
             torn,
             skipped: None,
             unverified: false,
@@ -1411,6 +1538,7 @@ fn ends(
         anchor,
         clean: failed == 0,
         last: good,
+        last_replica,
         torn,
         skipped: good
             .filter(|_| bad + before_anchor > 0)

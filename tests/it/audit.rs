@@ -1832,3 +1832,167 @@ fn an_older_rotated_file_under_a_newer_name_does_not_take_the_seq_back() {
     assert_eq!(start["seq"].as_u64().unwrap(), top + 1, "{start}");
     assert_eq!(start["prev"], last["mac"], "{start}");
 }
+
+/// A log of `dir` with at least two rotated files (rotated at 4 KiB); the
+/// handle of its keyring.
+fn rotated_log(dir: &Path) -> std::sync::Arc<KeyringHandle> {
+    let file = KeysetFile::generate(1_700_000_000);
+    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let audit = audit_in(dir, &handle, 4096);
+    decide(&audit, 60);
+    audit.close();
+    assert!(all_files(dir).len() >= 3, "fewer than two rotated files");
+    handle
+}
+
+/// The last `start` line of the live file after a restart (rotating at
+/// 1 MiB: none during it), and the `skipped` line after it, if any.
+fn restart(
+    dir: &Path,
+    handle: &std::sync::Arc<KeyringHandle>,
+) -> (serde_json::Value, Option<serde_json::Value>) {
+    audit_in(dir, handle, 1 << 20).close();
+    let after = lines(&dir.join("audit.log"));
+    let i = after
+        .iter()
+        .rposition(|l| l["event"] == "start" && l["replica"] == "r")
+        .unwrap();
+    let skipped = after
+        .get(i + 1)
+        .filter(|l| l["event"] == "skipped")
+        .cloned();
+    (after[i].clone(), skipped)
+}
+
+/// Fourth review of issue 58: rotated files planted, removed or junk never
+/// take the seq back below what the live file holds, nor make the restart
+/// skip the live file's genuine lines; with the live file gone, a file
+/// copied under a newer rotated name does not either.
+#[test]
+fn planted_or_removed_rotated_files_never_take_the_seq_back() {
+    let foreign = {
+        let other = tempfile::tempdir().unwrap();
+        let handle = rotated_log(other.path());
+        let _ = handle;
+        std::fs::read_to_string(other.path().join("audit.log")).unwrap()
+    };
+    type Change = fn(&Path, &[PathBuf], &str);
+    let cases: [(&str, Change, bool); 4] = [
+        (
+            "a truncated copy of the newest rotated file under its name .1",
+            |_, files, _| {
+                let newest = &files[files.len() - 2];
+                let text = std::fs::read_to_string(newest).unwrap();
+                let head: String = text.lines().take(3).map(|l| format!("{l}\n")).collect();
+                std::fs::write(format!("{}.1", newest.display()), head).unwrap();
+            },
+            true,
+        ),
+        (
+            "the newest rotated file removed",
+            |_, files, _| {
+                std::fs::remove_file(&files[files.len() - 2]).unwrap();
+            },
+            true,
+        ),
+        (
+            "a junk newer rotated file and a foreign start line on top",
+            |dir, _, foreign| {
+                std::fs::write(dir.join(format!("audit.log.{:020}", 99_999)), "junk\n").unwrap();
+                let live = dir.join("audit.log");
+                let text = std::fs::read_to_string(&live).unwrap();
+                let first = foreign.lines().next().unwrap();
+                std::fs::write(&live, format!("{first}\n{text}")).unwrap();
+            },
+            true,
+        ),
+        (
+            "the live file moved aside, the oldest file copied under the newest name .1",
+            |dir, files, _| {
+                let newest = &files[files.len() - 2];
+                std::fs::copy(&files[0], format!("{}.1", newest.display())).unwrap();
+                std::fs::rename(dir.join("audit.log"), dir.join("moved-aside")).unwrap();
+            },
+            false,
+        ),
+    ];
+    for (what, change, live_kept) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let handle = rotated_log(dir.path());
+        let files = all_files(dir.path());
+        let live_last = lines(&dir.path().join("audit.log")).last().unwrap().clone();
+        let rotated_last = lines(&files[files.len() - 2]).last().unwrap().clone();
+        change(dir.path(), &files, &foreign);
+        let (start, skipped) = restart(dir.path(), &handle);
+        let want = if live_kept { &live_last } else { &rotated_last };
+        assert_eq!(
+            start["seq"].as_u64().unwrap(),
+            want["seq"].as_u64().unwrap() + 1,
+            "{what}: {start}"
+        );
+        assert_eq!(start["prev"], want["mac"], "{what}: {start}");
+        let skipped_count = skipped.map_or(0, |s| s["count"].as_u64().unwrap());
+        assert!(
+            skipped_count <= 1,
+            "{what}: genuine lines skipped: {skipped_count}"
+        );
+    }
+}
+
+/// Fourth review of issue 58, F4: a directory or a FIFO at a rotated
+/// file's name neither refuses nor hangs a start.
+#[test]
+fn a_directory_or_fifo_at_a_rotated_name_does_not_stop_a_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let handle = rotated_log(dir.path());
+    let live_last = lines(&dir.path().join("audit.log")).last().unwrap().clone();
+    std::fs::create_dir(dir.path().join(format!("audit.log.{:020}", 99_998))).unwrap();
+    let fifo = dir.path().join(format!("audit.log.{:020}", 99_999));
+    assert!(std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let d = dir.path().to_owned();
+    std::thread::spawn(move || {
+        let _ = tx.send(restart(&d, &handle));
+    });
+    let (start, _) = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the start hung (or failed) on a FIFO or directory");
+    assert_eq!(
+        start["seq"].as_u64().unwrap(),
+        live_last["seq"].as_u64().unwrap() + 1
+    );
+}
+
+/// Fourth review of issue 58, F6: a crash between linking the live file
+/// under a suffixed rotated name and removing the live name: the next
+/// rotation finds that link and does not link the file a second time.
+#[test]
+fn a_crash_after_a_suffixed_link_does_not_link_the_file_twice() {
+    use std::os::unix::fs::MetadataExt;
+    let file = KeysetFile::generate(1_700_000_000);
+    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("audit.log");
+    let audit = audit_in(dir.path(), &handle, 1 << 20);
+    decide(&audit, 5);
+    drop(audit); // a crash
+    std::thread::sleep(Duration::from_millis(200));
+    let base = dir.path().join(format!("audit.log.{:020}", 0));
+    std::fs::write(&base, "another file\n").unwrap();
+    std::fs::hard_link(&log, format!("{}.1", base.display())).unwrap();
+    let audit = audit_in(dir.path(), &handle, 2048);
+    decide(&audit, 40);
+    audit.close();
+    let mut inodes: Vec<u64> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().ino())
+        .collect();
+    let n = inodes.len();
+    inodes.sort_unstable();
+    inodes.dedup();
+    assert_eq!(inodes.len(), n, "a file has two names");
+}
