@@ -60,6 +60,9 @@ def stateseal(tmp_path):
 
 # Its own generator: a seed given to the global one does not repeat ports.
 _PORTS = random.SystemRandom()
+# Ports handed out in this process: two calls before either port is bound
+# (three replicas of one deployment) never get the same one.
+_GIVEN: set[int] = set()
 
 
 def free_port() -> int:
@@ -77,12 +80,32 @@ def free_port() -> int:
     if low > 11_024:
         for _ in range(100):
             port = _PORTS.randrange(low - 10_000, low)
+            if port in _GIVEN:
+                continue
             with socket.socket() as s:
                 try:
                     s.bind(("127.0.0.1", port))
                 except OSError:
                     continue
+                _GIVEN.add(port)
                 return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def listener() -> socket.socket:
+    """A socket already listening on 127.0.0.1 at a `free_port()`, for a
+    server started in this process (``uvicorn.Server.serve(sockets=[...])``):
+    nothing can take its port between the choice and the server's start."""
+    for _ in range(100):
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", free_port()))
+        except OSError:
+            s.close()
+            continue
+        s.listen(128)
+        return s
+    raise OSError("no free port to listen on")

@@ -29,7 +29,7 @@ from starlette.routing import Route
 
 from stateseal_mcp import RequestStateClient, StatesealBoundary, install
 
-from conftest import free_port, start_stateseal
+from conftest import free_port, listener, start_stateseal
 
 pytestmark = pytest.mark.anyio
 
@@ -261,7 +261,8 @@ async def deployment(
     `boundary_options`: more StatesealBoundary options."""
     served: list = []
     BOUNDARIES.clear()
-    ports = [free_port(), free_port(), free_port()]
+    socks = [listener(), listener(), listener()]
+    ports = [s.getsockname()[1] for s in socks]
     apps = [
         replica(tag, addr, served, bearer, reask, credentials, **boundary_options).streamable_http_app(
             stateless_http=True, json_response=True
@@ -279,8 +280,8 @@ async def deployment(
         for app, port in zip(apps, ports)
     ]
     async with anyio.create_task_group() as tg:
-        for s in servers:
-            tg.start_soon(s.serve)
+        for s, sock in zip(servers, socks):
+            tg.start_soon(s.serve, [sock])
         with anyio.fail_after(20):
             while not all(s.started for s in servers):
                 await anyio.sleep(0.05)
@@ -289,6 +290,8 @@ async def deployment(
         finally:
             for s in servers:
                 s.should_exit = True
+    for sock in socks:
+        sock.close()
 
 
 async def accept(context, params):

@@ -38,7 +38,7 @@ from mcp.shared.exceptions import MCPError
 
 from stateseal_mcp import RequestStateClient, StatesealBoundary, StatesealError
 
-from conftest import free_port, start_stateseal
+from conftest import listener, start_stateseal
 from test_e2e import (
     BOUNDARIES,
     SLOW,
@@ -428,7 +428,8 @@ async def two_replicas(addrs: tuple[str, str], **boundary_options):
     Yields their MCP URLs."""
     served: list = []
     BOUNDARIES.clear()
-    ports = [free_port(), free_port()]
+    socks = [listener(), listener()]
+    ports = [s.getsockname()[1] for s in socks]
     servers = [
         uvicorn.Server(
             uvicorn.Config(
@@ -445,8 +446,8 @@ async def two_replicas(addrs: tuple[str, str], **boundary_options):
         for tag, addr, port in zip(("A", "B"), addrs, ports)
     ]
     async with anyio.create_task_group() as tg:
-        for s in servers:
-            tg.start_soon(s.serve)
+        for s, sock in zip(servers, socks):
+            tg.start_soon(s.serve, [sock])
         with anyio.fail_after(20):
             while not all(s.started for s in servers):
                 await anyio.sleep(0.05)
@@ -455,6 +456,8 @@ async def two_replicas(addrs: tuple[str, str], **boundary_options):
         finally:
             for s in servers:
                 s.should_exit = True
+    for sock in socks:
+        sock.close()
 
 
 async def test_a_hung_renewal_is_abandoned_within_the_lease_and_retried(tmp_path, caplog, monkeypatch):
