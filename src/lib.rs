@@ -78,7 +78,7 @@ pub mod internals {
     pub use crate::app::{build, server};
     pub use crate::domain::{binding, canon, error, keyring, manifest, sealer, token};
     pub use crate::grpc::{auth, canon_pool, service, status};
-    pub use crate::net::{accept, conns, limits};
+    pub use crate::net::{accept, conns, limits, serve};
     pub use crate::ops::{audit, hardening, kek, metrics};
     /// The clock and the clock guard.
     pub mod clock {

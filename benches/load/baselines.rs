@@ -290,15 +290,17 @@ pub async fn start_echo(journal: Option<Journal>) -> String {
     );
     // A health service too, so that `--serve-echo` has its own no-op.
     let (_, health) = tonic_health::server::health_reporter();
-    tokio::spawn(
-        lim.apply(tonic::transport::Server::builder())
-            .layer(stateseal::internals::conns::ConnActivityLayer)
-            .add_service(health)
-            .add_service(
-                stateseal::proto::request_state_server::RequestStateServer::new(Echo { journal }),
-            )
-            .serve_with_incoming(incoming),
-    );
+    let routes = tonic::service::Routes::new(health)
+        .add_service(
+            stateseal::proto::request_state_server::RequestStateServer::new(Echo { journal }),
+        )
+        .prepare();
+    let svc = tower_layer::Layer::layer(&stateseal::internals::conns::ConnActivityLayer, routes);
+    tokio::spawn(async move {
+        let streams = lim.max_concurrent_streams;
+        stateseal::internals::serve::serve(incoming, svc, &lim, streams, std::future::pending())
+            .await;
+    });
     addr.to_string()
 }
 

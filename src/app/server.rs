@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::Server;
+use tower_layer::Layer;
 
 use crate::domain::sealer::Sealer;
 use crate::grpc::auth::Authenticator;
@@ -275,14 +275,12 @@ pub async fn run(
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, backend = ledger.backend(), tls = opts.tls.is_some(), auth = ?opts.auth, "listening");
     }
-    let router = lim
-        .apply(Server::builder())
-        .layer(ConnActivityLayer)
-        .layer(inflight)
-        .add_service(health_service)
+    let routes = tonic::service::Routes::new(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(service);
+        .add_service(service)
+        .prepare();
+    let svc = ConnActivityLayer.layer(inflight.layer(routes));
     let stop = stopped(stop_rx);
     let conns = Conns::new(
         lim.conn_policy(
@@ -295,29 +293,22 @@ pub async fn run(
         ),
         conn_stats.clone(),
     );
+    let streams = lim.max_concurrent_streams;
     let serve = async {
         match &opts.tls {
             Some(t) => {
-                router
-                    .serve_with_incoming_shutdown(
-                        tls::incoming(listener, t.config.clone(), &lim, conns),
-                        stop,
-                    )
-                    .await
+                let incoming = tls::incoming(listener, t.config.clone(), &lim, conns);
+                crate::net::serve::serve(incoming, svc, &lim, streams, stop).await;
             }
             None => {
-                router
-                    .serve_with_incoming_shutdown(
-                        limited_incoming(
-                            listener,
-                            lim.max_connections,
-                            lim.max_tls_handshakes,
-                            lim.tls_handshake_timeout,
-                            conns,
-                        ),
-                        stop,
-                    )
-                    .await
+                let incoming = limited_incoming(
+                    listener,
+                    lim.max_connections,
+                    lim.max_tls_handshakes,
+                    lim.tls_handshake_timeout,
+                    conns,
+                );
+                crate::net::serve::serve(incoming, svc, &lim, streams, stop).await;
             }
         }
     };
@@ -340,20 +331,17 @@ pub async fn run(
         }
     };
     let mut failed = false;
-    let result = tokio::select! {
-        r = serve => r,
+    tokio::select! {
+        () = serve => {}
         () = deadline => {
             tracing::warn!(grace = ?lim.shutdown_grace, "shutdown grace period over; cutting the remaining streams");
-            Ok(())
         }
         () = fatal => {
             tracing::error!("the ledger failed and cannot recover in this process; exiting for a restart");
             failed = true;
-            Ok(())
         }
     };
     wind_down(health_server, background, ledger, failed, audit).await?;
-    result?;
     Ok(())
 }
 
@@ -428,7 +416,7 @@ fn spawn_background(
 /// background tasks (so that they no longer hold the ledger), then flushes
 /// and closes the ledger — unless it failed for good.
 async fn wind_down(
-    health_server: Option<tokio::task::JoinHandle<Result<(), tonic::transport::Error>>>,
+    health_server: Option<tokio::task::JoinHandle<()>>,
     background: Vec<tokio::task::JoinHandle<()>>,
     ledger: Arc<dyn crate::ledger::Ledger>,
     failed: bool,
@@ -473,7 +461,7 @@ fn spawn_health_port<H>(
     inflight: InflightBytesLayer,
     conn_stats: &Arc<crate::net::conns::ConnStats>,
     stop: impl Future<Output = ()> + Send + 'static,
-) -> tokio::task::JoinHandle<Result<(), tonic::transport::Error>>
+) -> tokio::task::JoinHandle<()>
 where
     H: tower_service::Service<
             http::Request<tonic::body::Body>,
@@ -499,14 +487,12 @@ where
             conn_stats.clone(),
         ),
     );
-    tokio::spawn(
-        lim.apply(Server::builder())
-            .max_concurrent_streams(AUX_MAX_STREAMS)
-            .layer(ConnActivityLayer)
-            .layer(inflight)
-            .add_service(reporter_service)
-            .serve_with_incoming_shutdown(incoming, stop),
-    )
+    let svc = ConnActivityLayer
+        .layer(inflight.layer(tonic::service::Routes::new(reporter_service).prepare()));
+    let lim = lim.clone();
+    tokio::spawn(async move {
+        crate::net::serve::serve(incoming, svc, &lim, AUX_MAX_STREAMS, stop).await;
+    })
 }
 
 /// `svc` with caller authentication in front: every request gets its tenant

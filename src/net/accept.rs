@@ -4,7 +4,6 @@
 //! kernel's backlog instead of costing memory here, or an arrival evicts a
 //! connection still in its handshake, or the idlest one.
 
-use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -26,22 +25,7 @@ pub struct Counted<IO, P = ()> {
     peer: P,
     conn: Arc<Conn>,
     _permit: OwnedSemaphorePermit,
-    /// Set when bytes first arrive after the connection was marked to
-    /// close: until then, the reads wait for a stream those bytes may open
-    /// instead of answering end-of-stream (see [`CROSSING_GRACE`]).
-    grace: Option<tokio::time::Instant>,
-    /// Wakes the reads at the end of the grace or of the drain.
-    timer: Option<Pin<Box<tokio::time::Sleep>>>,
 }
-
-/// How long a connection marked to close (idle too long, or evicted) waits,
-/// once bytes arrive, for a stream they open. HTTP/2 drops a request read
-/// in the same poll as end-of-stream, and the stream is counted only when
-/// its task first runs: without this wait, a request that crossed the close
-/// was read and then lost, and its caller saw the connection reset. A
-/// stream that opens is served, and the connection closes once no stream
-/// is open on it; after the wait, bytes alone no longer hold it.
-pub const CROSSING_GRACE: Duration = Duration::from_secs(1);
 
 impl<IO> Counted<IO> {
     /// An established connection (its handshake is over).
@@ -52,8 +36,6 @@ impl<IO> Counted<IO> {
             peer: (),
             conn,
             _permit: permit,
-            grace: None,
-            timer: None,
         }
     }
 }
@@ -65,8 +47,6 @@ impl<IO, P> Counted<IO, P> {
             peer,
             conn: self.conn,
             _permit: self._permit,
-            grace: self.grace,
-            timer: self.timer,
         }
     }
     pub fn peer(&self) -> &P {
@@ -88,12 +68,10 @@ impl Connected for Counted<TcpStream> {
 }
 
 impl<IO: AsyncRead + Unpin, P: Unpin> AsyncRead for Counted<IO, P> {
-    /// End of stream once the connection is marked to be closed (idle too
-    /// long, evicted, or unauthenticated): the HTTP/2 server then drops it.
-    /// An idle or evicted connection is closed only when nothing waits to
-    /// be read: bytes already sent (a request that crossed the close) are
-    /// read, the reads then wait up to [`CROSSING_GRACE`] for the stream
-    /// they open, and that stream is served.
+    /// End of stream once the connection is to be closed at once (the
+    /// attack cases, see [`crate::net::conns`]): the HTTP/2 server then
+    /// drops it. A graceful close (GOAWAY) is the serving task's
+    /// (`net::serve`): until it ends the connection, reads go on.
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -101,44 +79,16 @@ impl<IO: AsyncRead + Unpin, P: Unpin> AsyncRead for Counted<IO, P> {
     ) -> Poll<std::io::Result<()>> {
         let this = &mut *self;
         match this.conn.poll_closing(cx) {
-            Closing::No | Closing::AfterStreams => Pin::new(&mut this.inner).poll_read(cx, buf),
             Closing::Now => Poll::Ready(Ok(())),
-            Closing::WhenQuiet => {
-                let now = tokio::time::Instant::now();
-                let grace_over = this.grace.is_some_and(|g| g <= now);
-                if !grace_over {
-                    let before = buf.filled().len();
-                    match Pin::new(&mut this.inner).poll_read(cx, buf) {
-                        Poll::Ready(Ok(())) if buf.filled().len() > before => {
-                            this.grace.get_or_insert(now + CROSSING_GRACE);
-                            return Poll::Ready(Ok(()));
-                        }
-                        Poll::Pending => {}
-                        other => return other,
-                    }
-                }
-                // Nothing more to read: wait out the grace (bytes came) and
-                // the drain (a stream just ended), then end.
-                let grace = this.grace.filter(|_| !grace_over);
-                match grace.into_iter().chain(this.conn.draining_until()).max() {
-                    Some(until) if until > now => {
-                        let timer = this
-                            .timer
-                            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(until)));
-                        timer.as_mut().reset(until);
-                        timer.as_mut().poll(cx).map(Ok)
-                    }
-                    _ => Poll::Ready(Ok(())),
-                }
-            }
+            _ => Pin::new(&mut this.inner).poll_read(cx, buf),
         }
     }
 }
 
 /// What a write that its peer did not take at once becomes on a connection
-/// marked to close with no stream open ([`Conn::ending`]): an error, which
-/// ends the connection. Its peer may be one that stopped reading to keep
-/// the connection, and its permit, after its eviction.
+/// closed at once ([`Conn::ending`]): an error, which ends the connection.
+/// Its peer may be one that stopped reading to keep the connection, and
+/// its permit, after it was cut.
 fn unless_ending<T>(conn: &Conn, p: Poll<std::io::Result<T>>) -> Poll<std::io::Result<T>> {
     match p {
         Poll::Pending if conn.ending() => Poll::Ready(Err(std::io::Error::new(
@@ -457,13 +407,14 @@ mod tests {
         Counted<tokio::io::DuplexStream>,
     );
 
-    /// An established connection over an in-memory pipe of 1 KiB: its far
-    /// end, its registry and the connection itself.
-    fn piped() -> Piped {
+    /// An established connection over an in-memory pipe of 1 KiB, on a
+    /// listener whose callers authenticate as `auth` says: its far end,
+    /// its registry and the connection itself.
+    fn piped(auth: crate::net::limits::CallerAuth) -> Piped {
         let (near, far) = tokio::io::duplex(1024);
         let permit = Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap();
         let registry = Conns::new(
-            TransportLimits::default().conn_policy(4, crate::net::limits::CallerAuth::None),
+            TransportLimits::default().conn_policy(4, auth),
             Arc::default(),
         );
         let conn = Counted::new(
@@ -474,118 +425,37 @@ mod tests {
         (far, registry, conn)
     }
 
-    /// [`piped`], marked to close (evicted while idle).
-    fn marked() -> Piped {
-        let piped = piped();
-        assert!(piped.1.evict_idlest(), "the idle connection is evicted");
-        piped
-    }
-
-    /// An evicted connection with nothing sent closes at once.
-    #[tokio::test(start_paused = true)]
-    async fn a_quiet_connection_marked_to_close_ends_at_once() {
-        let (_far, _registry, mut conn) = marked();
-        let mut buf = [0u8; 64];
-        assert_eq!(conn.read(&mut buf).await.unwrap(), 0);
-    }
-
-    /// A request that crossed the close: its bytes are read, and the read
-    /// after them waits for the stream they open instead of answering
-    /// end-of-stream (h2 drops a request read in the same poll as the end
-    /// of its connection). The stream is served; the close stays: once no
-    /// stream is open and the grace is over, the connection ends.
-    #[tokio::test(start_paused = true)]
-    async fn a_request_that_crossed_the_close_is_served_and_the_close_stays() {
-        let (mut far, _registry, mut conn) = marked();
-        far.write_all(b"HEADERS").await.unwrap();
-        let mut buf = [0u8; 64];
-        assert_eq!(conn.read(&mut buf).await.unwrap(), 7);
-        let waited = tokio::time::timeout(CROSSING_GRACE / 2, conn.read(&mut buf)).await;
-        assert!(
-            waited.is_err(),
-            "the read after the request ended the connection"
-        );
-        let stream = crate::net::conns::StreamGuard::enter(Some(conn.conn().clone()));
-        let waited = tokio::time::timeout(CROSSING_GRACE * 4, conn.read(&mut buf)).await;
-        assert!(
-            waited.is_err(),
-            "a connection with a stream open was closed"
-        );
-        far.write_all(b"DATA").await.unwrap();
-        assert_eq!(
-            conn.read(&mut buf).await.unwrap(),
-            4,
-            "the stream is served"
-        );
-        conn.write_all(b"answer").await.unwrap();
-        drop(stream);
-        assert!(
-            conn.conn().is_closing(),
-            "a stream served does not call the close off"
-        );
-        let end = tokio::time::timeout(CROSSING_GRACE * 4, conn.read(&mut buf)).await;
-        assert_eq!(end.expect("ends once the stream is done").unwrap(), 0);
-    }
-
-    /// A connection marked to close whose peer does not take its bytes
+    /// A connection closed at once whose peer does not take its bytes
     /// ends at the write that would wait (a peer that stops reading keeps
-    /// h2 from reading, so the end of its reads alone would never come);
-    /// one whose peer reads writes as usual, and so does an unmarked one
-    /// whose peer is slow.
+    /// h2 from reading, so the end of its reads alone would never come),
+    /// and its reads end; one marked to close gracefully waits like an
+    /// unmarked one (its serving task bounds that close).
     #[tokio::test(start_paused = true)]
-    async fn a_write_that_would_wait_ends_a_marked_connection() {
-        let (_far, _registry, mut conn) = marked();
+    async fn a_write_that_would_wait_ends_a_connection_closed_at_once() {
+        let (_far, registry, mut conn) = piped(crate::net::limits::CallerAuth::Certificate);
+        for _ in 0..16 {
+            conn.conn().auth_failed();
+        }
+        assert!(conn.conn().ending(), "16 failed requests close it at once");
         conn.write_all(&[0u8; 1024]).await.unwrap(); // the pipe's buffer
         let ended = tokio::time::timeout(Duration::from_secs(60), conn.write_all(b"PONG")).await;
         let e = ended.expect("the write waits").unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::ConnectionAborted);
+        let mut buf = [0u8; 8];
+        assert_eq!(conn.read(&mut buf).await.unwrap(), 0);
+        drop(registry);
 
-        let (mut far, _registry, mut conn) = marked();
-        let reader = tokio::spawn(async move {
-            let mut sink = Vec::new();
-            far.read_to_end(&mut sink).await.map(|_| sink.len())
-        });
-        conn.write_all(&[0u8; 512]).await.unwrap();
-        conn.shutdown().await.unwrap();
-        assert_eq!(reader.await.unwrap().unwrap(), 512);
-
-        let (_far, _registry, mut conn) = piped();
-        conn.write_all(&[0u8; 1024]).await.unwrap();
-        let waited = tokio::time::timeout(Duration::from_secs(60), conn.write_all(b"PONG")).await;
-        assert!(waited.is_err(), "an unmarked connection's write waits");
-    }
-
-    /// A stream that outlasts the grace: when it ends, its answer is still
-    /// queued in h2, which reads before it writes and discards what is
-    /// queued at an end of stream. The connection waits the drain before it
-    /// ends, and a write its peer is slow to take waits too; after the
-    /// drain, such a write ends it.
-    #[tokio::test(start_paused = true)]
-    async fn the_answer_of_a_stream_that_outlasts_the_grace_drains_before_the_end() {
-        let (mut far, _registry, mut conn) = marked();
-        far.write_all(b"HEADERS").await.unwrap();
-        let mut buf = [0u8; 64];
-        assert_eq!(conn.read(&mut buf).await.unwrap(), 7);
-        let stream = crate::net::conns::StreamGuard::enter(Some(conn.conn().clone()));
-        tokio::time::sleep(CROSSING_GRACE * 3).await; // the handler runs
-        drop(stream); // its answer is queued
-        let waited = tokio::time::timeout(crate::net::conns::DRAIN / 2, conn.read(&mut buf)).await;
-        assert!(
-            waited.is_err(),
-            "the connection ended with the answer queued"
-        );
-        conn.write_all(&[0u8; 1024]).await.unwrap(); // the answer fills the pipe
-        let waited =
-            tokio::time::timeout(crate::net::conns::DRAIN / 4, conn.write_all(b"trailers")).await;
-        assert!(waited.is_err(), "a write was cut during the drain");
-        let ended =
-            tokio::time::timeout(crate::net::conns::DRAIN * 4, conn.write_all(b"trailers")).await;
-        assert_eq!(
-            ended.expect("ends after the drain").unwrap_err().kind(),
-            std::io::ErrorKind::ConnectionAborted
-        );
-        let end = tokio::time::timeout(crate::net::conns::DRAIN * 4, conn.read(&mut buf)).await;
-        assert_eq!(end.expect("ends after the drain").unwrap(), 0);
+        for evict in [true, false] {
+            let (_far, registry, mut conn) = piped(crate::net::limits::CallerAuth::None);
+            if evict {
+                assert!(registry.evict_idlest(), "the idle connection is evicted");
+                assert!(conn.conn().is_closing() && !conn.conn().ending());
+            }
+            conn.write_all(&[0u8; 1024]).await.unwrap();
+            let waited =
+                tokio::time::timeout(Duration::from_secs(60), conn.write_all(b"PONG")).await;
+            assert!(waited.is_err(), "evicted {evict}: the write was cut");
+        }
     }
 
     /// A plaintext listener on loopback of `max` connections, with the
@@ -670,38 +540,5 @@ mod tests {
             "the evicted handshake is still open: {ended:?}"
         );
         assert_eq!(registry.stats().evicted.load(Ordering::Relaxed), 1);
-    }
-
-    /// The wait is bounded: bytes that open no stream (a PING answer, or a
-    /// peer that keeps writing) hold the close off for the grace, no more.
-    #[tokio::test(start_paused = true)]
-    async fn bytes_that_open_no_stream_hold_the_close_for_the_grace_only() {
-        let (mut far, _registry, mut conn) = marked();
-        far.write_all(b"PING").await.unwrap();
-        let writer = tokio::spawn(async move {
-            loop {
-                if far.write_all(b"PING").await.is_err() {
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        });
-        let start = tokio::time::Instant::now();
-        let mut buf = [0u8; 64];
-        let drained = tokio::time::timeout(CROSSING_GRACE * 10, async {
-            while conn.read(&mut buf).await.unwrap() > 0 {}
-        })
-        .await;
-        assert!(drained.is_ok(), "bytes alone held the connection open");
-        let held = start.elapsed();
-        assert!(
-            held >= CROSSING_GRACE,
-            "closed after {held:?}, within the grace"
-        );
-        assert!(
-            held < CROSSING_GRACE * 2,
-            "held open {held:?} by bytes alone"
-        );
-        writer.abort();
     }
 }

@@ -33,13 +33,17 @@
 //!   `max_auth_failures` failed requests since the last that passed (or
 //!   since it opened) is closed at once.
 //!
-//! Closing is done by the connection's own I/O (`accept::Counted`): once
-//! its [`Conn`] is marked, its reads end (the HTTP/2 server then drops it)
-//! when no stream is open, nothing new is waiting to be read, and the
-//! answer of its last stream has had [`DRAIN`] to leave; and a write its
-//! peer does not take at once ends it. A close is never called off:
-//! streams that opened meanwhile are served first. Which streams are open
-//! is counted by [`ConnActivityLayer`], around every request.
+//! Closing: a connection marked to close gracefully (idle, evicted, at its
+//! address's cap, past the auth deadline) is closed by the task serving it
+//! (`net::serve`): an HTTP/2 GOAWAY, so that its peer sends nothing new on
+//! it and resends what the server did not take; the streams the server took
+//! finish; a peer that does not finish the close within a bound is cut. A
+//! connection closed at once (the attack cases: requests that keep failing
+//! authentication, a busy unauthenticated connection evicted, a stream held
+//! past its age) is ended by its own I/O (`accept::Counted`): its reads end
+//! and a write its peer does not take at once fails. A close is never
+//! called off. Which streams are open is counted by [`ConnActivityLayer`],
+//! around every request.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -93,6 +97,60 @@ pub struct ConnStats {
     pub closed_unauthenticated: AtomicU64,
     /// Closed with a stream open past `max_stream_age`.
     pub closed_stalled: AtomicU64,
+    /// Graceful closes begun (an HTTP/2 GOAWAY sent), by [`Cause`].
+    pub goaways: [AtomicU64; Cause::ALL.len()],
+    /// Connections cut because their peer did not finish a graceful close
+    /// within its bound.
+    pub cut_after_drain: AtomicU64,
+}
+
+/// Why the server closes a connection gracefully (HTTP/2 GOAWAY, then a
+/// bounded drain).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Cause {
+    /// No open stream for the idle timeout.
+    Idle = 0,
+    /// Made room for an arrival at the listener's cap.
+    Evicted = 1,
+    /// Made room for an arrival at its address's cap.
+    PerIp = 2,
+    /// No request with a valid credential within the auth deadline.
+    AuthDeadline = 3,
+    /// Reached the maximum connection age.
+    MaxAge = 4,
+    /// The server is shutting down.
+    Shutdown = 5,
+}
+
+impl Cause {
+    pub const ALL: [Cause; 6] = [
+        Cause::Idle,
+        Cause::Evicted,
+        Cause::PerIp,
+        Cause::AuthDeadline,
+        Cause::MaxAge,
+        Cause::Shutdown,
+    ];
+
+    /// Its label in metrics.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Cause::Idle => "idle",
+            Cause::Evicted => "evicted",
+            Cause::PerIp => "per_ip",
+            Cause::AuthDeadline => "auth_deadline",
+            Cause::MaxAge => "max_age",
+            Cause::Shutdown => "shutdown",
+        }
+    }
+
+    fn from_u8(v: u8) -> Cause {
+        Cause::ALL
+            .into_iter()
+            .find(|c| *c as u8 == v)
+            .unwrap_or(Cause::Idle)
+    }
 }
 
 /// The address a connection counts against: an IPv4-mapped IPv6 address
@@ -118,8 +176,6 @@ pub struct Conn {
     /// Streams open now, by the parity of the registry's stream epoch they
     /// opened in (see [`Conns::age_streams`]).
     by_epoch: [AtomicUsize; 2],
-    /// When its last stream ended (0: none has), registry milliseconds.
-    last_stream_end_ms: AtomicU64,
     /// When the last stream ended (or the connection opened), in
     /// milliseconds since the registry's epoch.
     idle_since_ms: AtomicU64,
@@ -133,20 +189,24 @@ pub struct Conn {
     auth_failures: AtomicU32,
     /// [`OPEN`], [`SOFT`] or [`HARD`].
     closing: AtomicU8,
+    /// Why it was marked [`SOFT`] (a [`Cause`]).
+    cause: AtomicU8,
+    /// Its reads (see `accept::Counted`).
     waker: AtomicWaker,
+    /// The task serving it (see `net::serve`), which begins a graceful
+    /// close when it is marked [`SOFT`].
+    task_waker: AtomicWaker,
 }
 
-/// How long a closing connection waits after its last stream ended, for
-/// h2 to write that stream's answer (see [`Conn::draining_until`]).
-pub const DRAIN: Duration = Duration::from_millis(50);
-
 const OPEN: u8 = 0;
-/// Idle too long, or evicted: closed once no stream is open and nothing is
-/// waiting to be read (a request already sent is served first). Final: a
-/// stream served meanwhile does not call it off.
+/// Idle too long, evicted, or bearer without a valid credential by its
+/// deadline: closed gracefully by the task serving it (HTTP/2 GOAWAY, the
+/// streams it takes finish, then a bounded drain; see `net::serve`).
+/// Final: a stream served meanwhile does not call it off.
 const SOFT: u8 = 1;
-/// Unauthenticated (bearer past its deadline, or requests that keep failing
-/// authentication), or a stream held past its age: closed at once.
+/// Requests that keep failing authentication, a busy unauthenticated
+/// connection evicted, or a stream held past its age: the attack cases,
+/// closed at once by the connection's own I/O.
 const HARD: u8 = 2;
 
 /// No call on the connection has passed caller authentication.
@@ -171,34 +231,43 @@ pub enum Closing {
 }
 
 impl Conn {
-    /// Marks the connection to be closed and wakes its reader.
-    fn close(&self, how: u8) {
+    /// Marks the connection to be closed and wakes its reader and its task.
+    fn close(&self, how: u8, cause: Cause) {
+        if how == SOFT && self.closing.load(Ordering::SeqCst) == OPEN {
+            self.cause.store(cause as u8, Ordering::SeqCst);
+        }
         if self.closing.fetch_max(how, Ordering::SeqCst) < how {
             self.waker.wake();
+            self.task_waker.wake();
         }
     }
 
-    /// Marked to close, with no stream open: a write its peer does not take
-    /// at once ends it (a peer that stops reading keeps h2 from reading
-    /// too, so the end of its reads alone would never come).
+    /// Closed at once: a write its peer does not take at once ends it (a
+    /// peer that stops reading keeps h2 from reading too, so the end of its
+    /// reads alone would never come). Its streams go with it.
     pub fn ending(&self) -> bool {
+        self.closing.load(Ordering::SeqCst) == HARD
+    }
+
+    /// For the task serving the connection: ready with the cause once it is
+    /// marked to close gracefully (or at once: then its I/O ends it).
+    pub fn poll_close_requested(&self, cx: &Context<'_>) -> Poll<Option<Cause>> {
+        self.task_waker.register(cx.waker());
         match self.closing.load(Ordering::SeqCst) {
-            OPEN => false,
-            SOFT => self.active.load(Ordering::SeqCst) == 0 && self.draining_until().is_none(),
-            // Closed at once (unauthenticated, or a stream held past its
-            // age): its streams go with it.
-            _ => true,
+            OPEN => Poll::Pending,
+            SOFT => Poll::Ready(Some(Cause::from_u8(self.cause.load(Ordering::SeqCst)))),
+            _ => Poll::Ready(None),
         }
     }
 
-    /// Until when a stream that ended lately is still being answered: h2
-    /// reads before it writes, and an end of stream read first discards
-    /// the answer it has queued, so a closing connection waits [`DRAIN`]
-    /// after its last stream before it ends. `None` once that is over.
-    pub fn draining_until(&self) -> Option<Instant> {
-        let ended = self.last_stream_end_ms.load(Ordering::SeqCst);
-        let until = self.registry.instant(ended).checked_add(DRAIN)?;
-        (ended > 0 && until > Instant::now()).then_some(until)
+    /// Streams open on it now.
+    pub fn active_streams(&self) -> usize {
+        self.active.load(Ordering::SeqCst)
+    }
+
+    /// The counters of its listener.
+    pub fn stats(&self) -> &Arc<ConnStats> {
+        &self.registry.stats
     }
 
     /// For the connection's reads: registers the reader and tells what to
@@ -266,7 +335,7 @@ impl Conn {
                 .stats
                 .closed_unauthenticated
                 .fetch_add(1, Ordering::Relaxed);
-            self.close(HARD);
+            self.close(HARD, Cause::Idle);
         }
     }
 
@@ -366,11 +435,6 @@ impl Conns {
         u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// The instant `ms` registry milliseconds name.
-    fn instant(&self, ms: u64) -> Instant {
-        self.epoch + Duration::from_millis(ms)
-    }
-
     /// Ends one stream epoch (every `max_stream_age`). A stream counts
     /// under the parity of the epoch it opened in; the parity about to be
     /// reused can only hold streams opened an epoch ago or more, so a
@@ -385,7 +449,7 @@ impl Conns {
                 && c.closing.load(Ordering::SeqCst) != HARD
             {
                 self.stats.closed_stalled.fetch_add(1, Ordering::Relaxed);
-                c.close(HARD);
+                c.close(HARD, Cause::Idle);
             }
         }
         self.stream_epoch.store(next, Ordering::SeqCst);
@@ -422,16 +486,17 @@ impl Conns {
                 if !c.is_closing() {
                     self.stats.closed_idle.fetch_add(1, Ordering::Relaxed);
                 }
-                c.close(SOFT);
+                c.close(SOFT, Cause::Idle);
             } else if let Some(d) = deadline {
                 if c.established.load(Ordering::Relaxed)
+                    && !c.is_closing()
                     && c.auth.load(Ordering::Relaxed) == NEVER
                     && now.saturating_sub(c.opened_ms) >= d
                 {
                     self.stats
                         .closed_unauthenticated
                         .fetch_add(1, Ordering::Relaxed);
-                    c.close(HARD);
+                    c.close(SOFT, Cause::AuthDeadline);
                 }
             }
         }
@@ -470,7 +535,7 @@ impl Conns {
             .min_by_key(|c| (c.opened_ms, c.id));
         if let Some(c) = busy {
             self.stats.evicted.fetch_add(1, Ordering::Relaxed);
-            c.close(HARD);
+            c.close(HARD, Cause::Evicted);
             return true;
         }
         self.evict_idlest_of(authenticated.into_iter(), handshaking)
@@ -490,7 +555,15 @@ impl Conns {
         match idle {
             Some((_, c)) => {
                 self.stats.evicted.fetch_add(1, Ordering::Relaxed);
-                c.close(SOFT);
+                // With `handshaking`: its address's cap.
+                c.close(
+                    SOFT,
+                    if handshaking {
+                        Cause::PerIp
+                    } else {
+                        Cause::Evicted
+                    },
+                );
                 true
             }
             None => false,
@@ -535,13 +608,14 @@ impl Conns {
             registry: self.clone(),
             active: AtomicUsize::new(0),
             by_epoch: [AtomicUsize::new(0), AtomicUsize::new(0)],
-            last_stream_end_ms: AtomicU64::new(0),
             idle_since_ms: AtomicU64::new(now),
             established: AtomicBool::new(false),
             auth: AtomicU8::new(NEVER),
             auth_failures: AtomicU32::new(0),
             closing: AtomicU8::new(OPEN),
+            cause: AtomicU8::new(Cause::Idle as u8),
             waker: AtomicWaker::new(),
+            task_waker: AtomicWaker::new(),
         });
         inner.by_id.insert(id, Arc::downgrade(&conn));
         *inner.per_ip.entry(ip).or_default() += 1;
@@ -621,7 +695,6 @@ impl Drop for StreamGuard {
         if let Some((c, parity)) = self.0.take() {
             let now = c.registry.now_ms();
             c.idle_since_ms.store(now, Ordering::SeqCst);
-            c.last_stream_end_ms.store(now.max(1), Ordering::SeqCst);
             c.by_epoch[usize::from(parity)].fetch_sub(1, Ordering::SeqCst);
             if c.active.fetch_sub(1, Ordering::SeqCst) == 1 && c.is_closing() {
                 // The last stream of a closing connection: its reads
@@ -779,7 +852,7 @@ mod tests {
     async fn closing_connections_do_not_count_against_the_address() {
         let conns = registry(2);
         let [a, b] = established(&conns);
-        a.close(SOFT);
+        a.close(SOFT, Cause::Idle);
         let _c = conns.register(IP).unwrap();
         assert!(!b.is_closing(), "room was there: nothing evicted");
         assert_eq!(conns.stats.evicted.load(Ordering::Relaxed), 0);
@@ -840,7 +913,7 @@ mod tests {
             StreamGuard::enter(Some(a.clone())),
             StreamGuard::enter(Some(b.clone())),
         );
-        a.close(SOFT);
+        a.close(SOFT, Cause::Idle);
         assert!(conns.register(IP).is_none());
         assert_eq!(conns.stats.refused_per_ip.load(Ordering::Relaxed), 1);
     }
@@ -993,7 +1066,8 @@ mod tests {
 
     /// With bearer's deadline, a connection that authenticated within it
     /// and failed later is not closed by the deadline (it did authenticate
-    /// in time), only by its failures; one that never did is.
+    /// in time), only by its failures (at once); one that never did is,
+    /// gracefully.
     #[tokio::test(start_paused = true)]
     async fn the_deadline_closes_only_connections_that_never_authenticated() {
         let conns = Conns::new(
@@ -1009,7 +1083,13 @@ mod tests {
         lapsed.auth_failed();
         tokio::time::sleep(Duration::from_secs(20)).await;
         conns.sweep();
-        assert_eq!(silent.closing_now(), Closing::Now);
+        // Gracefully (GOAWAY): a legitimate client that was slow to send
+        // its first call resends it on another connection.
+        assert_eq!(silent.closing_now(), Closing::WhenQuiet);
+        assert_eq!(
+            Cause::from_u8(silent.cause.load(Ordering::SeqCst)),
+            Cause::AuthDeadline
+        );
         assert!(!lapsed.is_closing());
         lapsed.auth_failed();
         lapsed.auth_failed();
@@ -1040,8 +1120,8 @@ mod tests {
             StreamGuard::enter(Some(a.clone())),
             StreamGuard::enter(Some(b.clone())),
         );
-        a.close(HARD);
-        b.close(SOFT);
+        a.close(HARD, Cause::Idle);
+        b.close(SOFT, Cause::Idle);
         assert!(a.ending(), "closed at once, yet its writes may wait");
         assert!(!b.ending(), "a soft close waits for its stream");
     }

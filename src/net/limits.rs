@@ -3,7 +3,7 @@
 //! applied to the HTTP/2 server (streams per connection, header list size,
 //! keepalive with a timeout, a maximum connection age, which also bounds
 //! how long a connection outlives a replaced client CA, reset-flood limits,
-//! and a per-request timeout; see [`TransportLimits::apply`]). The bounds
+//! and a per-request timeout; see `net::serve`). The bounds
 //! are enforced where connections are accepted (`accept.rs`), by the
 //! request-byte budget (`budget.rs`) and by the service's canonicalization
 //! pool.
@@ -131,26 +131,6 @@ impl TransportLimits {
             max_stream_age: self.request_timeout.saturating_add(STREAM_AGE_MARGIN),
             callers_authenticate: auth != CallerAuth::None,
         }
-    }
-
-    /// A tonic server builder with these limits.
-    pub fn apply(&self, b: tonic::transport::Server) -> tonic::transport::Server {
-        b.max_concurrent_streams(self.max_concurrent_streams)
-            .http2_max_header_list_size(self.max_header_list_size)
-            .timeout(self.request_timeout)
-            .http2_keepalive_interval(Some(self.keepalive_interval))
-            .http2_keepalive_timeout(Some(self.keepalive_timeout))
-            .max_connection_age(self.max_connection_age)
-            .max_connection_age_grace(self.max_connection_age_grace)
-            .http2_max_local_error_reset_streams(Some(self.max_local_error_resets))
-            .http2_max_pending_accept_reset_streams(Some(
-                (self.max_concurrent_streams as usize).saturating_mul(PENDING_RESETS_PER_STREAM),
-            ))
-            // Per-stream and per-connection receive windows: what a peer may
-            // have in flight before we read it.
-            .initial_stream_window_size(256 * 1024)
-            .initial_connection_window_size(1024 * 1024)
-            .tcp_nodelay(true)
     }
 }
 

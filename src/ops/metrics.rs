@@ -417,6 +417,20 @@ impl Collector for Owned {
         )?;
         counter(&mut enc, "stateseal_connections_refused_per_ip", "Connections refused because their address held --max-connections-per-ip busy connections.", load(&c.refused_per_ip))?;
         counter(&mut enc, "stateseal_connections_closed_unauthenticated", "Connections closed without a request with a valid credential within --auth-deadline-ms (bearer), or after 16 failed ones since the last that passed (bearer, mTLS).", load(&c.closed_unauthenticated))?;
+        {
+            let mut family = enc.encode_descriptor(
+                "stateseal_goaways_sent",
+                "Graceful closes begun with an HTTP/2 GOAWAY (the peer resends what was not taken), by cause: idle, evicted, per_ip, auth_deadline, max_age, shutdown.",
+                None,
+                MetricType::Counter,
+            )?;
+            for cause in crate::net::conns::Cause::ALL {
+                let labels = [("cause", cause.name())];
+                ConstCounter::new(load(&c.goaways[cause as usize]))
+                    .encode(family.encode_family(&labels)?)?;
+            }
+        }
+        counter(&mut enc, "stateseal_connections_cut_after_drain", "Connections cut because their peer did not finish a graceful close within its bound (1 s without a stream, or the request timeout and its margin).", load(&c.cut_after_drain))?;
         if let Some(a) = &src.audit {
             counter(
                 &mut enc,

@@ -633,3 +633,106 @@ async fn an_arrival_evicts_an_unauthenticated_busy_connection_before_an_authenti
     .await;
     assert_eq!(status.as_deref(), Some("0"), "the authenticated connection");
 }
+
+/// The value of the sample `name` (with its labels) in a metrics page.
+fn sample(page: &str, name: &str) -> u64 {
+    page.lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{name} not in the metrics"))
+}
+
+/// Whether `e` says its call never reached the server's handler: the
+/// transport reports it not sent (hyper: canceled, its connection gone
+/// before the request left) or refused by a GOAWAY (HTTP/2 §6.8: streams
+/// above the GOAWAY's last stream id were not processed). gRPC's
+/// transparent retry resends exactly these (grpcio, Go and Java do; tonic
+/// leaves it to its caller).
+fn not_processed(e: &tonic::Status) -> bool {
+    let mut src: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(x) = src {
+        if x.downcast_ref::<hyper::Error>()
+            .is_some_and(|h| h.is_canceled())
+        {
+            return true;
+        }
+        if let Some(h) = x.downcast_ref::<h2::Error>() {
+            return h.is_go_away() && h.is_remote() && h.reason() == Some(h2::Reason::NO_ERROR);
+        }
+        src = x.source();
+    }
+    false
+}
+
+/// Issue 59: an idle close is a graceful HTTP/2 close (GOAWAY): a call
+/// that crosses it is either taken by the server, or refused unprocessed
+/// so that the client can resend it, never lost. Ten tonic channels (ten
+/// connections) each make 100 Seals, each 80–120 ms after the last,
+/// against a 100 ms idle timeout: about half of them race a close. With
+/// gRPC's transparent-retry rule (resend what was not processed, at most
+/// twice), not one fails; the closes were GOAWAYs, counted by cause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn calls_that_cross_an_idle_close_are_never_lost() {
+    use rand::Rng;
+    let dir = tempfile::tempdir().unwrap();
+    let s = spawn(
+        &dir.path().join("data"),
+        &[
+            "--idle-timeout-ms",
+            "100",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ],
+        &[],
+    );
+    let mut tasks = Vec::new();
+    for _ in 0..10 {
+        let ch = tonic::transport::Channel::from_shared(format!("http://{}", s.addr))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        tasks.push(tokio::spawn(async move {
+            let mut c = RequestStateClient::new(ch);
+            let (mut failed, mut resent) = (Vec::new(), 0);
+            for _ in 0..100 {
+                let gap = rand::thread_rng().gen_range(80..=120);
+                tokio::time::sleep(Duration::from_millis(gap)).await;
+                let mut tries = 0;
+                loop {
+                    match c.seal(seal_req(b"x", false)).await {
+                        Ok(_) => break,
+                        Err(e) if tries < 2 && not_processed(&e) => {
+                            tries += 1;
+                            resent += 1;
+                        }
+                        Err(e) => {
+                            failed.push(format!("{:?}: {} ({e:?})", e.code(), e.message()));
+                            break;
+                        }
+                    }
+                }
+            }
+            (failed, resent)
+        }));
+    }
+    let (mut failed, mut resent) = (Vec::new(), 0);
+    for t in tasks {
+        let (f, r) = t.await.unwrap();
+        failed.extend(f);
+        resent += r;
+    }
+    assert!(
+        failed.is_empty(),
+        "{} of 1000 calls failed ({resent} resent): {:?}",
+        failed.len(),
+        &failed[..failed.len().min(5)]
+    );
+    let page =
+        crate::common::process::http_get(crate::common::process::metrics_addr(&s), "/metrics");
+    let goaways = sample(&page, "stateseal_goaways_sent_total{cause=\"idle\"}");
+    eprintln!("1000 calls: {resent} resent as not processed, {goaways} idle GOAWAYs");
+    assert!(
+        goaways >= 50,
+        "only {goaways} idle closes: the calls did not race them"
+    );
+}

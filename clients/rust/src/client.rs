@@ -106,8 +106,34 @@ impl StatesealError {
         if s.code() == Code::Unknown && std::error::Error::source(s).is_some() {
             return Self::transport(Code::Unavailable, s.message());
         }
+        // A call the server never took: its connection closed (hyper:
+        // canceled) or refused it by a GOAWAY (HTTP/2 §6.8: streams above
+        // the GOAWAY's last stream id were not processed), as at an idle
+        // close. tonic answers CANCELLED or INTERNAL; the other gRPC stacks
+        // resend such a call by themselves. Counted as UNAVAILABLE: any call
+        // may be sent again.
+        if not_processed(s) {
+            return Self::transport(Code::Unavailable, s.message());
+        }
         Self::transport(s.code(), s.message())
     }
+}
+
+/// Whether the transport says the call never reached the server.
+fn not_processed(s: &Status) -> bool {
+    let mut src: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(s);
+    while let Some(e) = src {
+        if e.downcast_ref::<hyper::Error>()
+            .is_some_and(hyper::Error::is_canceled)
+        {
+            return true;
+        }
+        if let Some(h) = e.downcast_ref::<h2::Error>() {
+            return h.is_go_away() && h.is_remote() && h.reason() == Some(h2::Reason::NO_ERROR);
+        }
+        src = e.source();
+    }
+    false
 }
 
 /// A sealed `requestState`.

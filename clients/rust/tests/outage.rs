@@ -773,3 +773,60 @@ async fn a_commit_try_against_a_hung_stateseal_gives_up_within_a_third_of_the_le
     );
     assert_eq!(account.runs(8), 1);
 }
+
+/// The server closes idle connections with a GOAWAY: a call that crosses
+/// that close is served, or refused unprocessed, which this package counts
+/// as retryable (tonic reports it CANCELLED or INTERNAL). Five clients (five
+/// connections) make 60 Seals each, 80–120 ms apart, against a 100 ms idle
+/// timeout; every failure is retryable, and its retry succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_that_crosses_an_idle_close_is_retryable() {
+    use rand::Rng;
+    let ss = Stateseal::start(&["--idle-timeout-ms", "100"]);
+    let binding = Binding {
+        subject: "s".into(),
+        method: "tools/call".into(),
+        params_digest: [3; 32],
+    };
+    let mut tasks = Vec::new();
+    for _ in 0..5 {
+        let c = RequestStateClient::new(&ss.addr).expect("client");
+        let binding = binding.clone();
+        tasks.push(tokio::spawn(async move {
+            let (mut lost, mut retried) = (Vec::new(), 0);
+            for _ in 0..60 {
+                let gap = rand::thread_rng().gen_range(80..=120);
+                tokio::time::sleep(Duration::from_millis(gap)).await;
+                let mut tries = 0;
+                loop {
+                    match c
+                        .seal(&binding, b"x".to_vec(), 0, false, String::new())
+                        .await
+                    {
+                        Ok(_) => break,
+                        Err(e) if e.retryable() && tries < 2 => {
+                            tries += 1;
+                            retried += 1;
+                        }
+                        Err(e) => {
+                            lost.push(format!("{e}"));
+                            break;
+                        }
+                    }
+                }
+            }
+            (lost, retried)
+        }));
+    }
+    let (mut lost, mut retried) = (Vec::new(), 0);
+    for t in tasks {
+        let (l, r) = t.await.expect("caller");
+        lost.extend(l);
+        retried += r;
+    }
+    assert!(
+        lost.is_empty(),
+        "{} of 300 lost ({retried} retried): {lost:?}",
+        lost.len()
+    );
+}
