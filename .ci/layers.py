@@ -20,7 +20,7 @@ LAYERS = [
     ("clock", None),
     ("ledger", None),
     ("domain", [["error", "canon", "codec", "credential"], ["binding", "manifest"], ["keyring"], ["token"], ["sealer"]]),
-    ("net", [["conns"], ["limits"], ["accept", "budget"], ["tls"]]),
+    ("net", [["conns"], ["limits"], ["accept", "budget", "serve"], ["tls"]]),
     ("ops", [["hardening"], ["kek", "audit"], ["reload"], ["metrics"]]),
     ("grpc", [["status"], ["auth", "canon_pool"], ["service"]]),
     ("cli", None),
