@@ -685,14 +685,14 @@ impl Writer {
             // missing) from the chain of the rotated files.
             let ring = w.keys.current();
             let limit = w.max_bytes.saturating_mul(2).saturating_add(16 << 20);
-            let rotated = rotated_chain(path, &ring, &cfg.replica, limit).map_err(io)?;
+            let rotated = rotated_chain(path, &ring, limit, limit.saturating_mul(2)).map_err(io)?;
             let live = if size > 0 {
                 let own = ends(&mut f, size, &ring, None).map_err(io)?;
                 let on = match rotated.seed {
                     Some(seed) => Some(ends(&mut f, size, &ring, Some(seed)).map_err(io)?),
                     None => None,
                 };
-                let e = choose(own, on, rotated.ours);
+                let e = choose(own, on);
                 if e.unverified {
                     return Err(AuditError::Unverified(path.clone()));
                 }
@@ -1064,8 +1064,11 @@ impl Writer {
 }
 
 /// Opens (creating, mode 0600; `new`: only if absent) for appending and
-/// reading.
+/// reading: a regular file only, never through a symbolic link (planted at
+/// the live name, it would send the lines into the keyset, say) nor a FIFO
+/// or device (a reader there takes the lines away).
 fn open_private(path: &Path, new: bool) -> std::io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
     let mut o = std::fs::OpenOptions::new();
     o.append(true).read(true);
     if new {
@@ -1073,9 +1076,14 @@ fn open_private(path: &Path, new: bool) -> std::io::Result<File> {
     } else {
         o.create(true);
     }
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut o, 0o600);
-    o.open(path)
+    o.mode(0o600).custom_flags(
+        rustix::fs::OFlags::NONBLOCK.bits() as i32 | rustix::fs::OFlags::NOFOLLOW.bits() as i32,
+    );
+    let f = o.open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    Ok(f)
 }
 
 /// Whether `a` and `b` are one regular file, neither of them a symbolic
@@ -1095,9 +1103,8 @@ fn same_file(a: &Path, b: &Path) -> bool {
     }
 }
 
-/// How many of the newest rotated files a restart reads for the chain the
-/// live file continues.
-const ROTATED_WALK: usize = 3;
+/// At most this many rotated names are looked at by a restart.
+const ROTATED_NAMES: usize = 1024;
 
 /// The rotated files of `path`, oldest first, with the seq their names
 /// give (suffixed names after the plain one), other than `path` itself (a
@@ -1167,57 +1174,61 @@ fn open_rotated(p: &Path, limit: u64) -> Option<(File, u64)> {
 
 /// What the rotated files give a restart.
 struct RotatedChain {
-    /// The chain's last line, through the newest rotated files that hold.
+    /// The last line of the chain that ends highest among the rotated
+    /// files read.
     seed: Option<(u64, [u8; 32])>,
-    /// That line was written by this replica (its name).
-    ours: bool,
     /// Lines of the file holding `seed` that did not verify.
     skipped: Option<Skipped>,
-    /// When no file holds: the newest readable one, checked on its own.
+    /// When no line of them verifies: the newest readable one, checked on
+    /// its own.
     newest: Option<(PathBuf, Ends)>,
 }
 
-/// Follows the chain through the newest [`ROTATED_WALK`] rotated files,
-/// oldest first, as verify does: each goes on from the one before, or,
-/// when it does not (the files between were removed), is checked on its
-/// own. A file holds when its chain holds the seq its name gives (the seq
-/// of its first line, or of the `start` line of the writer that named it),
-/// so an older file copied under a newer name holds nothing, and the chain
-/// never goes back: a file whose chain ends below the one before it is
-/// passed over.
+/// The rotated files' chain: the newest readable rotated files (regular
+/// files of at most `limit` bytes, newest name first, until `budget` bytes;
+/// names past [`ROTATED_NAMES`] are not looked at), read oldest first, each
+/// as going on from the highest chain end so far or, when no line of it
+/// does (the files between were removed, or it was planted), on its own.
+/// The seed is the highest end of a verified chain: copies of genuine lines
+/// (under any name) end no higher than the genuine chain does, so planted,
+/// copied or removed files never take it back; lines under a key removed
+/// from the keyset are skipped, the lines after them checked over them.
 fn rotated_chain(
     path: &Path,
     ring: &Keyring,
-    replica: &str,
     limit: u64,
+    budget: u64,
 ) -> std::io::Result<RotatedChain> {
     let files = rotated_files(path)?;
+    let mut chosen = Vec::new();
+    let mut bytes = 0u64;
+    for (_, p) in files.iter().rev().take(ROTATED_NAMES) {
+        let Some((f, len)) = open_rotated(p, limit) else {
+            continue;
+        };
+        if !chosen.is_empty() && bytes.saturating_add(len) > budget {
+            break;
+        }
+        bytes = bytes.saturating_add(len);
+        chosen.push((p.clone(), f, len));
+    }
     let mut out = RotatedChain {
         seed: None,
-        ours: false,
         skipped: None,
         newest: None,
     };
-    for (name_seq, p) in files.iter().skip(files.len().saturating_sub(ROTATED_WALK)) {
-        let Some((mut f, len)) = open_rotated(p, limit) else {
-            continue;
-        };
-        let holds = |e: &Ends| {
-            e.anchor.is_some_and(|a| a <= *name_seq)
-                && e.last.is_some_and(|(last, _)| *name_seq <= last)
-        };
+    for (p, mut f, len) in chosen.into_iter().rev() {
         let mut e = ends(&mut f, len, ring, out.seed)?;
-        if out.seed.is_some() && !holds(&e) {
+        if e.anchor.is_none() && out.seed.is_some() {
             e = ends(&mut f, len, ring, None)?;
         }
-        if holds(&e) {
-            if let Some(last) = e.last.filter(|l| out.seed.is_none_or(|s| l.0 >= s.0)) {
+        if e.anchor.is_some() {
+            if let Some(last) = e.last.filter(|l| out.seed.is_none_or(|s| l.0 > s.0)) {
                 out.seed = Some(last);
-                out.ours = e.last_replica.as_deref() == Some(replica);
                 out.skipped = e.skipped;
             }
         }
-        out.newest = Some((p.clone(), e));
+        out.newest = Some((p, e));
     }
     if out.seed.is_some() {
         out.newest = None;
@@ -1225,26 +1236,19 @@ fn rotated_chain(
     Ok(out)
 }
 
-/// The live file's chain: `on` (the live file read as going on from the
-/// rotated files' chain) when a line of it does; else the live file's own
-/// chain, unless the rotated files' chain, written by this replica, ends
-/// later (an older file put in the live file's place). A planted or
-/// foreign line on top of the live file, or rotated files removed or
-/// planted, never take the seq back below what the live file holds.
-fn choose(own: Ends, on: Option<Ends>, ours: bool) -> Ends {
+/// The live file's chain: of the live file read on its own (`own`) and
+/// read as going on from the rotated files' chain (`on`: its end is that
+/// chain's end, or past it when a line of the live file goes on from it),
+/// the one that ends higher, `on` when even. So a planted or foreign line
+/// on top of the live file, an older file in its place, or rotated files
+/// removed or planted, never take the seq back. Only a verified chain of
+/// the live file counts against `on`.
+fn choose(own: Ends, on: Option<Ends>) -> Ends {
     let Some(on) = on else {
         return own;
     };
-    if on.anchor.is_some() {
-        return on;
-    }
-    let own_last = if own.unverified {
-        None
-    } else {
-        own.last.map(|l| l.0)
-    };
-    let seed_last = on.last.map(|l| l.0);
-    if (ours || own_last.is_none()) && seed_last > own_last {
+    let own_last = own.anchor.and(own.last.map(|l| l.0));
+    if on.last.map(|l| l.0) >= own_last {
         on
     } else {
         own
@@ -1321,8 +1325,6 @@ struct Ends {
     clean: bool,
     /// The last line whose MAC verifies, to chain on from.
     last: Option<(u64, [u8; 32])>,
-    /// The replica that wrote that line (None: the seed's, or unchecked).
-    last_replica: Option<String>,
     /// The file does not end with a newline (a write cut by a crash).
     torn: bool,
     /// Lines that did not verify, before the chain's first line or after
@@ -1420,10 +1422,8 @@ fn ends(
     let mut bad = 0u64;
     let mut failed = 0u64;
     let mut before_anchor = 0u64;
-    // The seq of this file's first line in the chain, and the replica of
-    // its last.
+    // The seq of this file's first line in the chain.
     let mut anchor: Option<u64> = None;
-    let mut last_replica: Option<String> = None;
     let mut last_parsed: Option<(u64, [u8; 32])> = None;
     let mut phys: Option<(u64, [u8; 32])> = None;
     let mut named_key = false;
@@ -1494,7 +1494,6 @@ fn ends(
                 anchor = Some(line.seq);
             }
             good = Some((line.seq, mac));
-            last_replica = Some(line.replica);
             bad = 0;
         } else {
             bad += 1;
@@ -1509,7 +1508,6 @@ fn ends(
             anchor: None,
             clean: false,
             last: None,
-            last_replica: None,
             torn,
             skipped: None,
             unverified: true,
@@ -1526,7 +1524,6 @@ fn ends(
             anchor: None,
             clean: false,
             last: last_parsed,
-            last_replica: None,
             torn,
             skipped: None,
             unverified: false,
@@ -1538,7 +1535,6 @@ fn ends(
         anchor,
         clean: failed == 0,
         last: good,
-        last_replica,
         torn,
         skipped: good
             .filter(|_| bad + before_anchor > 0)

@@ -1877,7 +1877,7 @@ fn planted_or_removed_rotated_files_never_take_the_seq_back() {
         std::fs::read_to_string(other.path().join("audit.log")).unwrap()
     };
     type Change = fn(&Path, &[PathBuf], &str);
-    let cases: [(&str, Change, bool); 4] = [
+    let cases: [(&str, Change, bool); 6] = [
         (
             "a truncated copy of the newest rotated file under its name .1",
             |_, files, _| {
@@ -1915,6 +1915,36 @@ fn planted_or_removed_rotated_files_never_take_the_seq_back() {
             },
             false,
         ),
+        (
+            "the live file moved aside, three truncated copies of the newest file as .1 to .3",
+            |dir, files, _| {
+                let newest = &files[files.len() - 2];
+                let text = std::fs::read_to_string(newest).unwrap();
+                let head: String = text.lines().take(3).map(|l| format!("{l}\n")).collect();
+                for k in 1..=3 {
+                    std::fs::write(format!("{}.{k}", newest.display()), &head).unwrap();
+                }
+                std::fs::rename(dir.join("audit.log"), dir.join("moved-aside")).unwrap();
+            },
+            false,
+        ),
+        (
+            "two lines of the newest file appended to the live file, copies of its first line planted",
+            |dir, files, _| {
+                let newest = &files[files.len() - 2];
+                let text = std::fs::read_to_string(newest).unwrap();
+                let lines: Vec<&str> = text.lines().collect();
+                let live = dir.join("audit.log");
+                let mut f = std::fs::OpenOptions::new().append(true).open(&live).unwrap();
+                let two = format!("{}\n{}\n", lines[1], lines[2]);
+                std::io::Write::write_all(&mut f, two.as_bytes()).unwrap();
+                for k in 1..=3 {
+                    let one = format!("{}\n", lines[0]);
+                    std::fs::write(format!("{}.{k}", newest.display()), one).unwrap();
+                }
+            },
+            true,
+        ),
     ];
     for (what, change, live_kept) in cases {
         let dir = tempfile::tempdir().unwrap();
@@ -1933,7 +1963,7 @@ fn planted_or_removed_rotated_files_never_take_the_seq_back() {
         assert_eq!(start["prev"], want["mac"], "{what}: {start}");
         let skipped_count = skipped.map_or(0, |s| s["count"].as_u64().unwrap());
         assert!(
-            skipped_count <= 1,
+            skipped_count <= 2,
             "{what}: genuine lines skipped: {skipped_count}"
         );
     }
@@ -1995,4 +2025,44 @@ fn a_crash_after_a_suffixed_link_does_not_link_the_file_twice() {
     inodes.sort_unstable();
     inodes.dedup();
     assert_eq!(inodes.len(), n, "a file has two names");
+}
+
+/// Second review of the fourth round, A4: a symbolic link (to the keyset,
+/// say) or a FIFO at the live file's name stops the start in clear words;
+/// no line goes through it.
+#[test]
+fn a_symlink_or_fifo_at_the_live_name_stops_the_start() {
+    let file = KeysetFile::generate(1_700_000_000);
+    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("keyset.json");
+    std::fs::write(&target, "{}").unwrap();
+    let log = dir.path().join("audit.log");
+    std::os::unix::fs::symlink(&target, &log).unwrap();
+    let start = |dir: &Path| {
+        Audit::start(
+            AuditConfig {
+                sink: Sink::File(dir.join("audit.log")),
+                max_bytes: 1 << 20,
+                sample_seals: 1,
+                on_failure: OnFailure::Closed,
+                replica: "r".into(),
+            },
+            handle.clone(),
+        )
+    };
+    let e = start(dir.path()).expect_err("started through a symbolic link");
+    assert!(
+        matches!(e, stateseal::internals::audit::AuditError::Io { .. }),
+        "{e}"
+    );
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "{}");
+    std::fs::remove_file(&log).unwrap();
+    assert!(std::process::Command::new("mkfifo")
+        .arg(&log)
+        .status()
+        .unwrap()
+        .success());
+    let e = start(dir.path()).expect_err("started on a FIFO");
+    assert!(e.to_string().contains("not a regular file"), "{e}");
 }
