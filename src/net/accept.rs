@@ -340,6 +340,9 @@ pub fn limited_incoming(
             let stats = conns.stats().clone();
             tokio::spawn(async move {
                 let ok = tokio::select! {
+                    // A preface already there wins over an eviction that
+                    // raced it.
+                    biased;
                     ok = preface_within(&tcp, handshake_timeout) => ok,
                     _ = &mut ticket.evicted => false,
                     // Evicted at its address's cap: never served.

@@ -191,12 +191,19 @@ pub struct Conn {
     closing: AtomicU8,
     /// Why it was marked [`SOFT`] (a [`Cause`]).
     cause: AtomicU8,
+    /// When its GOAWAY was sent (registry milliseconds + 1; 0: not yet).
+    goaway_ms: AtomicU64,
     /// Its reads (see `accept::Counted`).
     waker: AtomicWaker,
     /// The task serving it (see `net::serve`), which begins a graceful
     /// close when it is marked [`SOFT`].
     task_waker: AtomicWaker,
 }
+
+/// How long after its GOAWAY a connection still takes new streams (those a
+/// peer sent before it read the GOAWAY); later ones are refused
+/// `UNAVAILABLE` unprocessed.
+pub const LATE_AFTER_GOAWAY: Duration = Duration::from_secs(1);
 
 const OPEN: u8 = 0;
 /// Idle too long, evicted, or bearer without a valid credential by its
@@ -258,6 +265,23 @@ impl Conn {
             SOFT => Poll::Ready(Some(Cause::from_u8(self.cause.load(Ordering::SeqCst)))),
             _ => Poll::Ready(None),
         }
+    }
+
+    /// Its serving task sent the GOAWAY (graceful close) now.
+    pub fn goaway_sent(&self) {
+        let now = self.registry.now_ms().saturating_add(1);
+        let _ = self
+            .goaway_ms
+            .compare_exchange(0, now, Ordering::SeqCst, Ordering::SeqCst);
+    }
+
+    /// A stream arriving now, past [`LATE_AFTER_GOAWAY`] after the GOAWAY,
+    /// was sent by a peer that ignores it (a client stops within a round
+    /// trip): refused, it does not hold the connection open.
+    pub fn late_after_goaway(&self) -> bool {
+        let at = self.goaway_ms.load(Ordering::SeqCst);
+        let late = u64::try_from(LATE_AFTER_GOAWAY.as_millis()).unwrap_or(u64::MAX);
+        at != 0 && self.registry.now_ms().saturating_add(1).saturating_sub(at) > late
     }
 
     /// Streams open on it now.
@@ -509,11 +533,25 @@ impl Conns {
     /// unauthenticated peer nothing) the oldest, closed at once; only then
     /// an authenticated one. False if there is no such connection.
     pub fn evict_idlest(&self) -> bool {
-        let live: Vec<_> = self
-            .live()
-            .into_iter()
-            .filter(|c| !c.is_closing())
-            .collect();
+        let all = self.live();
+        // A connection closing gracefully that never authenticated and
+        // still has a stream open (its peer ignores the GOAWAY) buys an
+        // unauthenticated peer nothing either: cut at once first.
+        if self.policy.callers_authenticate {
+            let draining = all
+                .iter()
+                .filter(|c| {
+                    c.closing.load(Ordering::SeqCst) == SOFT
+                        && !c.is_authenticated()
+                        && c.active.load(Ordering::SeqCst) > 0
+                })
+                .min_by_key(|c| (c.opened_ms, c.id));
+            if let Some(c) = draining {
+                c.close(HARD, Cause::Evicted);
+                return true;
+            }
+        }
+        let live: Vec<_> = all.into_iter().filter(|c| !c.is_closing()).collect();
         self.evict_among(&live, false)
     }
 
@@ -591,8 +629,18 @@ impl Conns {
                 .iter()
                 .filter(|c| !c.is_closing() || c.active.load(Ordering::SeqCst) > 0)
                 .count();
+            // Connections of the address closing with a stream open (their
+            // peer may ignore the GOAWAY): as many as the cap, and the
+            // address gets no more, evicting none (each eviction would let
+            // one more in while the evicted one drains).
+            let draining = mine
+                .iter()
+                .filter(|c| c.is_closing() && c.active.load(Ordering::SeqCst) > 0)
+                .count();
             let open: Vec<_> = mine.into_iter().filter(|c| !c.is_closing()).collect();
-            if held >= self.policy.per_ip && !self.evict_among(&open, true) {
+            if held >= self.policy.per_ip
+                && (draining >= self.policy.per_ip || !self.evict_among(&open, true))
+            {
                 self.stats.refused_per_ip.fetch_add(1, Ordering::Relaxed);
                 return None;
             }
@@ -614,6 +662,7 @@ impl Conns {
             auth_failures: AtomicU32::new(0),
             closing: AtomicU8::new(OPEN),
             cause: AtomicU8::new(Cause::Idle as u8),
+            goaway_ms: AtomicU64::new(0),
             waker: AtomicWaker::new(),
             task_waker: AtomicWaker::new(),
         });
@@ -1124,5 +1173,67 @@ mod tests {
         b.close(SOFT, Cause::Idle);
         assert!(a.ending(), "closed at once, yet its writes may wait");
         assert!(!b.ending(), "a soft close waits for its stream");
+    }
+
+    /// An address at its cap whose evicted connections keep a stream open
+    /// while they close (their peer ignores the GOAWAY) gets no more once
+    /// as many as the cap are so held: each eviction would let one more in
+    /// while the evicted one drains, and one address would fill the
+    /// listener.
+    #[tokio::test(start_paused = true)]
+    async fn an_address_whose_closing_connections_stay_busy_gets_no_more() {
+        let conns = registry(2);
+        let [a, b] = established(&conns);
+        let (mut held, mut kept) = (Vec::new(), Vec::new());
+        for (victim, label) in [(&a, "a"), (&b, "b")] {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            let next = conns.register(IP).expect("an idle one is evicted for it");
+            next.established();
+            assert!(victim.is_closing(), "{label} not evicted");
+            held.push(StreamGuard::enter(Some(victim.clone())));
+            kept.push(next);
+        }
+        assert!(
+            conns.register(IP).is_none(),
+            "a third connection let in while two evicted ones drain busy"
+        );
+        drop(held);
+        assert!(conns.register(IP).is_some(), "refused once they are idle");
+        drop(kept);
+    }
+
+    /// Where callers authenticate, a connection closing gracefully that
+    /// never authenticated and keeps a stream open is cut at once when an
+    /// arrival needs room, before any other is evicted.
+    #[tokio::test(start_paused = true)]
+    async fn a_draining_unauthenticated_busy_connection_is_cut_first() {
+        let conns = Conns::new(
+            ConnPolicy {
+                callers_authenticate: true,
+                ..registry(16).policy.clone()
+            },
+            Arc::default(),
+        );
+        let [silent, caller] = established(&conns);
+        caller.authenticated();
+        silent.close(SOFT, Cause::AuthDeadline);
+        let _stream = StreamGuard::enter(Some(silent.clone()));
+        assert!(conns.evict_idlest());
+        assert_eq!(silent.closing_now(), Closing::Now);
+        assert!(!caller.is_closing());
+    }
+
+    /// Streams that arrive more than [`LATE_AFTER_GOAWAY`] after the
+    /// GOAWAY are refused; those that crossed it are taken.
+    #[tokio::test(start_paused = true)]
+    async fn streams_long_after_the_goaway_are_late() {
+        let conns = registry(16);
+        let [c] = established(&conns);
+        assert!(!c.late_after_goaway());
+        c.goaway_sent();
+        tokio::time::sleep(LATE_AFTER_GOAWAY / 2).await;
+        assert!(!c.late_after_goaway(), "a stream that crossed the GOAWAY");
+        tokio::time::sleep(LATE_AFTER_GOAWAY).await;
+        assert!(c.late_after_goaway());
     }
 }

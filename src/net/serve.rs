@@ -46,6 +46,8 @@ pub const QUIET_BOUND: Duration = Duration::from_secs(1);
 pub fn drain_bound(lim: &TransportLimits, cause: Cause) -> Duration {
     match cause {
         Cause::MaxAge => lim.max_connection_age_grace,
+        // It never sent a valid credential: its streams are nobody's.
+        Cause::AuthDeadline => QUIET_BOUND,
         _ => lim
             .request_timeout
             .saturating_add(crate::net::limits::STREAM_AGE_MARGIN),
@@ -157,11 +159,21 @@ async fn connection<IO, P, S, RB>(
     let conn: Arc<Conn> = info.conn.clone();
     let timeout = lim.request_timeout;
     let hyper_svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+        // Sent well after the GOAWAY: by a peer that ignores it, to keep
+        // the connection (and its slot) busy through the drain. Refused
+        // unprocessed, and not counted as a stream.
+        let late = info.conn.late_after_goaway();
         let mut req = req.map(tonic::body::Body::new);
         req.extensions_mut().insert(info.clone());
         let within = grpc_timeout(req.headers()).map_or(timeout, |t| t.min(timeout));
         let mut svc = svc.clone();
         async move {
+            if late {
+                return Ok(tonic::Status::unavailable(
+                    "connection closing (GOAWAY sent): send the call again on a new connection",
+                )
+                .into_http());
+            }
             let answered = tokio::time::timeout(within, async {
                 std::future::poll_fn(|cx| svc.poll_ready(cx)).await?;
                 svc.call(req).await
@@ -215,6 +227,7 @@ async fn connection<IO, P, S, RB>(
             }
         };
         conn.stats().goaways[cause as usize].fetch_add(1, Ordering::Relaxed);
+        conn.goaway_sent();
         served.as_mut().graceful_shutdown();
         closing = Some((tokio::time::Instant::now(), drain_bound(&lim, cause)));
         tick.reset();

@@ -275,6 +275,9 @@ pub fn incoming(
             let stats = conns.stats().clone();
             tokio::spawn(async move {
                 let handshake = tokio::select! {
+                    // A handshake already done wins over an eviction that
+                    // raced it.
+                    biased;
                     r = tokio::time::timeout(timeout, acceptor.accept(tcp)) => r,
                     _ = &mut ticket.evicted => return,
                     // Evicted at its address's cap: never served.
