@@ -941,7 +941,7 @@ impl Writer {
         while !stopping {
             // Idle and healthy: wait for work. Otherwise wake up to retry.
             let first = if self.pending.is_empty() && !health.failing.load(Ordering::Acquire) {
-                match rx.recv() {
+                match linger(&rx) {
                     Ok(m) => Some(m),
                     Err(_) => Some(Msg::Stop), // every sender gone: finish
                 }
@@ -1061,6 +1061,24 @@ impl Writer {
             self.push(line, ring);
         }
     }
+}
+
+/// How many times the idle writer gives up its CPU, looking for a message
+/// each time, before it sleeps: under load the next decision arrives within
+/// that, and a sender that finds the writer awake does not wake it (a futex
+/// wake and two context switches per batch, the most of what a line cost).
+const LINGER_YIELDS: u32 = 16;
+
+/// The next message: looked for between yields of the CPU, then waited for.
+fn linger(rx: &Receiver<Msg>) -> Result<Msg, mpsc::RecvError> {
+    for _ in 0..LINGER_YIELDS {
+        match rx.try_recv() {
+            Ok(m) => return Ok(m),
+            Err(mpsc::TryRecvError::Disconnected) => return Err(mpsc::RecvError),
+            Err(mpsc::TryRecvError::Empty) => std::thread::yield_now(),
+        }
+    }
+    rx.recv()
 }
 
 /// Opens (creating, mode 0600; `new`: only if absent) for appending and
