@@ -878,40 +878,37 @@ impl Writer {
     /// writes its first line, `rotate`, with the name and the chain's
     /// previous MAC.
     fn rotate(&mut self, ring: &Keyring) -> std::io::Result<()> {
+        let Out::File(cur) = &self.out else {
+            return Ok(());
+        };
+        let ours = |p: &Path| is_open_file(cur, p);
         let mut to = rotated_name(&self.path, self.first_seq);
         let mut tries = 0u32;
         loop {
-            match std::fs::hard_link(&self.path, &to) {
-                Ok(()) => std::fs::remove_file(&self.path)?,
-                // Linked before a crash that stopped the rotation: the same
-                // file.
-                Err(e)
-                    if e.kind() == std::io::ErrorKind::AlreadyExists
-                        && same_file(&self.path, &to) =>
-                {
-                    std::fs::remove_file(&self.path)?;
-                }
+            match link_open_file(cur, &self.path, &to) {
+                Ok(()) => {}
+                // Linked before (a crash, or an earlier try that could not
+                // create the new file): the same file.
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && ours(&to) => {}
                 // Another file has the name (planted, or a chain that went
                 // back): never replaced, a free `.N` suffix instead, found
                 // in one read of the directory however many are taken.
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && tries < 8 => {
                     tries += 1;
-                    to = free_suffix(&self.path, self.first_seq)?;
-                    if same_file(&self.path, &to) {
-                        // Linked under that suffix before a crash.
-                        std::fs::remove_file(&self.path)?;
-                        break;
+                    to = free_suffix(&self.path, self.first_seq, &ours)?;
+                    if !ours(&to) {
+                        continue;
                     }
-                    continue;
                 }
-                // An earlier try linked it and removed the live name, then
-                // could not create the new file: the lines since went on
-                // into the rotated one (the open descriptor), and this try
-                // goes on from there.
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound && to.exists() => {}
                 Err(e) => return Err(e),
             }
             break;
+        }
+        // The live name goes only while it is this file: renamed away or
+        // replaced meanwhile (logrotate, or a hand), it is left as it is,
+        // and this file's lines are kept under the rotated name.
+        if ours(&self.path) {
+            std::fs::remove_file(&self.path)?;
         }
         // A crash from here on leaves the live name missing or empty: the
         // next start chains on from the newest rotated file.
@@ -1121,6 +1118,43 @@ fn same_file(a: &Path, b: &Path) -> bool {
     }
 }
 
+/// Whether `p` names the open file `f` (a regular file, not through a
+/// symbolic link).
+fn is_open_file(f: &File, p: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (f.metadata(), std::fs::symlink_metadata(p)) {
+        (Ok(a), Ok(b)) => b.file_type().is_file() && a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
+/// Gives the open file `f` the name `to` (never replacing one): through its
+/// descriptor, so that it is this file whatever `path` names now; where
+/// `/proc` is not mounted, through `path` while it still names `f`.
+fn link_open_file(f: &File, path: &Path, to: &Path) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let by_fd = format!("/proc/self/fd/{}", f.as_raw_fd());
+    match rustix::fs::linkat(
+        rustix::fs::CWD,
+        by_fd.as_str(),
+        rustix::fs::CWD,
+        to,
+        rustix::fs::AtFlags::SYMLINK_FOLLOW,
+    ) {
+        Ok(()) => Ok(()),
+        Err(e) if e == rustix::io::Errno::NOENT && !Path::new("/proc/self/fd").exists() => {
+            if is_open_file(f, path) {
+                std::fs::hard_link(path, to)
+            } else {
+                Err(std::io::Error::other(
+                    "the live file was renamed and /proc is not mounted: cannot rotate it",
+                ))
+            }
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// At most this many rotated names are looked at by a restart.
 const ROTATED_NAMES: usize = 1024;
 
@@ -1278,7 +1312,7 @@ fn choose(own: Ends, on: Option<Ends>) -> Ends {
 /// were made, or, when that is `u32::MAX`, the lowest free one; or the
 /// suffixed name that is already `path` (a crash between the link and the
 /// removal of the live name).
-fn free_suffix(path: &Path, seq: u64) -> std::io::Result<PathBuf> {
+fn free_suffix(path: &Path, seq: u64, ours: &dyn Fn(&Path) -> bool) -> std::io::Result<PathBuf> {
     let base = rotated_name(path, seq);
     let (Some(dir), Some(name)) = (base.parent(), base.file_name()) else {
         return Err(std::io::Error::other("the audit log path has no file name"));
@@ -1295,7 +1329,7 @@ fn free_suffix(path: &Path, seq: u64) -> std::io::Result<PathBuf> {
         if let Some(k) = n.strip_prefix(&prefix).and_then(|r| r.parse::<u32>().ok()) {
             let mut p = base.clone().into_os_string();
             p.push(format!(".{k}"));
-            if same_file(path, Path::new(&p)) {
+            if ours(Path::new(&p)) {
                 return Ok(PathBuf::from(p));
             }
             taken.insert(k);

@@ -2066,3 +2066,34 @@ fn a_symlink_or_fifo_at_the_live_name_stops_the_start() {
     let e = start(dir.path()).expect_err("started on a FIFO");
     assert!(e.to_string().contains("not a regular file"), "{e}");
 }
+
+/// Second review of the fourth round, A12: the live file renamed away
+/// while the service runs (logrotate's way, or a hand) does not stop
+/// rotation for good: the open file is linked under its rotated name by
+/// its descriptor, a new live file is started, and the chain goes on.
+#[test]
+fn the_live_file_renamed_away_while_running_still_rotates() {
+    let file = KeysetFile::generate(1_700_000_000);
+    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let ring = Keyring::from_file(&file).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("audit.log");
+    let audit = audit_in(dir.path(), &handle, 4096);
+    decide(&audit, 3);
+    let moved = dir.path().join("moved-away");
+    std::fs::rename(&log, &moved).unwrap();
+    decide(&audit, 60);
+    assert_eq!(audit.admit(), Ok(()), "rotation fails after the rename");
+    audit.close();
+    assert!(log.exists(), "no new live file");
+    let mut files: Vec<PathBuf> = all_files(dir.path());
+    files.retain(|p| p.exists());
+    assert!(files.len() >= 3, "{files:?}");
+    let r = stateseal::verify_audit_log(&files, &ring, None).unwrap();
+    assert!(
+        r.problems.is_empty(),
+        "{:?}",
+        &r.problems[..r.problems.len().min(3)]
+    );
+    assert!(r.genesis && r.stopped);
+}
