@@ -1198,10 +1198,11 @@ fn rotated_files(path: &Path) -> std::io::Result<Vec<(u64, PathBuf)>> {
     Ok(found.into_iter().map(|((seq, _), p)| (seq, p)).collect())
 }
 
-/// Opens a rotated file to read, if it is a regular file no longer than
-/// `limit`: never a FIFO (whose open would wait), a directory, a symbolic
-/// link, or a sparse file of gigabytes (read in full at each start). A
-/// file that cannot be read is passed over with a warning.
+/// Opens a rotated file to read, if it is a regular file, not sparse, no
+/// longer than `limit`: never a FIFO (whose open would wait), a directory,
+/// a symbolic link, or a file that would cost reading for nothing (and
+/// crowd genuine files out of the restart's budget). A file that cannot be
+/// read is passed over with a warning.
 fn open_rotated(p: &Path, limit: u64) -> Option<(File, u64)> {
     use std::os::unix::fs::OpenOptionsExt;
     let opened = std::fs::OpenOptions::new()
@@ -1211,10 +1212,16 @@ fn open_rotated(p: &Path, limit: u64) -> Option<(File, u64)> {
         )
         .open(p)
         .and_then(|f| f.metadata().map(|m| (f, m)));
+    // A file whose blocks hold less than half its length is sparse: no
+    // writer makes one, and it would cost reading for nothing.
+    let sparse = |m: &std::fs::Metadata| {
+        use std::os::unix::fs::MetadataExt;
+        m.blocks().saturating_mul(512) < m.len() / 2
+    };
     match opened {
-        Ok((f, m)) if m.is_file() && m.len() <= limit => Some((f, m.len())),
+        Ok((f, m)) if m.is_file() && m.len() <= limit && !sparse(&m) => Some((f, m.len())),
         Ok(_) => {
-            tracing::warn!(path = %p.display(), "audit log: a rotated file that is not a regular file of a rotated file's size is passed over");
+            tracing::warn!(path = %p.display(), "audit log: a rotated file that is not a regular, dense file of a rotated file's size is passed over");
             None
         }
         Err(e) => {
@@ -1392,7 +1399,7 @@ struct Ends {
 /// The longest line a restart reads: longer ones (no writer makes one; a
 /// `start` line listing thousands of keys stays far below) are junk, read
 /// past without being held in memory.
-const MAX_LINE: usize = 1 << 20;
+pub(crate) const MAX_LINE: usize = 1 << 20;
 
 /// The next line of `r` into `buf`, without its newline, keeping at most
 /// `MAX_LINE + 1` bytes of it: its length, and whether a newline ended it;

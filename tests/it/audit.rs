@@ -1877,7 +1877,19 @@ fn planted_or_removed_rotated_files_never_take_the_seq_back() {
         std::fs::read_to_string(other.path().join("audit.log")).unwrap()
     };
     type Change = fn(&Path, &[PathBuf], &str);
-    let cases: [(&str, Change, bool); 6] = [
+    let cases: [(&str, Change, bool); 7] = [
+        (
+            "the live file moved aside, three sparse files of a rotated file's size at newer names",
+            |dir, _, _| {
+                for k in 1..=3u64 {
+                    let p = dir.join(format!("audit.log.{:020}", 90_000 + k));
+                    let f = std::fs::File::create(p).unwrap();
+                    f.set_len(2 * 4096 + (16 << 20)).unwrap();
+                }
+                std::fs::rename(dir.join("audit.log"), dir.join("moved-aside")).unwrap();
+            },
+            false,
+        ),
         (
             "a truncated copy of the newest rotated file under its name .1",
             |_, files, _| {
@@ -2096,4 +2108,52 @@ fn the_live_file_renamed_away_while_running_still_rotates() {
         &r.problems[..r.problems.len().min(3)]
     );
     assert!(r.genesis && r.stopped);
+}
+
+/// Second review of the fourth round, A11: `verify` given a FIFO or a link
+/// to a device among the files fails on it in clear words instead of
+/// hanging or reading without end, and reads a huge planted line past,
+/// naming it, without holding it whole.
+#[test]
+fn verify_refuses_what_is_not_a_regular_file_and_reads_huge_lines_past() {
+    let file = KeysetFile::generate(1_700_000_000);
+    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let ring = Keyring::from_file(&file).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("audit.log");
+    let audit = audit_in(dir.path(), &handle, 1 << 30);
+    decide(&audit, 3);
+    audit.close();
+    let fifo = dir.path().join(format!("audit.log.{:020}", 0));
+    assert!(std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let zero = dir.path().join(format!("audit.log.{:020}", 1));
+    std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+    for planted in [&fifo, &zero] {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let files = vec![planted.clone(), log.clone()];
+        let ring = Keyring::from_file(&file).unwrap();
+        std::thread::spawn(move || {
+            let _ = tx.send(stateseal::verify_audit_log(&files, &ring, None).map(|_| ()));
+        });
+        let r = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("verify hung");
+        assert!(r.is_err(), "{}: read as a log", planted.display());
+    }
+    let mut f = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
+    let mut huge = vec![b'{'; 8 << 20];
+    huge.push(b'\n');
+    std::io::Write::write_all(&mut f, &huge).unwrap();
+    drop(f);
+    let r = stateseal::verify_audit_log(std::slice::from_ref(&log), &ring, None).unwrap();
+    let at = format!("{}:{}:", log.display(), r.lines);
+    assert!(
+        r.problems.iter().any(|p| p.starts_with(&at)),
+        "{:?}",
+        r.problems
+    );
 }

@@ -41,6 +41,25 @@ pub struct Report {
     pub problems: Vec<String>,
 }
 
+/// Opens `p` to read if it is a regular file, not through a symbolic link,
+/// without waiting (a FIFO's open would).
+fn open_regular(p: &std::path::Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(
+            rustix::fs::OFlags::NONBLOCK.bits() as i32 | rustix::fs::OFlags::NOFOLLOW.bits() as i32,
+        )
+        .open(p)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::other(format!(
+            "{}: not a regular file",
+            p.display()
+        )));
+    }
+    Ok(f)
+}
+
 /// A line and its MAC, or why it is not a complete audit line.
 pub fn parse(raw: &[u8]) -> Result<(Line, [u8; 32]), &'static str> {
     if raw.len() <= MAC_SUFFIX_LEN || !raw.starts_with(b"{") {
@@ -102,16 +121,24 @@ pub fn verify(
     let mut run: Option<(usize, String, u64)> = None;
     let mut last_event = String::from("stop");
     for file in files {
-        let bytes = std::fs::read(file)?;
-        let mut lines: Vec<&[u8]> = bytes.split(|&b| b == b'\n').collect();
-        if lines.last().is_some_and(|l| l.is_empty()) {
-            lines.pop();
-        }
-        for (i, raw) in lines.into_iter().enumerate() {
-            let at = format!("{}:{}", file.display(), i + 1);
+        // Line by line (one over 1 MiB is not an audit line, and is not held
+        // whole), from a regular file only: a FIFO or a link to a device
+        // planted among the files must not hang or exhaust verify.
+        let mut reader = std::io::BufReader::new(open_regular(file)?);
+        let mut buf = Vec::new();
+        let mut i = 0usize;
+        while let Some((len, _)) = super::next_line(&mut reader, &mut buf)? {
+            let raw: &[u8] = &buf;
+            i += 1;
+            let at = format!("{}:{}", file.display(), i);
             r.lines += 1;
             r.stopped = false;
-            let (line, mac) = match parse(raw) {
+            let parsed = if len > super::MAX_LINE as u64 {
+                Err("longer than any audit line")
+            } else {
+                parse(raw)
+            };
+            let (line, mac) = match parsed {
                 Ok(p) => p,
                 Err(why) => {
                     // The chain goes on from the last good line: the next
