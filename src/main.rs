@@ -72,11 +72,16 @@ fn audit_verify(
     let kek = kek.map(|u| stateseal::open_kek(&u.0)).transpose()?;
     let ring = stateseal::Keyring::from_file_with(&KeysetFile::read(keyset)?, kek.as_deref())?;
     let r = stateseal::verify_audit_log(files, &ring, after)?;
+    // The report is written at once, and a reader that goes away early
+    // (`| head`) is not an error: the exit status still tells.
+    use std::fmt::Write as _;
+    let mut out = String::new();
     let span = match (r.first_seq, r.last_seq) {
         (Some(a), Some(b)) => format!("seq {a}..={b}"),
         _ => "no audit line".to_owned(),
     };
-    println!(
+    let _ = writeln!(
+        out,
         "audit verify: {} lines in {} file(s), {span}; {}; {}",
         r.lines,
         r.files,
@@ -93,26 +98,39 @@ fn audit_verify(
     );
     if let (Some(seq), Some(mac)) = (r.last_seq, r.last_mac) {
         let mac: String = mac.iter().map(|b| format!("{b:02x}")).collect();
-        println!("last line: {seq}:{mac} (to check what follows: --after {seq}:{mac})");
+        let _ = writeln!(
+            out,
+            "last line: {seq}:{mac} (to check what follows: --after {seq}:{mac})"
+        );
     }
     const SHOWN: usize = 100;
     for at in r.unclean_restarts.iter().take(SHOWN) {
-        println!(
+        let _ = writeln!(
+            out,
             "{at}: note: a restart after a run that did not end with a stop line (a crash or \
              kill -9, or lines cut from that run's end)"
         );
     }
     for at in r.skipped_at_restart.iter().take(SHOWN) {
-        println!("{at}");
+        let _ = writeln!(out, "{at}");
     }
     for p in r.problems.iter().take(SHOWN) {
-        println!("{p}");
+        let _ = writeln!(out, "{p}");
     }
     if r.problems.len() > SHOWN {
-        println!("... and {} more", r.problems.len() - SHOWN);
+        let _ = writeln!(out, "... and {} more", r.problems.len() - SHOWN);
     }
     if r.problems.is_empty() {
-        println!("OK");
+        let _ = writeln!(out, "OK");
+    }
+    let mut stdout = std::io::stdout().lock();
+    match std::io::Write::write_all(&mut stdout, out.as_bytes())
+        .and_then(|()| std::io::Write::flush(&mut stdout))
+    {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => return Err(e.into()),
+        _ => {}
+    }
+    if r.problems.is_empty() {
         Ok(())
     } else {
         anyhow::bail!("{} problem(s) in the audit log", r.problems.len())

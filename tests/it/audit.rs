@@ -2157,3 +2157,28 @@ fn verify_refuses_what_is_not_a_regular_file_and_reads_huge_lines_past() {
         r.problems
     );
 }
+
+/// `audit verify | head`: a reader that goes away early is no error and no
+/// panic; the exit status still says the log has problems.
+#[test]
+fn verify_into_a_closed_pipe_exits_with_its_verdict() {
+    let dir = tempfile::tempdir().unwrap();
+    let keyset = dir.path().join("keyset.json");
+    keys(&["init"], &keyset);
+    let log = dir.path().join("audit.log");
+    let junk: String = (0..5000).map(|i| format!("junk line {i}\n")).collect();
+    std::fs::write(&log, junk).unwrap();
+    let mut child = command()
+        .args(["audit", "verify", "--keyset"])
+        .arg(&keyset)
+        .arg(&log)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take()); // the reader goes away at once
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(out.status.code(), Some(1), "{err}");
+}
