@@ -60,7 +60,8 @@ declare -A BODY=([noop]=noop [seal]=seal [seal_json]=seal_json [open]=open [echo
 
 # h2_start_audited: a second server of the same build and keyset with an
 # audit log (closed mode, the default: each answer waits for its line),
-# every Seal logged (--audit-sample-seals 1); sets AUD_PID and AUD_ADDR.
+# every Seal logged (--audit-sample-seals 1); sets AUD_PID and AUD_ADDR
+# (empty when the build has no audit log).
 h2_start_audited() {
     local port
     port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
@@ -69,11 +70,16 @@ h2_start_audited() {
         --audit-sample-seals 1 2>"$WORK/audited.log" &
     AUD_PID=$!
     EXTRA_PIDS="$EXTRA_PIDS $AUD_PID"
+    AUD_ADDR=
     for _ in $(seq 300); do
-        grep -q "addr=" "$WORK/audited.log" 2>/dev/null && break
+        if grep -q "addr=" "$WORK/audited.log" 2>/dev/null; then
+            AUD_ADDR=127.0.0.1:$port
+            break
+        fi
+        # A build without --audit-log (to compare with): no audited rows.
+        kill -0 "$AUD_PID" 2>/dev/null || break
         sleep 0.1
     done
-    AUD_ADDR=127.0.0.1:$port
 }
 
 # h2_run SCENARIO ADDR REQUESTS [h2load options]: h2load's output in $H2OUT;

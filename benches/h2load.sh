@@ -49,6 +49,9 @@ for r in $(seq "$ROUNDS"); do
             noop | echo-noop | a-noop) noop_rate= ;;
         esac
         case $sc in
+            a-*) [ -n "$AUD_ADDR" ] || continue ;;
+        esac
+        case $sc in
             echo*) pid=$ECHO_PID addr=$ECHO_ADDR ;;
             a-*) pid=$AUD_PID addr=$AUD_ADDR ;;
             *) pid=$PID addr=127.0.0.1:$PORT ;;
@@ -103,6 +106,7 @@ if [ "$ROUNDS" -gt 1 ]; then
         }' "$WORK/rows"
 fi
 
+[ -n "$AUD_ADDR" ] || exit 0
 # Audited against unaudited, each round's pair: calls/s of the audited call
 # over the same call unaudited (its ratio to its own server's no-op, over the
 # unaudited one's), and the server CPU per call the audit log adds.
