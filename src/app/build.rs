@@ -375,12 +375,16 @@ impl ServeArgs {
             Sink::File(path.clone())
         };
         let replica = self.replica_id.clone().unwrap_or_else(default_replica_id);
+        // The chain's head, in the data directory: outside the log's
+        // directory, where a restart can trust it.
+        let head = matches!(sink, Sink::File(_)).then(|| self.data_dir.join("audit-head"));
         let cfg = AuditConfig {
             sink,
             max_bytes: self.audit_max_bytes,
             sample_seals: self.audit_sample_seals,
             on_failure: self.audit_on_failure,
             replica,
+            head,
         };
         let audit = Audit::start(cfg, keys.clone())?;
         tracing::info!(path = %path.display(), on_failure = ?self.audit_on_failure, "audit log started");

@@ -70,6 +70,12 @@ pub struct AuditConfig {
     pub on_failure: OnFailure,
     /// This replica's name in every line.
     pub replica: String,
+    /// Where the chain's head is kept, outside the log's directory (in the
+    /// data directory): the last line written at each start, rotation and
+    /// stop, authenticated. A restart never goes on below it, whatever
+    /// files were removed, renamed or planted beside the log. `None`: not
+    /// kept.
+    pub head: Option<PathBuf>,
 }
 
 /// Why the audit log could not start.
@@ -292,10 +298,26 @@ impl Audit {
             });
             w.push(line, &ring);
         }
+        if let Some((ended, head)) = w.below_head {
+            let mut line = Line::new("skipped");
+            line.count = Some(head.saturating_sub(ended.unwrap_or(0)));
+            line.reason = Some(match ended {
+                Some(e) => format!(
+                    "the log's files end at seq {e}, below the head kept in the data directory \
+                     (seq {head}): chained on from the head"
+                ),
+                None => format!(
+                    "no line of the log's files is in the chain; chained on from the head kept \
+                     in the data directory (seq {head})"
+                ),
+            });
+            w.push(line, &ring);
+        }
         w.flush().map_err(|source| AuditError::Io {
             path: w.path.clone(),
             source,
         })?;
+        w.write_head(&ring);
         let (tx, rx) = mpsc::sync_channel(QUEUE);
         let (done_tx, done) = mpsc::channel();
         let health = Arc::new(Health::default());
@@ -643,6 +665,13 @@ struct Writer {
     /// The seq has reached its largest value: no line can be numbered, the
     /// sink fails for good.
     exhausted: bool,
+    /// The head checkpoint's file, and whether it is to be written after
+    /// the next write (a rotation happened).
+    head: Option<PathBuf>,
+    head_due: bool,
+    /// At the start: the log's files ended at this seq (if any line), below
+    /// the head's seq.
+    below_head: Option<(Option<u64>, u64)>,
 }
 
 impl Writer {
@@ -667,6 +696,9 @@ impl Writer {
             clock: Clock::default(),
             skipped: None,
             exhausted: false,
+            head: cfg.head.clone(),
+            head_due: false,
+            below_head: None,
         };
         if let Sink::File(path) = &cfg.sink {
             let io = |source| AuditError::Io {
@@ -732,6 +764,20 @@ impl Writer {
             if had_lines && last.is_none() {
                 return Err(AuditError::NoChain(path.clone()));
             }
+            // Never below the head kept in the data directory: the files
+            // that held the lines up to it were removed, renamed or crowded
+            // out by planted ones.
+            let last = match (last, cfg.head.as_deref().and_then(|h| read_head(h, &ring))) {
+                (l, Some(head)) if l.is_none_or(|(seq, _)| seq < head.0) => {
+                    let ended = l.map(|(seq, _)| seq);
+                    tracing::warn!(path = %path.display(), files_end = ?ended, head = head.0,
+                        "audit log: the log's files end below the head kept in the data directory \
+                         (lines removed, renamed or hidden); chained on from the head");
+                    w.below_head = Some((ended, head.0));
+                    Some(head)
+                }
+                (l, _) => l,
+            };
             if let Some((seq, mac)) = last {
                 w.seq = seq
                     .checked_add(1)
@@ -866,6 +912,20 @@ impl Writer {
         }
     }
 
+    /// Keeps the last line written (everything pending is written) as the
+    /// head, if one is kept; a failure is logged, not fatal.
+    fn write_head(&self, ring: &Keyring) {
+        let (Some(head), Some(seq)) = (&self.head, self.seq.checked_sub(1)) else {
+            return;
+        };
+        if !self.pending.is_empty() {
+            return;
+        }
+        if let Err(e) = write_head(head, ring, seq, &self.prev) {
+            tracing::warn!(path = %head.display(), error = %e, "audit log: the head could not be kept");
+        }
+    }
+
     /// The current file is full, and every line is written to it.
     fn rotation_due(&self) -> bool {
         matches!(self.out, Out::File(_)) && self.pending.is_empty() && self.size >= self.max_bytes
@@ -925,6 +985,7 @@ impl Writer {
         self.out = Out::File(f);
         self.size = 0;
         self.first_seq = self.seq;
+        self.head_due = true;
         let mut line = Line::new("rotate");
         line.prev = Some(hex(&self.prev));
         line.reason = to.file_name().map(|n| n.to_string_lossy().into_owned());
@@ -1030,6 +1091,10 @@ impl Writer {
                     false
                 }
             };
+            if ok && (self.head_due || stopping) {
+                self.head_due = false;
+                self.write_head(&ring);
+            }
             if ok && rotation_failing {
                 health.failing.store(true, Ordering::Release);
             } else if ok && health.failing.swap(false, Ordering::AcqRel) {
@@ -1153,6 +1218,81 @@ fn link_open_file(f: &File, path: &Path, to: &Path) -> std::io::Result<()> {
         }
         Err(e) => Err(e.into()),
     }
+}
+
+/// What a head's tag covers besides the line's MAC.
+fn head_body(seq: u64) -> String {
+    format!("stateseal audit head v1 {seq}")
+}
+
+/// Writes the head `v1 KEY SEQ MAC TAG` (TAG: the chain MAC, under the
+/// primary root key's audit key, over MAC and the seq) to a new file then
+/// renamed over `path`, synced.
+fn write_head(path: &Path, ring: &Keyring, seq: u64, mac: &[u8; 32]) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let key = ring.primary();
+    let tag = key.audit_keys().chain_mac(mac, head_body(seq).as_bytes());
+    let text = format!("v1 {} {seq} {} {}\n", key.id().0, hex(mac), hex(&tag));
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+            .open(&tmp)?;
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
+/// The head kept at `path`, if there is one whose tag verifies under a key
+/// of `ring`; else `None` (a changed or foreign head is warned about and
+/// not used; one whose key was removed is not used either).
+fn read_head(path: &Path, ring: &Keyring) -> Option<(u64, [u8; 32])> {
+    use std::io::Read;
+    let mut text = String::new();
+    let read = verify::open_regular(path).and_then(|f| f.take(512).read_to_string(&mut text));
+    match read {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "audit log: the head cannot be read; not used");
+            return None;
+        }
+    }
+    let parts: Vec<&str> = text.split_whitespace().collect();
+    let parsed = match parts.as_slice() {
+        ["v1", key, seq, mac, tag] => (|| {
+            let key = KeyId(key.parse().ok()?);
+            let seq: u64 = seq.parse().ok()?;
+            let mac = verify::unhex32(mac.as_bytes())?;
+            let tag = verify::unhex32(tag.as_bytes())?;
+            Some((key, seq, mac, tag))
+        })(),
+        _ => None,
+    };
+    let Some((key, seq, mac, tag)) = parsed else {
+        tracing::warn!(path = %path.display(), "audit log: the head is not one this writer wrote; not used");
+        return None;
+    };
+    let Some(k) = ring.get(key) else {
+        tracing::warn!(path = %path.display(), key = key.0, "audit log: the head's key is not in the keyset; not used");
+        return None;
+    };
+    if k.audit_keys().chain_mac(&mac, head_body(seq).as_bytes()) != tag || seq >= MAX_SEQ {
+        tracing::warn!(path = %path.display(), "audit log: the head does not verify (changed?); not used");
+        return None;
+    }
+    Some((seq, mac))
 }
 
 /// At most this many rotated names are looked at by a restart.
@@ -1659,6 +1799,7 @@ mod tests {
             sample_seals: 1,
             on_failure: OnFailure::Closed,
             replica: "r".into(),
+            head: None,
         };
         let stats = Arc::new(AuditStats::default());
         let Ok(mut w) = Writer::open(&cfg, keys.clone(), stats.clone()) else {

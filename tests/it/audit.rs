@@ -987,6 +987,7 @@ fn audit_in(
             sample_seals: 1,
             on_failure: OnFailure::Closed,
             replica: "r".into(),
+            head: None,
         },
         handle.clone(),
     )
@@ -1055,6 +1056,7 @@ fn a_crash_mid_rotation_loses_no_line_and_one_file_has_one_writer() {
                 sample_seals: 1,
                 on_failure: OnFailure::Closed,
                 replica: "r2".into(),
+                head: None,
             },
             handle.clone(),
         );
@@ -1312,6 +1314,7 @@ fn a_log_no_line_of_which_verifies_never_chains_on_from_a_planted_seq() {
         sample_seals: 1,
         on_failure: OnFailure::Closed,
         replica: "r".into(),
+        head: None,
     };
     // Third review, F10: the ceiling itself (2^62) is past it too.
     for (keys_removed, planted_seq) in [
@@ -1660,6 +1663,7 @@ fn a_start_line_from_another_log_on_top_of_the_live_file_does_not_take_the_seq_b
             sample_seals: 1,
             on_failure: OnFailure::Closed,
             replica: "q".into(),
+            head: None,
         },
         handle.clone(),
     )
@@ -2059,6 +2063,7 @@ fn a_symlink_or_fifo_at_the_live_name_stops_the_start() {
                 sample_seals: 1,
                 on_failure: OnFailure::Closed,
                 replica: "r".into(),
+                head: None,
             },
             handle.clone(),
         )
@@ -2181,4 +2186,112 @@ fn verify_into_a_closed_pipe_exits_with_its_verdict() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("panicked"), "{err}");
     assert_eq!(out.status.code(), Some(1), "{err}");
+}
+
+/// The audit log of a keyring in `dir`, rotated at `max_bytes`, with its
+/// head kept at `head` (as the server keeps it in its data directory).
+fn audit_with_head(
+    dir: &Path,
+    handle: &std::sync::Arc<KeyringHandle>,
+    max_bytes: u64,
+    head: &Path,
+) -> std::sync::Arc<Audit> {
+    Audit::start(
+        AuditConfig {
+            sink: Sink::File(dir.join("audit.log")),
+            max_bytes,
+            sample_seals: 1,
+            on_failure: OnFailure::Closed,
+            replica: "r".into(),
+            head: Some(head.to_owned()),
+        },
+        handle.clone(),
+    )
+    .unwrap()
+}
+
+/// Re-check of the fourth round (n1): with the live file gone (moved
+/// aside, or renamed), 1,023 empty names and a copy of the oldest file
+/// planted above the genuine rotated files crowd them out of what a
+/// restart reads. The head kept outside the log's directory holds: the
+/// restart goes on from it, and says so in a `skipped` line.
+#[test]
+fn a_restart_never_goes_below_the_head_kept_in_the_data_directory() {
+    let file = KeysetFile::generate(1_700_000_000);
+    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let dir = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let head = data.path().join("audit-head");
+    let log = dir.path().join("audit.log");
+    let audit = audit_with_head(dir.path(), &handle, 4096, &head);
+    decide(&audit, 60);
+    audit.close();
+    let files = all_files(dir.path());
+    assert!(files.len() >= 3, "{files:?}");
+    let last = lines(&log).last().unwrap().clone();
+    assert_eq!(last["event"], "stop");
+    std::fs::rename(&log, dir.path().join("moved-aside")).unwrap();
+    let top = last["seq"].as_u64().unwrap();
+    for k in 1..=1023 {
+        std::fs::write(
+            dir.path().join(format!("audit.log.{:020}.{k}", top + 1)),
+            "",
+        )
+        .unwrap();
+    }
+    std::fs::copy(
+        &files[0],
+        dir.path().join(format!("audit.log.{:020}", top + 2)),
+    )
+    .unwrap();
+    let audit = audit_with_head(dir.path(), &handle, 1 << 20, &head);
+    audit.close();
+    let after = lines(&log);
+    assert_eq!(after[0]["event"], "start");
+    assert_eq!(after[0]["seq"].as_u64().unwrap(), top + 1, "{}", after[0]);
+    assert_eq!(after[0]["prev"], last["mac"]);
+    assert_eq!(after[1]["event"], "skipped", "{}", after[1]);
+    assert!(
+        after[1]["reason"].as_str().unwrap().contains("head"),
+        "{}",
+        after[1]
+    );
+}
+
+/// A head changed by hand (a higher seq, its tag no longer matching) is
+/// not used: the restart goes on from the log's own chain.
+#[test]
+fn a_changed_head_is_not_used() {
+    let file = KeysetFile::generate(1_700_000_000);
+    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let dir = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let head = data.path().join("audit-head");
+    let log = dir.path().join("audit.log");
+    let audit = audit_with_head(dir.path(), &handle, 1 << 20, &head);
+    decide(&audit, 3);
+    audit.close();
+    let last = lines(&log).last().unwrap().clone();
+    let text = std::fs::read_to_string(&head).unwrap();
+    let parts: Vec<&str> = text.split_whitespace().collect();
+    assert_eq!(
+        parts[2],
+        last["seq"].as_u64().unwrap().to_string(),
+        "{text}"
+    );
+    let forged = format!(
+        "{} {} {} {} {}\n",
+        parts[0], parts[1], 1_000_000, parts[3], parts[4]
+    );
+    std::fs::write(&head, forged).unwrap();
+    let audit = audit_with_head(dir.path(), &handle, 1 << 20, &head);
+    audit.close();
+    let start = lines(&log)
+        .into_iter()
+        .rfind(|l| l["event"] == "start")
+        .unwrap();
+    assert_eq!(
+        start["seq"].as_u64().unwrap(),
+        last["seq"].as_u64().unwrap() + 1
+    );
 }

@@ -43,7 +43,7 @@ pub struct Report {
 
 /// Opens `p` to read if it is a regular file, not through a symbolic link,
 /// without waiting (a FIFO's open would).
-fn open_regular(p: &std::path::Path) -> std::io::Result<std::fs::File> {
+pub(crate) fn open_regular(p: &std::path::Path) -> std::io::Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
     let f = std::fs::OpenOptions::new()
         .read(true)
