@@ -718,10 +718,11 @@ impl Writer {
             let ring = w.keys.current();
             let limit = w.max_bytes.saturating_mul(2).saturating_add(16 << 20);
             let rotated = rotated_chain(path, &ring, limit, limit.saturating_mul(2)).map_err(io)?;
+            let head = cfg.head.as_deref().and_then(|h| read_head(h, &ring));
             let live = if size > 0 {
-                let own = ends(&mut f, size, &ring, None).map_err(io)?;
+                let own = ends(&mut f, size, &ring, None, head).map_err(io)?;
                 let on = match rotated.seed {
-                    Some(seed) => Some(ends(&mut f, size, &ring, Some(seed)).map_err(io)?),
+                    Some(seed) => Some(ends(&mut f, size, &ring, Some(seed), None).map_err(io)?),
                     None => None,
                 };
                 let e = choose(own, on);
@@ -767,7 +768,7 @@ impl Writer {
             // Never below the head kept in the data directory: the files
             // that held the lines up to it were removed, renamed or crowded
             // out by planted ones.
-            let last = match (last, cfg.head.as_deref().and_then(|h| read_head(h, &ring))) {
+            let last = match (last, head) {
                 (l, Some(head)) if l.is_none_or(|(seq, _)| seq < head.0) => {
                     let ended = l.map(|(seq, _)| seq);
                     tracing::warn!(path = %path.display(), files_end = ?ended, head = head.0,
@@ -1417,9 +1418,9 @@ fn rotated_chain(
         newest: None,
     };
     for (p, mut f, len) in chosen.into_iter().rev() {
-        let mut e = ends(&mut f, len, ring, out.seed)?;
+        let mut e = ends(&mut f, len, ring, out.seed, None)?;
         if e.anchor.is_none() && out.seed.is_some() {
-            e = ends(&mut f, len, ring, None)?;
+            e = ends(&mut f, len, ring, None, None)?;
         }
         if e.anchor.is_some() {
             if let Some(last) = e.last.filter(|l| out.seed.is_none_or(|s| l.0 > s.0)) {
@@ -1446,6 +1447,12 @@ fn choose(own: Ends, on: Option<Ends>) -> Ends {
     let Some(on) = on else {
         return own;
     };
+    // The live file's own chain holds the head kept in the data directory,
+    // and no line of it goes on from the rotated files' chain: that chain
+    // is not this log's (a foreign one copied in), whatever its end.
+    if own.holds_probe && on.anchor.is_none() {
+        return own;
+    }
     let own_last = own.anchor.and(own.last.map(|l| l.0));
     if on.last.map(|l| l.0) >= own_last {
         on
@@ -1524,6 +1531,9 @@ struct Ends {
     clean: bool,
     /// The last line whose MAC verifies, to chain on from.
     last: Option<(u64, [u8; 32])>,
+    /// The `probe` line (the head kept in the data directory) is one of
+    /// this file's lines in the chain.
+    holds_probe: bool,
     /// The file does not end with a newline (a write cut by a crash).
     torn: bool,
     /// Lines that did not verify, before the chain's first line or after
@@ -1604,6 +1614,7 @@ fn ends(
     size: u64,
     ring: &Keyring,
     seed: Option<(u64, [u8; 32])>,
+    probe: Option<(u64, [u8; 32])>,
 ) -> std::io::Result<Ends> {
     use std::io::Read;
     f.seek(SeekFrom::Start(0))?;
@@ -1621,8 +1632,10 @@ fn ends(
     let mut bad = 0u64;
     let mut failed = 0u64;
     let mut before_anchor = 0u64;
-    // The seq of this file's first line in the chain.
+    // The seq of this file's first line in the chain; whether `probe` is
+    // one of its lines in the chain.
     let mut anchor: Option<u64> = None;
+    let mut holds_probe = false;
     let mut last_parsed: Option<(u64, [u8; 32])> = None;
     let mut phys: Option<(u64, [u8; 32])> = None;
     let mut named_key = false;
@@ -1693,6 +1706,7 @@ fn ends(
                 anchor = Some(line.seq);
             }
             good = Some((line.seq, mac));
+            holds_probe |= probe == good;
             bad = 0;
         } else {
             bad += 1;
@@ -1707,6 +1721,7 @@ fn ends(
             anchor: None,
             clean: false,
             last: None,
+            holds_probe: false,
             torn,
             skipped: None,
             unverified: true,
@@ -1723,6 +1738,7 @@ fn ends(
             anchor: None,
             clean: false,
             last: last_parsed,
+            holds_probe: false,
             torn,
             skipped: None,
             unverified: false,
@@ -1734,6 +1750,7 @@ fn ends(
         anchor,
         clean: failed == 0,
         last: good,
+        holds_probe,
         torn,
         skipped: good
             .filter(|_| bad + before_anchor > 0)

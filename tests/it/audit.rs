@@ -2295,3 +2295,43 @@ fn a_changed_head_is_not_used() {
         last["seq"].as_u64().unwrap() + 1
     );
 }
+
+/// Re-check of the fourth round (a6, e13): another replica's log, same
+/// keyset, longer, copied in under a newer rotated name. Its chain ends
+/// higher, but the live file's own chain holds the head kept in the data
+/// directory: the restart goes on from the live file, skipping nothing.
+#[test]
+fn a_foreign_chain_ending_higher_does_not_win_over_the_head() {
+    let file = KeysetFile::generate(1_700_000_000);
+    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let dir = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let head = data.path().join("audit-head");
+    let log = dir.path().join("audit.log");
+    let audit = audit_with_head(dir.path(), &handle, 4096, &head);
+    decide(&audit, 40);
+    audit.close();
+    let last = lines(&log).last().unwrap().clone();
+    let top = last["seq"].as_u64().unwrap();
+    let other = tempfile::tempdir().unwrap();
+    let o = audit_in(other.path(), &handle, 1 << 30);
+    decide(&o, 3 * top as usize);
+    o.close();
+    let theirs = other.path().join("audit.log");
+    assert!(lines(&theirs).last().unwrap()["seq"].as_u64().unwrap() > top + 10);
+    std::fs::copy(
+        &theirs,
+        dir.path().join(format!("audit.log.{:020}", top + 10)),
+    )
+    .unwrap();
+    let audit = audit_with_head(dir.path(), &handle, 1 << 20, &head);
+    audit.close();
+    let after = lines(&log);
+    let start = after.iter().rfind(|l| l["event"] == "start").unwrap();
+    assert_eq!(start["seq"].as_u64().unwrap(), top + 1, "{start}");
+    assert_eq!(start["prev"], last["mac"]);
+    assert!(
+        !after.iter().any(|l| l["event"] == "skipped"),
+        "genuine lines counted as skipped"
+    );
+}
