@@ -298,10 +298,17 @@ impl Audit {
             });
             w.push(line, &ring);
         }
-        if let Some((ended, head)) = w.below_head {
+        if let Some((ended, head, holds)) = w.below_head {
             let mut line = Line::new("skipped");
-            line.count = Some(head.saturating_sub(ended.unwrap_or(0)));
+            // Lines of this log missing below the head (all of 0..=head when
+            // no line of the files is in the chain), or of the other chain
+            // past it.
+            line.count = Some(ended.map_or(head.saturating_add(1), |e| e.abs_diff(head)));
             line.reason = Some(match ended {
+                Some(e) if !holds => format!(
+                    "the chain the log's files end with (seq {e}) does not hold the head kept in \
+                     the data directory (seq {head}): another log's lines; chained on from the head"
+                ),
                 Some(e) => format!(
                     "the log's files end at seq {e}, below the head kept in the data directory \
                      (seq {head}): chained on from the head"
@@ -671,7 +678,7 @@ struct Writer {
     head_due: bool,
     /// At the start: the log's files ended at this seq (if any line), below
     /// the head's seq.
-    below_head: Option<(Option<u64>, u64)>,
+    below_head: Option<(Option<u64>, u64, bool)>,
 }
 
 impl Writer {
@@ -717,68 +724,45 @@ impl Writer {
             // missing) from the chain of the rotated files.
             let ring = w.keys.current();
             let limit = w.max_bytes.saturating_mul(2).saturating_add(16 << 20);
-            let rotated = rotated_chain(path, &ring, limit, limit.saturating_mul(2)).map_err(io)?;
             let head = cfg.head.as_deref().and_then(|h| read_head(h, &ring));
-            let live = if size > 0 {
-                let own = ends(&mut f, size, &ring, None, head).map_err(io)?;
-                let on = match rotated.seed {
-                    Some(seed) => Some(ends(&mut f, size, &ring, Some(seed), None).map_err(io)?),
-                    None => None,
-                };
-                let e = choose(own, on);
-                if e.unverified {
-                    return Err(AuditError::Unverified(path.clone()));
-                }
-                if e.torn {
-                    // A line cut by a crash mid-write stays (verify reports
-                    // it); the chain goes on on a line of its own.
-                    f.write_all(b"\n").map_err(io)?;
-                }
-                // A file without one complete audit line (a crash cut its
-                // first line, right after a rotation say) is as if empty.
-                e.any_line.then_some(e)
-            } else {
-                None
-            };
-            let had_lines = live.is_some();
-            let (clean_first, first, last) = if let Some(e) = live {
-                w.skipped = e.skipped;
-                (e.first.filter(|_| e.clean), e.first, e.last)
-            } else if let Some(seed) = rotated.seed {
-                w.skipped = rotated.skipped;
-                (None, None, Some(seed))
-            } else if let Some((r, e)) = rotated.newest {
-                // No rotated file's chain holds (their keys were removed,
-                // or they were changed): as before such checks.
-                if e.unverified {
-                    return Err(AuditError::Unverified(r.clone()));
-                }
-                w.skipped = e.skipped;
-                (
-                    None,
-                    None,
-                    Some(e.last.ok_or_else(|| AuditError::NoChain(r.clone()))?),
-                )
-            } else {
-                (None, None, None)
-            };
-            if had_lines && last.is_none() {
-                return Err(AuditError::NoChain(path.clone()));
+            let rotated =
+                rotated_chain(path, &ring, limit, limit.saturating_mul(2), head).map_err(io)?;
+            if size > 0 && !ends_with_newline(&mut f, size).map_err(io)? {
+                // A line cut by a crash mid-write stays (verify reports it);
+                // the chain goes on on a line of its own.
+                f.write_all(b"\n").map_err(io)?;
             }
-            // Never below the head kept in the data directory: the files
-            // that held the lines up to it were removed, renamed or crowded
-            // out by planted ones.
-            let last = match (last, head) {
-                (l, Some(head)) if l.is_none_or(|(seq, _)| seq < head.0) => {
-                    let ended = l.map(|(seq, _)| seq);
-                    tracing::warn!(path = %path.display(), files_end = ?ended, head = head.0,
-                        "audit log: the log's files end below the head kept in the data directory \
-                         (lines removed, renamed or hidden); chained on from the head");
-                    w.below_head = Some((ended, head.0));
-                    Some(head)
+            let found = files_chain(path, &mut f, size, &ring, &rotated, head);
+            // Never below the head kept in the data directory, and only on a
+            // chain that holds it: else the files that held the lines up to
+            // it were removed, renamed or crowded out, or what is there is
+            // another log's.
+            let Found {
+                clean_first,
+                first,
+                last,
+                skipped,
+                ..
+            } = match (found, head) {
+                (Ok(fd), Some(h)) if !fd.holds || fd.last.is_none_or(|(seq, _)| seq < h.0) => {
+                    let ended = fd.last.map(|(seq, _)| seq);
+                    tracing::warn!(path = %path.display(), files_end = ?ended, head = h.0, holds = fd.holds,
+                        "audit log: the log's files do not reach the head kept in the data \
+                         directory on its chain (lines removed, renamed or hidden, or another \
+                         log's); chained on from the head");
+                    w.below_head = Some((ended, h.0, fd.holds));
+                    Found::from_head(h, fd.skipped)
                 }
-                (l, _) => l,
+                (Err(AuditError::NoChain(_) | AuditError::Unverified(_)), Some(h)) => {
+                    tracing::warn!(path = %path.display(), head = h.0,
+                        "audit log: no chain in the log's files; chained on from the head kept in \
+                         the data directory");
+                    w.below_head = Some((None, h.0, false));
+                    Found::from_head(h, None)
+                }
+                (found, _) => found?,
             };
+            w.skipped = skipped;
             if let Some((seq, mac)) = last {
                 w.seq = seq
                     .checked_add(1)
@@ -1372,6 +1356,119 @@ fn open_rotated(p: &Path, limit: u64) -> Option<(File, u64)> {
     }
 }
 
+/// What the log's files give a restart.
+struct Found {
+    /// The live file's first line's seq, when every line of it is in the
+    /// chain; and when only it anchors.
+    clean_first: Option<u64>,
+    first: Option<u64>,
+    /// The chain's last line.
+    last: Option<(u64, [u8; 32])>,
+    /// That chain holds the head kept in the data directory.
+    holds: bool,
+    skipped: Option<Skipped>,
+}
+
+impl Found {
+    fn from_head(head: (u64, [u8; 32]), skipped: Option<Skipped>) -> Found {
+        Found {
+            clean_first: None,
+            first: None,
+            last: Some(head),
+            holds: true,
+            skipped,
+        }
+    }
+}
+
+/// Whether the file's last byte is a newline.
+fn ends_with_newline(f: &mut File, size: u64) -> std::io::Result<bool> {
+    use std::io::Read;
+    f.seek(SeekFrom::Start(size - 1))?;
+    let mut b = [0u8; 1];
+    f.read_exact(&mut b)?;
+    f.seek(SeekFrom::End(0))?;
+    Ok(b[0] == b'\n')
+}
+
+/// The chain of the log's files for a restart: the live file's (its own,
+/// or as going on from the rotated files', see [`choose`]), else the
+/// rotated files'; or the error the start stops with when nothing chains.
+/// `head`: the head kept in the data directory, looked for in the chain.
+fn files_chain(
+    path: &Path,
+    f: &mut File,
+    size: u64,
+    ring: &Keyring,
+    rotated: &RotatedChain,
+    head: Option<(u64, [u8; 32])>,
+) -> Result<Found, AuditError> {
+    let io = |source| AuditError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let live = if size > 0 {
+        let own = ends(f, size, ring, None, head).map_err(io)?;
+        let on = match rotated.seed {
+            Some(seed) => Some(ends(f, size, ring, Some(seed), head).map_err(io)?),
+            None => None,
+        };
+        let (e, on_chosen) = choose(own, on);
+        if e.unverified {
+            return Err(AuditError::Unverified(path.to_owned()));
+        }
+        let holds = e.holds_probe || (on_chosen && rotated.seed_holds);
+        // A file without one complete audit line (a crash cut its first
+        // line, right after a rotation say) is as if empty.
+        e.any_line.then_some((e, holds))
+    } else {
+        None
+    };
+    let had_lines = live.is_some();
+    let found = if let Some((e, holds)) = live {
+        Found {
+            clean_first: e.first.filter(|_| e.clean),
+            first: e.first,
+            last: e.last,
+            holds,
+            skipped: e.skipped,
+        }
+    } else if let Some(seed) = rotated.seed {
+        Found {
+            clean_first: None,
+            first: None,
+            last: Some(seed),
+            holds: rotated.seed_holds,
+            skipped: rotated.skipped,
+        }
+    } else if let Some((r, e)) = &rotated.newest {
+        // No rotated file's chain verifies (their keys were removed, or
+        // they were changed): as before such checks.
+        if e.unverified {
+            return Err(AuditError::Unverified(r.clone()));
+        }
+        Found {
+            clean_first: None,
+            first: None,
+            last: Some(e.last.ok_or_else(|| AuditError::NoChain(r.clone()))?),
+            holds: e.holds_probe,
+            skipped: e.skipped,
+        }
+    } else {
+        Found {
+            clean_first: None,
+            first: None,
+            last: None,
+            holds: false,
+            skipped: None,
+        }
+    };
+    if had_lines && found.last.is_none() {
+        return Err(AuditError::NoChain(path.to_owned()));
+    }
+    Ok(found)
+}
+
 /// What the rotated files give a restart.
 struct RotatedChain {
     /// The last line of the chain that ends highest among the rotated
@@ -1379,6 +1476,8 @@ struct RotatedChain {
     seed: Option<(u64, [u8; 32])>,
     /// Lines of the file holding `seed` that did not verify.
     skipped: Option<Skipped>,
+    /// The chain ending at `seed` holds the `probe` line.
+    seed_holds: bool,
     /// When no line of them verifies: the newest readable one, checked on
     /// its own.
     newest: Option<(PathBuf, Ends)>,
@@ -1398,6 +1497,7 @@ fn rotated_chain(
     ring: &Keyring,
     limit: u64,
     budget: u64,
+    probe: Option<(u64, [u8; 32])>,
 ) -> std::io::Result<RotatedChain> {
     let files = rotated_files(path)?;
     let mut chosen = Vec::new();
@@ -1415,17 +1515,23 @@ fn rotated_chain(
     let mut out = RotatedChain {
         seed: None,
         skipped: None,
+        seed_holds: false,
         newest: None,
     };
     for (p, mut f, len) in chosen.into_iter().rev() {
-        let mut e = ends(&mut f, len, ring, out.seed, None)?;
+        let mut e = ends(&mut f, len, ring, out.seed, probe)?;
+        // Going on from the chain so far, it holds the probe if that chain
+        // did; on its own, only if this file does.
+        let mut holds = e.holds_probe || out.seed_holds;
         if e.anchor.is_none() && out.seed.is_some() {
-            e = ends(&mut f, len, ring, None, None)?;
+            e = ends(&mut f, len, ring, None, probe)?;
+            holds = e.holds_probe;
         }
         if e.anchor.is_some() {
             if let Some(last) = e.last.filter(|l| out.seed.is_none_or(|s| l.0 > s.0)) {
                 out.seed = Some(last);
                 out.skipped = e.skipped;
+                out.seed_holds = holds;
             }
         }
         out.newest = Some((p, e));
@@ -1443,21 +1549,21 @@ fn rotated_chain(
 /// on top of the live file, an older file in its place, or rotated files
 /// removed or planted, never take the seq back. Only a verified chain of
 /// the live file counts against `on`.
-fn choose(own: Ends, on: Option<Ends>) -> Ends {
+fn choose(own: Ends, on: Option<Ends>) -> (Ends, bool) {
     let Some(on) = on else {
-        return own;
+        return (own, false);
     };
     // The live file's own chain holds the head kept in the data directory,
     // and no line of it goes on from the rotated files' chain: that chain
     // is not this log's (a foreign one copied in), whatever its end.
     if own.holds_probe && on.anchor.is_none() {
-        return own;
+        return (own, false);
     }
     let own_last = own.anchor.and(own.last.map(|l| l.0));
     if on.last.map(|l| l.0) >= own_last {
-        on
+        (on, true)
     } else {
-        own
+        (own, false)
     }
 }
 
@@ -1534,8 +1640,6 @@ struct Ends {
     /// The `probe` line (the head kept in the data directory) is one of
     /// this file's lines in the chain.
     holds_probe: bool,
-    /// The file does not end with a newline (a write cut by a crash).
-    torn: bool,
     /// Lines that did not verify, before the chain's first line or after
     /// `last`.
     skipped: Option<Skipped>,
@@ -1641,13 +1745,12 @@ fn ends(
     let mut named_key = false;
     let mut any_line = false;
     let (mut first, mut first_line) = (None, true);
-    let mut torn = false;
     let mut lines = std::io::BufReader::new((&mut *f).take(size));
     let mut raw = Vec::new();
     while let Some((len, ended)) = next_line(&mut lines, &mut raw)? {
         if !ended {
-            // The last segment, without its newline: cut by a crash.
-            torn = true;
+            // The last segment, without its newline: cut by a crash (the
+            // restart ends the file with a newline before its own lines).
             break;
         }
         let parsed = if len > MAX_LINE as u64 {
@@ -1722,7 +1825,6 @@ fn ends(
             clean: false,
             last: None,
             holds_probe: false,
-            torn,
             skipped: None,
             unverified: true,
             any_line,
@@ -1739,7 +1841,6 @@ fn ends(
             clean: false,
             last: last_parsed,
             holds_probe: false,
-            torn,
             skipped: None,
             unverified: false,
             any_line,
@@ -1751,7 +1852,6 @@ fn ends(
         clean: failed == 0,
         last: good,
         holds_probe,
-        torn,
         skipped: good
             .filter(|_| bad + before_anchor > 0)
             .map(|(seq, _)| Skipped {

@@ -2335,3 +2335,72 @@ fn a_foreign_chain_ending_higher_does_not_win_over_the_head() {
         "genuine lines counted as skipped"
     );
 }
+
+/// Review of the head (f1): another log's chain (same keyset) put where
+/// this log's files were, ending at or above the head, is not gone on
+/// from: only a chain that holds the head's line is. With no chain at all
+/// in the files (junk), the restart goes on from the head too.
+#[test]
+fn only_a_chain_that_holds_the_head_is_gone_on_from() {
+    type Change = fn(&Path, &Path, u64);
+    let cases: [(&str, Change); 3] = [
+        (
+            "the live file renamed away, the other log's put in its place",
+            |dir, theirs, _| {
+                std::fs::rename(dir.join("audit.log"), dir.join("renamed-away")).unwrap();
+                std::fs::copy(theirs, dir.join("audit.log")).unwrap();
+            },
+        ),
+        (
+            "the live file moved aside, the other log's under a newer rotated name",
+            |dir, theirs, top| {
+                std::fs::rename(dir.join("audit.log"), dir.join("moved-aside")).unwrap();
+                std::fs::copy(theirs, dir.join(format!("audit.log.{:020}", top + 1))).unwrap();
+            },
+        ),
+        (
+            "the live file moved aside, junk at newer rotated names",
+            |dir, _, top| {
+                std::fs::rename(dir.join("audit.log"), dir.join("moved-aside")).unwrap();
+                for k in 1..=1024 {
+                    std::fs::write(dir.join(format!("audit.log.{:020}.{k}", top + 1)), "junk\n")
+                        .unwrap();
+                }
+            },
+        ),
+    ];
+    let file = KeysetFile::generate(1_700_000_000);
+    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let other = tempfile::tempdir().unwrap();
+    let o = audit_in(other.path(), &handle, 1 << 30);
+    decide(&o, 200);
+    o.close();
+    let theirs = other.path().join("audit.log");
+    for (what, change) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let data = tempfile::tempdir().unwrap();
+        let head = data.path().join("audit-head");
+        let log = dir.path().join("audit.log");
+        let audit = audit_with_head(dir.path(), &handle, 4096, &head);
+        decide(&audit, 40);
+        audit.close();
+        let last = lines(&log).last().unwrap().clone();
+        let top = last["seq"].as_u64().unwrap();
+        change(dir.path(), &theirs, top);
+        let audit = audit_with_head(dir.path(), &handle, 1 << 30, &head);
+        audit.close();
+        let after = lines(&log);
+        let i = after
+            .iter()
+            .rposition(|l| l["event"] == "start" && l["replica"] == "r")
+            .unwrap();
+        assert_eq!(
+            after[i]["seq"].as_u64().unwrap(),
+            top + 1,
+            "{what}: {}",
+            after[i]
+        );
+        assert_eq!(after[i]["prev"], last["mac"], "{what}");
+        assert_eq!(after[i + 1]["event"], "skipped", "{what}: {}", after[i + 1]);
+    }
+}
