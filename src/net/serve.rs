@@ -54,6 +54,47 @@ pub fn drain_bound(lim: &TransportLimits, cause: Cause) -> Duration {
     }
 }
 
+/// A connection the loop serves: what the listeners yield, with the
+/// connection's information for each request.
+pub trait ServedIo<P>:
+    AsyncRead + AsyncWrite + Connected<ConnectInfo = ConnInfo<P>> + Unpin + Send + 'static
+{
+}
+
+impl<P, T> ServedIo<P> for T where
+    T: AsyncRead + AsyncWrite + Connected<ConnectInfo = ConnInfo<P>> + Unpin + Send + 'static
+{
+}
+
+/// A service the loop serves: tonic's routes behind the server's layers.
+pub trait GrpcService:
+    tower_service::Service<
+        Request<tonic::body::Body>,
+        Response = Response<Self::Body>,
+        Future: Send + 'static,
+        Error: Into<BoxError> + Send,
+    > + Clone
+    + Send
+    + 'static
+{
+    /// The answers' body.
+    type Body: http_body::Body<Data = bytes::Bytes, Error: Into<BoxError>> + Send + 'static;
+}
+
+impl<S, RB> GrpcService for S
+where
+    S: tower_service::Service<Request<tonic::body::Body>, Response = Response<RB>>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError> + Send,
+    RB: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    RB::Error: Into<BoxError>,
+{
+    type Body = RB;
+}
+
 /// The HTTP/2 server settings of `lim`, with at most `max_streams` streams
 /// per connection.
 fn http2(
@@ -83,7 +124,7 @@ fn http2(
 /// Serves `svc` on every connection `incoming` yields, each bounded by
 /// `lim` (at most `max_streams` streams), until `stop` completes; then
 /// closes every connection gracefully and waits until they are closed.
-pub async fn serve<I, IO, P, S, RB>(
+pub async fn serve<I, IO, P, S>(
     incoming: I,
     svc: S,
     lim: &TransportLimits,
@@ -91,18 +132,12 @@ pub async fn serve<I, IO, P, S, RB>(
     stop: impl Future<Output = ()>,
 ) where
     I: Stream<Item = std::io::Result<IO>>,
-    IO: AsyncRead + AsyncWrite + Connected<ConnectInfo = ConnInfo<P>> + Unpin + Send + 'static,
+    IO: ServedIo<P>,
     P: Clone + Send + Sync + 'static,
-    S: tower_service::Service<Request<tonic::body::Body>, Response = Response<RB>>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<BoxError> + Send,
-    RB: http_body::Body<Data = bytes::Bytes> + Send + 'static,
-    RB::Error: Into<BoxError>,
+    S: GrpcService,
 {
     let builder = Arc::new(http2(lim, max_streams));
+    let lim = Arc::new(lim.clone());
     // Every connection's task holds a receiver: shutdown is a send, and
     // the end of the last task closes the channel.
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
@@ -125,7 +160,7 @@ pub async fn serve<I, IO, P, S, RB>(
                 io,
                 svc.clone(),
                 builder.clone(),
-                lim.clone(),
+                Arc::clone(&lim),
                 shutdown_rx.clone(),
             ));
         }
@@ -137,23 +172,16 @@ pub async fn serve<I, IO, P, S, RB>(
 
 /// Serves one connection until it ends, closing it gracefully when its
 /// registry marks it, at its maximum age, or at shutdown.
-async fn connection<IO, P, S, RB>(
+async fn connection<IO, P, S>(
     io: IO,
     svc: S,
     builder: Arc<hyper::server::conn::http2::Builder<TokioExecutor>>,
-    lim: TransportLimits,
+    lim: Arc<TransportLimits>,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) where
-    IO: AsyncRead + AsyncWrite + Connected<ConnectInfo = ConnInfo<P>> + Unpin + Send + 'static,
+    IO: ServedIo<P>,
     P: Clone + Send + Sync + 'static,
-    S: tower_service::Service<Request<tonic::body::Body>, Response = Response<RB>>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<BoxError> + Send,
-    RB: http_body::Body<Data = bytes::Bytes> + Send + 'static,
-    RB::Error: Into<BoxError>,
+    S: GrpcService,
 {
     let info = io.connect_info();
     let conn: Arc<Conn> = info.conn.clone();

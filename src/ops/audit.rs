@@ -725,14 +725,25 @@ impl Writer {
             let ring = w.keys.current();
             let limit = w.max_bytes.saturating_mul(2).saturating_add(16 << 20);
             let head = cfg.head.as_deref().and_then(|h| read_head(h, &ring));
-            let rotated =
-                rotated_chain(path, &ring, limit, limit.saturating_mul(2), head).map_err(io)?;
+            let own = if size > 0 {
+                Some(ends(&mut f, size, &ring, None, head).map_err(io)?)
+            } else {
+                None
+            };
+            // A live file whose own chain holds the head is this log's, up to
+            // its end (the usual restart): the rotated files, up to twice a
+            // rotation's size, are read only when it does not.
+            let rotated = if own.as_ref().is_some_and(|e| e.holds_probe && !e.unverified) {
+                RotatedChain::none()
+            } else {
+                rotated_chain(path, &ring, limit, limit.saturating_mul(2), head).map_err(io)?
+            };
             if size > 0 && !ends_with_newline(&mut f, size).map_err(io)? {
                 // A line cut by a crash mid-write stays (verify reports it);
                 // the chain goes on on a line of its own.
                 f.write_all(b"\n").map_err(io)?;
             }
-            let found = files_chain(path, &mut f, size, &ring, &rotated, head);
+            let found = files_chain(path, &mut f, size, &ring, &rotated, head, own);
             // Never below the head kept in the data directory, and only on a
             // chain that holds it: else the files that held the lines up to
             // it were removed, renamed or crowded out, or what is there is
@@ -1391,10 +1402,11 @@ fn ends_with_newline(f: &mut File, size: u64) -> std::io::Result<bool> {
     Ok(b[0] == b'\n')
 }
 
-/// The chain of the log's files for a restart: the live file's (its own,
-/// or as going on from the rotated files', see [`choose`]), else the
-/// rotated files'; or the error the start stops with when nothing chains.
-/// `head`: the head kept in the data directory, looked for in the chain.
+/// The chain of the log's files for a restart: the live file's (`own`, its
+/// own reading, or as going on from the rotated files', see [`choose`]),
+/// else the rotated files'; or the error the start stops with when nothing
+/// chains. `head`: the head kept in the data directory, looked for in the
+/// chain.
 fn files_chain(
     path: &Path,
     f: &mut File,
@@ -1402,13 +1414,13 @@ fn files_chain(
     ring: &Keyring,
     rotated: &RotatedChain,
     head: Option<(u64, [u8; 32])>,
+    own: Option<Ends>,
 ) -> Result<Found, AuditError> {
     let io = |source| AuditError::Io {
         path: path.to_owned(),
         source,
     };
-    let live = if size > 0 {
-        let own = ends(f, size, ring, None, head).map_err(io)?;
+    let live = if let Some(own) = own {
         let on = match rotated.seed {
             Some(seed) => Some(ends(f, size, ring, Some(seed), head).map_err(io)?),
             None => None,
@@ -1483,6 +1495,18 @@ struct RotatedChain {
     newest: Option<(PathBuf, Ends)>,
 }
 
+impl RotatedChain {
+    /// Nothing read.
+    fn none() -> RotatedChain {
+        RotatedChain {
+            seed: None,
+            skipped: None,
+            seed_holds: false,
+            newest: None,
+        }
+    }
+}
+
 /// The rotated files' chain: the newest readable rotated files (regular
 /// files of at most `limit` bytes, newest name first, until `budget` bytes;
 /// names past [`ROTATED_NAMES`] are not looked at), read oldest first, each
@@ -1512,12 +1536,7 @@ fn rotated_chain(
         bytes = bytes.saturating_add(len);
         chosen.push((p.clone(), f, len));
     }
-    let mut out = RotatedChain {
-        seed: None,
-        skipped: None,
-        seed_holds: false,
-        newest: None,
-    };
+    let mut out = RotatedChain::none();
     for (p, mut f, len) in chosen.into_iter().rev() {
         let mut e = ends(&mut f, len, ring, out.seed, probe)?;
         // Going on from the chain so far, it holds the probe if that chain

@@ -365,8 +365,7 @@ async fn every_decision_and_key_event_has_a_line_and_nothing_secret_is_in_any() 
 
 /// A log of `n` decisions written in-process, its keyring and file.
 fn small_log(dir: &Path, n: usize, max_bytes: u64) -> (Keyring, PathBuf) {
-    let file = KeysetFile::generate(1_700_000_000);
-    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let (file, handle) = generated();
     let audit = audit_in(dir, &handle, max_bytes);
     decide(&audit, n);
     audit.close();
@@ -613,8 +612,7 @@ async fn a_restart_chains_on_from_the_last_line() {
 #[test]
 fn a_planted_tail_neither_stops_a_start_nor_joins_the_chain() {
     let dir = tempfile::tempdir().unwrap();
-    let file = KeysetFile::generate(1_700_000_000);
-    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let (file, handle) = generated();
     let ring = Keyring::from_file(&file).unwrap();
     let log = dir.path().join("audit.log");
     let audit = audit_in(dir.path(), &handle, 1 << 20);
@@ -785,8 +783,7 @@ async fn a_rotation_that_fails_refuses_when_closed_until_it_succeeds() {
 #[test]
 fn a_forged_line_past_junk_does_not_anchor_a_restart() {
     let dir = tempfile::tempdir().unwrap();
-    let file = KeysetFile::generate(1_700_000_000);
-    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let (_, handle) = generated();
     let log = dir.path().join("audit.log");
     let audit = audit_in(dir.path(), &handle, 1 << 20);
     decide(&audit, 3);
@@ -980,6 +977,16 @@ fn audit_in(
     handle: &std::sync::Arc<KeyringHandle>,
     max_bytes: u64,
 ) -> std::sync::Arc<Audit> {
+    audit_at(dir, handle, max_bytes, None)
+}
+
+/// [`audit_in`], with the head kept at `head` if given.
+fn audit_at(
+    dir: &Path,
+    handle: &std::sync::Arc<KeyringHandle>,
+    max_bytes: u64,
+    head: Option<&Path>,
+) -> std::sync::Arc<Audit> {
     Audit::start(
         AuditConfig {
             sink: Sink::File(dir.join("audit.log")),
@@ -987,11 +994,18 @@ fn audit_in(
             sample_seals: 1,
             on_failure: OnFailure::Closed,
             replica: "r".into(),
-            head: None,
+            head: head.map(Path::to_owned),
         },
         handle.clone(),
     )
     .unwrap()
+}
+
+/// A new keyset and a handle on its keyring.
+fn generated() -> (KeysetFile, std::sync::Arc<KeyringHandle>) {
+    let file = KeysetFile::generate(1_700_000_000);
+    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    (file, handle)
 }
 
 /// `n` Open decisions (one in three refused `REPLAYED`), each waiting for
@@ -1041,8 +1055,7 @@ fn all_files(dir: &Path) -> Vec<PathBuf> {
 /// replaced, and a second writer on the same file is refused.
 #[test]
 fn a_crash_mid_rotation_loses_no_line_and_one_file_has_one_writer() {
-    let file = KeysetFile::generate(1_700_000_000);
-    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let (file, handle) = generated();
     let ring = Keyring::from_file(&file).unwrap();
     for step in ["linked", "unlinked", "created"] {
         let dir = tempfile::tempdir().unwrap();
@@ -1306,8 +1319,7 @@ fn planted(seq: u64, mac_key: u32) -> String {
 /// refused, in clear words.
 #[test]
 fn a_log_no_line_of_which_verifies_never_chains_on_from_a_planted_seq() {
-    let file = KeysetFile::generate(1_700_000_000);
-    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let (_, handle) = generated();
     let cfg = |dir: &Path| AuditConfig {
         sink: Sink::File(dir.join("audit.log")),
         max_bytes: 1 << 20,
@@ -1380,8 +1392,7 @@ fn a_log_no_line_of_which_verifies_never_chains_on_from_a_planted_seq() {
 #[test]
 fn an_ended_writer_refuses_and_is_not_ready() {
     let dir = tempfile::tempdir().unwrap();
-    let file = KeysetFile::generate(1_700_000_000);
-    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let (_, handle) = generated();
     let audit = audit_in(dir.path(), &handle, 1 << 20);
     assert!(audit.admit().is_ok());
     assert!(audit.ready());
@@ -1400,8 +1411,7 @@ fn an_ended_writer_refuses_and_is_not_ready() {
 #[test]
 fn a_replayed_start_line_does_not_anchor_a_restart_and_failed_lines_are_counted() {
     let dir = tempfile::tempdir().unwrap();
-    let file = KeysetFile::generate(1_700_000_000);
-    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let (file, handle) = generated();
     let ring = Keyring::from_file(&file).unwrap();
     let log = dir.path().join("audit.log");
     for _ in 0..2 {
@@ -1469,8 +1479,7 @@ fn a_replayed_start_line_does_not_anchor_a_restart_and_failed_lines_are_counted(
 #[test]
 fn a_replayed_line_ahead_of_a_rotate_line_does_not_stop_rotations() {
     let dir = tempfile::tempdir().unwrap();
-    let file = KeysetFile::generate(1_700_000_000);
-    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let (_, handle) = generated();
     let log = dir.path().join("audit.log");
     let first = dir.path().join("audit.log.00000000000000000000");
     let audit = audit_in(dir.path(), &handle, 4096);
@@ -1524,8 +1533,7 @@ fn a_replayed_line_ahead_of_a_rotate_line_does_not_stop_rotations() {
 /// chain (verify anchors on it too).
 #[test]
 fn junk_above_the_first_line_does_not_stop_a_start() {
-    let file = KeysetFile::generate(1_700_000_000);
-    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let (_, handle) = generated();
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("audit.log");
     let audit = audit_in(dir.path(), &handle, 1 << 20);
@@ -1555,8 +1563,7 @@ fn junk_above_the_first_line_does_not_stop_a_start() {
 /// hard link a crash left: the live file's lines are never removed.
 #[test]
 fn a_symlink_at_the_rotated_name_never_removes_the_live_file() {
-    let file = KeysetFile::generate(1_700_000_000);
-    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let (_, handle) = generated();
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("audit.log");
     audit_in(dir.path(), &handle, 4096).close();
@@ -1595,8 +1602,7 @@ fn a_symlink_at_the_rotated_name_never_removes_the_live_file() {
 /// restart chains on from the newest rotated file, instead of refusing.
 #[test]
 fn a_live_file_holding_only_a_cut_line_chains_on_from_the_rotated_one() {
-    let file = KeysetFile::generate(1_700_000_000);
-    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let (_, handle) = generated();
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("audit.log");
     let audit = audit_in(dir.path(), &handle, 4096);
@@ -1646,8 +1652,7 @@ fn seqs_in_name_order(dir: &Path) -> Vec<u64> {
 /// copied line.
 #[test]
 fn a_start_line_from_another_log_on_top_of_the_live_file_does_not_take_the_seq_back() {
-    let file = KeysetFile::generate(1_700_000_000);
-    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let (file, handle) = generated();
     let ring = Keyring::from_file(&file).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("audit.log");
@@ -1719,8 +1724,7 @@ fn a_start_line_from_another_log_on_top_of_the_live_file_does_not_take_the_seq_b
 /// rotated file's chain and records the copy's lines as skipped.
 #[test]
 fn an_older_rotated_file_in_the_live_files_place_does_not_take_the_seq_back() {
-    let file = KeysetFile::generate(1_700_000_000);
-    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let (_, handle) = generated();
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("audit.log");
     let audit = audit_in(dir.path(), &handle, 4096);
@@ -1751,8 +1755,7 @@ fn an_older_rotated_file_in_the_live_files_place_does_not_take_the_seq_back() {
 /// thousand `.N` suffixes do not stop rotation for good.
 #[test]
 fn a_thousand_planted_names_do_not_stop_rotation() {
-    let file = KeysetFile::generate(1_700_000_000);
-    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let (_, handle) = generated();
     let dir = tempfile::tempdir().unwrap();
     let audit = audit_in(dir.path(), &handle, 4096);
     let base = dir.path().join(format!("audit.log.{:020}", 0));
@@ -1774,8 +1777,7 @@ fn a_thousand_planted_names_do_not_stop_rotation() {
 /// chain goes on from the line before it.
 #[test]
 fn a_huge_planted_line_is_read_past_at_restart() {
-    let file = KeysetFile::generate(1_700_000_000);
-    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let (_, handle) = generated();
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("audit.log");
     let audit = audit_in(dir.path(), &handle, 1 << 30);
@@ -1811,8 +1813,7 @@ fn a_huge_planted_line_is_read_past_at_restart() {
 /// the restart goes on from the live file's own last line.
 #[test]
 fn an_older_rotated_file_under_a_newer_name_does_not_take_the_seq_back() {
-    let file = KeysetFile::generate(1_700_000_000);
-    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let (_, handle) = generated();
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("audit.log");
     let audit = audit_in(dir.path(), &handle, 4096);
@@ -1840,8 +1841,7 @@ fn an_older_rotated_file_under_a_newer_name_does_not_take_the_seq_back() {
 /// A log of `dir` with at least two rotated files (rotated at 4 KiB); the
 /// handle of its keyring.
 fn rotated_log(dir: &Path) -> std::sync::Arc<KeyringHandle> {
-    let file = KeysetFile::generate(1_700_000_000);
-    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let (_, handle) = generated();
     let audit = audit_in(dir, &handle, 4096);
     decide(&audit, 60);
     audit.close();
@@ -2019,8 +2019,7 @@ fn a_directory_or_fifo_at_a_rotated_name_does_not_stop_a_start() {
 #[test]
 fn a_crash_after_a_suffixed_link_does_not_link_the_file_twice() {
     use std::os::unix::fs::MetadataExt;
-    let file = KeysetFile::generate(1_700_000_000);
-    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let (_, handle) = generated();
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("audit.log");
     let audit = audit_in(dir.path(), &handle, 1 << 20);
@@ -2048,8 +2047,7 @@ fn a_crash_after_a_suffixed_link_does_not_link_the_file_twice() {
 /// no line goes through it.
 #[test]
 fn a_symlink_or_fifo_at_the_live_name_stops_the_start() {
-    let file = KeysetFile::generate(1_700_000_000);
-    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let (_, handle) = generated();
     let dir = tempfile::tempdir().unwrap();
     let target = dir.path().join("keyset.json");
     std::fs::write(&target, "{}").unwrap();
@@ -2090,8 +2088,7 @@ fn a_symlink_or_fifo_at_the_live_name_stops_the_start() {
 /// its descriptor, a new live file is started, and the chain goes on.
 #[test]
 fn the_live_file_renamed_away_while_running_still_rotates() {
-    let file = KeysetFile::generate(1_700_000_000);
-    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let (file, handle) = generated();
     let ring = Keyring::from_file(&file).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("audit.log");
@@ -2121,8 +2118,7 @@ fn the_live_file_renamed_away_while_running_still_rotates() {
 /// naming it, without holding it whole.
 #[test]
 fn verify_refuses_what_is_not_a_regular_file_and_reads_huge_lines_past() {
-    let file = KeysetFile::generate(1_700_000_000);
-    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let (file, handle) = generated();
     let ring = Keyring::from_file(&file).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("audit.log");
@@ -2196,18 +2192,7 @@ fn audit_with_head(
     max_bytes: u64,
     head: &Path,
 ) -> std::sync::Arc<Audit> {
-    Audit::start(
-        AuditConfig {
-            sink: Sink::File(dir.join("audit.log")),
-            max_bytes,
-            sample_seals: 1,
-            on_failure: OnFailure::Closed,
-            replica: "r".into(),
-            head: Some(head.to_owned()),
-        },
-        handle.clone(),
-    )
-    .unwrap()
+    audit_at(dir, handle, max_bytes, Some(head))
 }
 
 /// Re-check of the fourth round (n1): with the live file gone (moved
@@ -2217,8 +2202,7 @@ fn audit_with_head(
 /// restart goes on from it, and says so in a `skipped` line.
 #[test]
 fn a_restart_never_goes_below_the_head_kept_in_the_data_directory() {
-    let file = KeysetFile::generate(1_700_000_000);
-    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let (_, handle) = generated();
     let dir = tempfile::tempdir().unwrap();
     let data = tempfile::tempdir().unwrap();
     let head = data.path().join("audit-head");
@@ -2262,8 +2246,7 @@ fn a_restart_never_goes_below_the_head_kept_in_the_data_directory() {
 /// not used: the restart goes on from the log's own chain.
 #[test]
 fn a_changed_head_is_not_used() {
-    let file = KeysetFile::generate(1_700_000_000);
-    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let (_, handle) = generated();
     let dir = tempfile::tempdir().unwrap();
     let data = tempfile::tempdir().unwrap();
     let head = data.path().join("audit-head");
@@ -2302,8 +2285,7 @@ fn a_changed_head_is_not_used() {
 /// directory: the restart goes on from the live file, skipping nothing.
 #[test]
 fn a_foreign_chain_ending_higher_does_not_win_over_the_head() {
-    let file = KeysetFile::generate(1_700_000_000);
-    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let (_, handle) = generated();
     let dir = tempfile::tempdir().unwrap();
     let data = tempfile::tempdir().unwrap();
     let head = data.path().join("audit-head");
@@ -2369,8 +2351,7 @@ fn only_a_chain_that_holds_the_head_is_gone_on_from() {
             },
         ),
     ];
-    let file = KeysetFile::generate(1_700_000_000);
-    let handle = std::sync::Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+    let (_, handle) = generated();
     let other = tempfile::tempdir().unwrap();
     let o = audit_in(other.path(), &handle, 1 << 30);
     decide(&o, 200);
