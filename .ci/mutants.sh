@@ -56,7 +56,7 @@ mapfile -t filters < <(printf '%s\n' "${filters[@]}" | sort -u)
 diff="$(mktemp)"
 git diff --no-ext-diff --no-color --src-prefix=a/ --dst-prefix=b/ "$base" -- "${!tests[@]}" >"$diff"
 echo "core files changed since $base: ${files[*]}"
-cargo mutants --version | grep -q '27.1.0' || { echo "cargo-mutants 27.1.0 is required" >&2; exit 1; }
+[[ "$(cargo mutants --version)" == *27.1.0* ]] || { echo "cargo-mutants 27.1.0 is required" >&2; exit 1; }
 
 # Mutated in place and restored from git: uncommitted changes there would be lost.
 if ! git diff --quiet HEAD -- "${!tests[@]}"; then
