@@ -8,10 +8,13 @@
 //! params or key material. The format, and how `stateseal audit verify`
 //! checks it, are in docs/security.md ("Audit log").
 //!
-//! One writer thread owns the file: it numbers the lines, computes the
-//! chain, writes each batch with one `write(2)` and rotates by size. With
-//! [`OnFailure::Closed`] a decision's answer waits until its line is
-//! written; a sink that cannot be written refuses new Seals and Opens
+//! One holder of the writer at a time numbers the lines, computes the
+//! chain, writes each batch with one `write(2)` and rotates by size: for a
+//! file, the request's own task that finds the writer free (group commit
+//! with no hand-off to another thread: the lines queued while it writes are
+//! the next round's); for standard output, and to retry a failing sink, a
+//! thread of its own. With [`OnFailure::Closed`] a decision's answer waits
+//! until its line is written; a sink that cannot be written refuses new Seals and Opens
 //! (`AUDIT_UNAVAILABLE`) until it can. Lines that could not be written are
 //! kept and written first once it can, so the chain has no gap.
 //!
@@ -72,7 +75,8 @@ pub struct AuditConfig {
     pub replica: String,
     /// Where the chain's head is kept, outside the log's directory (in the
     /// data directory): the last line written at each start, rotation and
-    /// stop, authenticated. A restart never goes on below it, whatever
+    /// stop and, while lines are written, every [`HEAD_EVERY`],
+    /// authenticated. A restart never goes on below it, whatever
     /// files were removed, renamed or planted beside the log. `None`: not
     /// kept.
     pub head: Option<PathBuf>,
@@ -173,9 +177,18 @@ pub enum KeyEvent {
     ReloadRefused(String),
 }
 
-enum Msg {
-    Decision(Decision, u32, Option<tokio::sync::oneshot::Sender<bool>>),
+/// What is queued for the log: made into a line, chained and written by
+/// whoever holds the writer.
+enum Entry {
+    Decision(Decision, u32),
     Key(KeyEvent),
+}
+
+/// What the maintenance thread is asked to do.
+enum Msg {
+    /// Write what is queued (a sink not written inline, or a leader that
+    /// went its rounds).
+    Drain,
     Stop,
 }
 
@@ -187,10 +200,14 @@ pub struct AuditStats {
     pub write_failures: AtomicU64,
 }
 
-/// Lines in the queue before `Open` drops and `Closed` refuses.
+/// Entries queued, not yet made into lines, before `Open` drops and
+/// `Closed` refuses.
 const QUEUE: usize = 16_384;
-/// Lines per batch (one `write(2)`).
+/// Most entries made into lines and written with one `write(2)`.
 const BATCH: usize = 512;
+/// Rounds a request's task writes as the leader (what queued while its
+/// previous round was written) before it leaves the rest to the thread.
+const LEAD_ROUNDS: u32 = 4;
 /// Bytes kept while the sink fails, before lines are dropped.
 const MAX_PENDING: usize = 64 * 1024 * 1024;
 /// How often a failing sink is tried again.
@@ -202,6 +219,9 @@ const STALL_MS: u64 = 2_000;
 const ACK_WAIT: Duration = Duration::from_secs(5);
 /// How often a completion waiting for its line looks at the sink's health.
 const KEEP_POLL: Duration = Duration::from_millis(50);
+/// How often the head is kept while lines are written: lines written
+/// since, and only those, can be cut from the log's end unseen.
+pub const HEAD_EVERY: Duration = Duration::from_secs(1);
 /// The longest a shutdown waits for the writer's `stop` line.
 const CLOSE_WAIT: Duration = Duration::from_secs(5);
 
@@ -212,17 +232,28 @@ struct Health {
     failing: AtomicBool,
     /// When the write in progress started (ms since the epoch), or 0.
     writing_since: AtomicU64,
-    /// The writer thread has ended (stopped, or panicked): nothing is
-    /// written any more.
+    /// The writer has ended (stopped, or its thread or a leader panicked):
+    /// nothing is written any more.
     ended: AtomicBool,
 }
 
-/// Marks the writer ended when its thread ends, however it ends.
-struct Ended(Arc<Health>);
+/// Marks the writer ended when the thread ends, however it ends.
+struct Ended<'a>(&'a Health);
 
-impl Drop for Ended {
+impl Drop for Ended<'_> {
     fn drop(&mut self) {
         self.0.ended.store(true, Ordering::Release);
+    }
+}
+
+/// Marks the writer ended when a leader unwinds holding it (it is lost).
+struct Unwinding<'a>(&'a Health);
+
+impl Drop for Unwinding<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.ended.store(true, Ordering::Release);
+        }
     }
 }
 
@@ -244,10 +275,295 @@ fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// The queue, and the writer while nobody holds it.
+struct Queue {
+    entries: Vec<Entry>,
+    /// The ticket of the next entry queued (entries are numbered in order).
+    next: u64,
+    /// `None` while a leader or the thread holds it, and after the stop.
+    writer: Option<Box<Writer>>,
+    /// The `stop` line is written: nothing more is queued.
+    ended: bool,
+}
+
+/// Group commit without a hand-off: a request's task that queues an entry
+/// while nobody holds the writer takes it and writes, itself, every entry
+/// queued (its own and those that came while it wrote), for up to
+/// [`LEAD_ROUNDS`] rounds; entries queued while another holds it wait for
+/// that holder's next round. The thread only rotates, retries a failing
+/// sink, writes a sink whose writes can block for long (standard output,
+/// a pipe) and stops; it holds the writer the same way.
+struct Shared {
+    q: Mutex<Queue>,
+    health: Health,
+    /// Every entry whose ticket is below it has its line written ...
+    written: AtomicU64,
+    /// ... unless its ticket is below this: its round failed (not written,
+    /// or a line of it dropped).
+    failed: AtomicU64,
+    /// Woken after each round.
+    rounds: tokio::sync::Notify,
+    tx: SyncSender<Msg>,
+    /// A request's task writes (a file); else only the thread does.
+    inline: bool,
+    /// A `Drain` is on its way to the thread.
+    drain_asked: AtomicBool,
+    on_failure: OnFailure,
+    stats: Arc<AuditStats>,
+    head: Option<Head>,
+}
+
+/// The head checkpoint: written in seq order only, by whoever keeps it (a
+/// rotation's or the stop's holder of the writer, or the thread every
+/// [`HEAD_EVERY`]).
+struct Head {
+    path: PathBuf,
+    keys: Arc<KeyringHandle>,
+    /// The last line written (its seq and MAC), after each round.
+    latest: Mutex<Option<(u64, [u8; 32])>>,
+    /// The seq of the line kept in the file.
+    kept: Mutex<Option<u64>>,
+}
+
+impl Head {
+    /// Keeps `line` unless a later one is kept; a failure is logged, not
+    /// fatal.
+    fn keep(&self, line: (u64, [u8; 32])) {
+        let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        if kept.is_some_and(|k| k >= line.0) {
+            return;
+        }
+        match write_head(&self.path, &self.keys.current(), line.0, &line.1) {
+            Ok(()) => *kept = Some(line.0),
+            Err(e) => {
+                tracing::warn!(path = %self.path.display(), error = %e, "audit log: the head could not be kept");
+            }
+        }
+    }
+
+    /// The last line written, and whether the file keeps an earlier one.
+    fn behind(&self) -> Option<(u64, [u8; 32])> {
+        let latest = *self.latest.lock().unwrap_or_else(|p| p.into_inner());
+        let kept = *self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        latest.filter(|l| kept.is_none_or(|k| k < l.0))
+    }
+}
+
+impl Queue {
+    /// The next batch of entries (at most [`BATCH`]), the ticket after its
+    /// last, and whether the queue is empty after it.
+    fn batch(&mut self) -> (Vec<Entry>, u64, bool) {
+        let n = self.entries.len().min(BATCH);
+        let end = self.next - (self.entries.len() - n) as u64;
+        (
+            self.entries.drain(..n).collect(),
+            end,
+            self.entries.is_empty(),
+        )
+    }
+}
+
+fn lock(q: &Mutex<Queue>) -> std::sync::MutexGuard<'_, Queue> {
+    q.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Shared {
+    /// Queues an entry and, inline, writes it if nobody holds the writer.
+    /// Its ticket, or `None` when not queued (the queue is full, or the log
+    /// has stopped): counted as dropped.
+    fn submit(&self, e: Entry) -> Option<u64> {
+        let mut q = lock(&self.q);
+        if q.ended || q.entries.len() >= QUEUE {
+            drop(q);
+            self.stats.dropped.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        q.entries.push(e);
+        let ticket = q.next;
+        q.next += 1;
+        let held = if self.inline { q.writer.take() } else { None };
+        drop(q);
+        match held {
+            Some(w) => self.lead(w, false),
+            None if !self.inline => self.ask_drain(),
+            None => {}
+        }
+        Some(ticket)
+    }
+
+    fn ask_drain(&self) {
+        if !self.drain_asked.swap(true, Ordering::AcqRel) && self.tx.try_send(Msg::Drain).is_err() {
+            // The channel holds a message already: the thread comes round.
+            self.drain_asked.store(false, Ordering::Release);
+        }
+    }
+
+    /// Written (`Some(true)`), failed (`Some(false)`), or not yet.
+    fn outcome(&self, ticket: u64) -> Option<bool> {
+        if self.failed.load(Ordering::Acquire) > ticket {
+            Some(false)
+        } else if self.written.load(Ordering::Acquire) > ticket {
+            Some(true)
+        } else {
+            None
+        }
+    }
+
+    /// Until the entry's round is written or fails.
+    async fn settled(&self, ticket: u64) -> bool {
+        loop {
+            let next = self.rounds.notified();
+            tokio::pin!(next);
+            next.as_mut().enable();
+            if let Some(ok) = self.outcome(ticket) {
+                return ok;
+            }
+            next.await;
+        }
+    }
+
+    /// After a round: its entries' answers, and every waiter woken; the
+    /// last line written is the head's to keep (at once with `keep_head`).
+    fn settle(&self, w: &mut Writer, ok: bool, end: u64, keep_head: bool) {
+        if let (Some(h), Some(line)) = (&self.head, w.last_written()) {
+            *h.latest.lock().unwrap_or_else(|p| p.into_inner()) = Some(line);
+            if keep_head || w.head_due {
+                w.head_due = false;
+                h.keep(line);
+            }
+        }
+        if ok {
+            self.written.fetch_max(end, Ordering::AcqRel);
+        } else {
+            self.failed.fetch_max(end, Ordering::AcqRel);
+        }
+        self.rounds.notify_waiters();
+    }
+
+    /// Writes, holding the writer, round after round, every entry queued;
+    /// then gives the writer back. A request's task goes at most
+    /// [`LEAD_ROUNDS`] rounds, then asks the thread to go on.
+    fn lead(&self, mut w: Box<Writer>, thread: bool) {
+        let _unwinding = Unwinding(&self.health);
+        let mut rounds = 0;
+        let mut ok = true;
+        loop {
+            let (batch, end) = {
+                let mut q = lock(&self.q);
+                // The writer goes back while the queue is locked: an entry
+                // queued meanwhile was seen here, so none is left with
+                // nobody to write it. Lines pending (kept while the sink
+                // failed, or a rotation's) are written too, but not tried
+                // again at once after a round that failed.
+                let more = !q.entries.is_empty() || (ok && !w.pending.is_empty());
+                if !more || (!thread && rounds >= LEAD_ROUNDS) {
+                    q.writer = Some(w);
+                    drop(q);
+                    if more {
+                        self.ask_drain();
+                    }
+                    return;
+                }
+                let (batch, end, _) = q.batch();
+                (batch, end)
+            };
+            rounds += 1;
+            ok = w.round(batch, false, &self.health, self.on_failure);
+            self.settle(&mut w, ok, end, false);
+            // Rotated before the next line, by whoever holds the writer; a
+            // rotation that failed is tried again by the thread only.
+            if w.rotation_due() && (thread || !w.rotation_failing) {
+                w.rotate_now(&self.health, self.on_failure);
+            }
+            // A failing sink (or rotation) is tried again by the thread,
+            // every RETRY: it is told.
+            if (!ok || w.rotation_failing) && !thread {
+                self.ask_drain();
+            }
+        }
+    }
+
+    /// The writer, for the thread: waits while a leader holds it. `None`
+    /// once the log has stopped.
+    fn take_writer(&self) -> Option<Box<Writer>> {
+        loop {
+            {
+                let mut q = lock(&self.q);
+                if let Some(w) = q.writer.take() {
+                    return Some(w);
+                }
+                if q.ended {
+                    return None;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// The maintenance thread: rotation, retries of a failing sink (or
+    /// rotation), draining for a sink not written inline, and the stop.
+    fn run(&self, rx: &Receiver<Msg>) {
+        let mut head_kept = std::time::Instant::now();
+        loop {
+            let retrying = self.health.failing.load(Ordering::Acquire);
+            let msg = match rx.recv_timeout(if retrying { RETRY } else { HEAD_EVERY }) {
+                Ok(m) => Some(m),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => Some(Msg::Stop),
+            };
+            if matches!(msg, Some(Msg::Drain)) {
+                self.drain_asked.store(false, Ordering::Release);
+            }
+            // The head, every HEAD_EVERY while lines are written, without
+            // the writer (a round goes on meanwhile).
+            if let Some(h) = self
+                .head
+                .as_ref()
+                .filter(|_| head_kept.elapsed() >= HEAD_EVERY)
+            {
+                head_kept = std::time::Instant::now();
+                if let Some(line) = h.behind() {
+                    h.keep(line);
+                }
+            }
+            if msg.is_none() && !retrying {
+                continue;
+            }
+            let Some(mut w) = self.take_writer() else {
+                return;
+            };
+            if w.rotation_due() {
+                w.rotate_now(&self.health, self.on_failure);
+            }
+            if matches!(msg, Some(Msg::Stop)) {
+                self.stop(w);
+                return;
+            }
+            self.lead(w, true);
+        }
+    }
+
+    /// Writes what is queued and the `stop` line, keeps the head, and ends
+    /// the log: what is queued later is refused.
+    fn stop(&self, mut w: Box<Writer>) {
+        lock(&self.q).ended = true;
+        loop {
+            let (batch, end, last) = lock(&self.q).batch();
+            let ok = w.round(batch, last, &self.health, self.on_failure);
+            self.settle(&mut w, ok, end, last);
+            if last {
+                break;
+            }
+        }
+        if let Out::File(f) = &w.out {
+            let _ = f.sync_all();
+        }
+    }
+}
+
 /// The audit log of a running server.
 pub struct Audit {
-    tx: SyncSender<Msg>,
-    health: Arc<Health>,
+    shared: Arc<Shared>,
     on_failure: OnFailure,
     sample_seals: u32,
     seals: AtomicU64,
@@ -260,11 +576,17 @@ impl std::fmt::Debug for Audit {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Audit")
             .field("on_failure", &self.on_failure)
-            .field("healthy", &self.health.ok())
+            .field("healthy", &self.shared.health.ok())
             .finish_non_exhaustive()
     }
 }
 
+/// Dropped without `close`: the thread writes the `stop` line and ends.
+impl Drop for Audit {
+    fn drop(&mut self) {
+        let _ = self.shared.tx.try_send(Msg::Stop);
+    }
+}
 impl Audit {
     /// Opens the sink, chains on from its last line (a file that exists),
     /// writes a `start` line listing the keys in force, and starts the
@@ -291,10 +613,17 @@ impl Audit {
             );
             let mut line = Line::new("skipped");
             line.count = Some(count);
-            line.reason = Some(if before > 0 {
-                format!("chained on from seq {seq}; {before} before the chain's first line")
+            // Going on from the head instead (the next line says why), the
+            // files' chain ending at `seq` is not what this one goes on from.
+            let from = if w.below_head.is_some() {
+                format!("lines of the log's files not in its chain (which ends at seq {seq})")
             } else {
                 format!("chained on from seq {seq}")
+            };
+            line.reason = Some(if before > 0 {
+                format!("{from}; {before} before the chain's first line")
+            } else {
+                from
             });
             w.push(line, &ring);
         }
@@ -324,17 +653,41 @@ impl Audit {
             path: w.path.clone(),
             source,
         })?;
-        w.write_head(&ring);
-        let (tx, rx) = mpsc::sync_channel(QUEUE);
+        let head = cfg.head.clone().map(|path| Head {
+            path,
+            keys: w.keys.clone(),
+            latest: Mutex::new(None),
+            kept: Mutex::new(None),
+        });
+        if let (Some(h), Some(line)) = (&head, w.last_written()) {
+            h.keep(line);
+        }
+        let (tx, rx) = mpsc::sync_channel(16);
         let (done_tx, done) = mpsc::channel();
-        let health = Arc::new(Health::default());
-        let h = health.clone();
-        let on_failure = cfg.on_failure;
+        let shared = Arc::new(Shared {
+            q: Mutex::new(Queue {
+                entries: Vec::new(),
+                next: 0,
+                writer: Some(Box::new(w)),
+                ended: false,
+            }),
+            health: Health::default(),
+            written: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            rounds: tokio::sync::Notify::new(),
+            tx,
+            inline: matches!(cfg.sink, Sink::File(_)),
+            drain_asked: AtomicBool::new(false),
+            on_failure: cfg.on_failure,
+            stats: stats.clone(),
+            head,
+        });
+        let s = shared.clone();
         std::thread::Builder::new()
             .name("stateseal-audit".into())
             .spawn(move || {
-                let ended = Ended(h.clone());
-                w.run(rx, &h, on_failure);
+                let ended = Ended(&s.health);
+                s.run(&rx);
                 // Ended before `close` returns: a closed sink refuses at once.
                 drop(ended);
                 let _ = done_tx.send(());
@@ -344,8 +697,7 @@ impl Audit {
                 source,
             })?;
         Ok(Arc::new(Audit {
-            tx,
-            health,
+            shared,
             on_failure: cfg.on_failure,
             sample_seals: cfg.sample_seals,
             seals: AtomicU64::new(0),
@@ -362,7 +714,7 @@ impl Audit {
     /// (its last write failed, the one in progress has hung, or the writer
     /// has ended).
     pub fn admit(&self) -> Result<(), Reject> {
-        if self.on_failure == OnFailure::Closed && !self.health.ok() {
+        if self.on_failure == OnFailure::Closed && !self.shared.health.ok() {
             return Err(Reject::AuditUnavailable);
         }
         Ok(())
@@ -371,7 +723,7 @@ impl Audit {
     /// For readiness: a closed sink that can write, or an open one whose
     /// writer still runs.
     pub fn ready(&self) -> bool {
-        self.admit().is_ok() && !self.health.ended.load(Ordering::Acquire)
+        self.admit().is_ok() && !self.shared.health.ended.load(Ordering::Acquire)
     }
 
     /// Records a decision. With `Closed`, returns once its line is written
@@ -389,11 +741,10 @@ impl Audit {
         } else {
             1
         };
+        let shared = &self.shared;
         match self.on_failure {
             OnFailure::Open => {
-                if self.tx.try_send(Msg::Decision(d, sampled, None)).is_err() {
-                    self.stats.dropped.fetch_add(1, Ordering::Relaxed);
-                }
+                shared.submit(Entry::Decision(d, sampled));
                 Ok(())
             }
             // A refused completion while the sink fails finishes no
@@ -401,7 +752,7 @@ impl Audit {
             // is at admission (kept, its lines would let a caller's garbage
             // Renews push other tenants' Commits past the bound).
             OnFailure::Closed
-                if d.method.completes() && d.refused.is_some() && !self.health.ok() =>
+                if d.method.completes() && d.refused.is_some() && !shared.health.ok() =>
             {
                 Err(Reject::AuditUnavailable)
             }
@@ -410,20 +761,24 @@ impl Audit {
                 Ok(())
             }
             OnFailure::Closed => {
-                let (ack, written) = tokio::sync::oneshot::channel();
-                match self.tx.try_send(Msg::Decision(d, sampled, Some(ack))) {
-                    Ok(()) => {}
-                    Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
-                        // Decided, with no line: a `dropped` line counts it.
-                        self.stats.dropped.fetch_add(1, Ordering::Relaxed);
-                        return Err(Reject::AuditUnavailable);
-                    }
-                }
-                // Bounded: a write that hangs must not hold the answer (or
-                // the caller's connection) forever.
-                match tokio::time::timeout(ACK_WAIT, written).await {
-                    Ok(Ok(true)) => Ok(()),
-                    _ => Err(Reject::AuditUnavailable),
+                // Decided, with no line when not queued: a `dropped` line
+                // counts it.
+                let ticket = shared
+                    .submit(Entry::Decision(d, sampled))
+                    .ok_or(Reject::AuditUnavailable)?;
+                // Written by this task as the leader: answered at once.
+                // Else bounded: a write that hangs must not hold the answer
+                // (or the caller's connection) forever.
+                let ok = match shared.outcome(ticket) {
+                    Some(ok) => ok,
+                    None => tokio::time::timeout(ACK_WAIT, shared.settled(ticket))
+                        .await
+                        .unwrap_or(false),
+                };
+                if ok {
+                    Ok(())
+                } else {
+                    Err(Reject::AuditUnavailable)
                 }
             }
         }
@@ -434,27 +789,26 @@ impl Audit {
     /// or the queue is full) the line is kept for later (or, past the
     /// bound, counted in a `dropped` line) and the answer goes at once.
     async fn keep(&self, d: Decision) {
-        if !self.health.ok() {
-            if self.tx.try_send(Msg::Decision(d, 1, None)).is_err() {
-                self.stats.dropped.fetch_add(1, Ordering::Relaxed);
-            }
+        let shared = &self.shared;
+        let healthy = shared.health.ok();
+        let Some(ticket) = shared.submit(Entry::Decision(d, 1)) else {
             return;
-        }
-        let (ack, mut written) = tokio::sync::oneshot::channel();
-        if self.tx.try_send(Msg::Decision(d, 1, Some(ack))).is_err() {
-            self.stats.dropped.fetch_add(1, Ordering::Relaxed);
+        };
+        if !healthy || shared.outcome(ticket).is_some() {
             return;
         }
         // Until written, or until the sink is seen failing (a write that
         // fails keeps the line; one that hangs past its bound counts as
         // failing), or the longest an answer waits.
         let deadline = tokio::time::Instant::now() + ACK_WAIT;
+        let written = shared.settled(ticket);
+        tokio::pin!(written);
         loop {
             let tick = tokio::time::sleep(KEEP_POLL);
             tokio::select! {
                 _ = &mut written => return,
                 () = tick => {
-                    if !self.health.ok() || tokio::time::Instant::now() >= deadline {
+                    if !shared.health.ok() || tokio::time::Instant::now() >= deadline {
                         return;
                     }
                 }
@@ -462,11 +816,9 @@ impl Audit {
         }
     }
 
-    /// Records a key lifecycle event; never waits.
+    /// Records a key lifecycle event; never waits for its line.
     pub fn key_event(&self, e: KeyEvent) {
-        if self.tx.try_send(Msg::Key(e)).is_err() {
-            self.stats.dropped.fetch_add(1, Ordering::Relaxed);
-        }
+        self.shared.submit(Entry::Key(e));
     }
 
     /// Writes the `stop` line and waits for the writer to finish, for at
@@ -477,7 +829,7 @@ impl Audit {
         let deadline = std::time::Instant::now() + CLOSE_WAIT;
         let mut msg = Msg::Stop;
         loop {
-            match self.tx.try_send(msg) {
+            match self.shared.tx.try_send(msg) {
                 Ok(()) => break,
                 Err(TrySendError::Full(m)) if std::time::Instant::now() < deadline => {
                     msg = m;
@@ -498,7 +850,6 @@ impl Audit {
     }
 }
 
-/// The key lifecycle events between two keyrings: what a reload changed.
 pub fn key_changes(before: &Keyring, after: &Keyring) -> Vec<KeyEvent> {
     let old: std::collections::HashMap<_, _> = before.summary().into_iter().collect();
     let new: std::collections::HashMap<_, _> = after.summary().into_iter().collect();
@@ -672,10 +1023,10 @@ struct Writer {
     /// The seq has reached its largest value: no line can be numbered, the
     /// sink fails for good.
     exhausted: bool,
-    /// The head checkpoint's file, and whether it is to be written after
-    /// the next write (a rotation happened).
-    head: Option<PathBuf>,
+    /// The head is to be kept after the next write (a rotation happened).
     head_due: bool,
+    /// The last rotation failed (tried again by the thread).
+    rotation_failing: bool,
     /// At the start: the log's files ended at this seq (if any line), below
     /// the head's seq.
     below_head: Option<(Option<u64>, u64, bool)>,
@@ -703,8 +1054,8 @@ impl Writer {
             clock: Clock::default(),
             skipped: None,
             exhausted: false,
-            head: cfg.head.clone(),
             head_due: false,
+            rotation_failing: false,
             below_head: None,
         };
         if let Sink::File(path) = &cfg.sink {
@@ -908,18 +1259,11 @@ impl Writer {
         }
     }
 
-    /// Keeps the last line written (everything pending is written) as the
-    /// head, if one is kept; a failure is logged, not fatal.
-    fn write_head(&self, ring: &Keyring) {
-        let (Some(head), Some(seq)) = (&self.head, self.seq.checked_sub(1)) else {
-            return;
-        };
-        if !self.pending.is_empty() {
-            return;
-        }
-        if let Err(e) = write_head(head, ring, seq, &self.prev) {
-            tracing::warn!(path = %head.display(), error = %e, "audit log: the head could not be kept");
-        }
+    /// The last line written, its seq and MAC, when every line made is
+    /// written.
+    fn last_written(&self) -> Option<(u64, [u8; 32])> {
+        let seq = self.seq.checked_sub(1)?;
+        self.pending.is_empty().then_some((seq, self.prev))
     }
 
     /// The current file is full, and every line is written to it.
@@ -989,123 +1333,91 @@ impl Writer {
         Ok(())
     }
 
-    fn run(mut self, rx: Receiver<Msg>, health: &Health, on_failure: OnFailure) {
-        let mut stopping = false;
-        let mut rotation_failing = false;
-        while !stopping {
-            // Idle and healthy: wait for work. Otherwise wake up to retry.
-            let first = if self.pending.is_empty() && !health.failing.load(Ordering::Acquire) {
-                match linger(&rx) {
-                    Ok(m) => Some(m),
-                    Err(_) => Some(Msg::Stop), // every sender gone: finish
-                }
-            } else {
-                match rx.recv_timeout(RETRY) {
-                    Ok(m) => Some(m),
-                    Err(RecvTimeoutError::Timeout) => None,
-                    Err(RecvTimeoutError::Disconnected) => Some(Msg::Stop),
-                }
-            };
-            let ring = self.keys.current();
-            // A rotation that fails is a failing sink (closed refuses Seal
-            // and Open, the replica is not ready) until a retry succeeds;
-            // meanwhile the lines are written on into the current file. One
-            // that hangs (its link or fsync) is a stalled write.
-            let rotated = if self.rotation_due() {
-                health
-                    .writing_since
-                    .store(now_ms().max(1), Ordering::Release);
-                let r = self.rotate(&ring);
-                health.writing_since.store(0, Ordering::Release);
-                r
-            } else {
-                Ok(())
-            };
-            if let Err(e) = &rotated {
+    /// One round: makes each entry into a line (or, past the bound of
+    /// what is kept, drops it), then the `stop` line if `stop`, and writes
+    /// everything pending with one `write(2)`. Whether every entry's line
+    /// is written.
+    fn round(
+        &mut self,
+        batch: Vec<Entry>,
+        stop: bool,
+        health: &Health,
+        on_failure: OnFailure,
+    ) -> bool {
+        let ring = self.keys.current();
+        let mut dropped = false;
+        for e in batch {
+            if self.pending.len() > MAX_PENDING {
+                self.stats.dropped.fetch_add(1, Ordering::Relaxed);
+                dropped = true;
+                continue;
+            }
+            self.note_lost(&ring);
+            match e {
+                Entry::Decision(d, sampled) => self.decision(d, sampled, &ring),
+                Entry::Key(e) => self.key_event(e, &ring),
+            }
+        }
+        if stop {
+            self.note_lost(&ring);
+            self.push(Line::new("stop"), &ring);
+        }
+        health
+            .writing_since
+            .store(now_ms().max(1), Ordering::Release);
+        let written = self.flush();
+        health.writing_since.store(0, Ordering::Release);
+        let written = match written {
+            Ok(()) if self.exhausted => Err(std::io::Error::other(
+                "its seq has reached its largest value: start a new log",
+            )),
+            w => w,
+        };
+        let ok = match written {
+            Ok(()) => true,
+            Err(e) => {
                 self.stats.write_failures.fetch_add(1, Ordering::Relaxed);
-                if !rotation_failing {
+                if !health.failing.swap(true, Ordering::AcqRel) {
                     tracing::error!(path = %self.path.display(), error = %e, ?on_failure,
-                        "audit log cannot be rotated; written on into the current file and tried again");
+                        "audit log cannot be written; lines are kept and written once it can");
                 }
-            } else if rotation_failing {
-                tracing::info!(path = %self.path.display(), "audit log rotated again");
+                false
             }
-            rotation_failing = rotated.is_err();
-            let mut acks = Vec::new();
-            let mut batch = 0;
-            let mut next = first;
-            while let Some(m) = next {
-                match m {
-                    Msg::Decision(d, sampled, ack) => {
-                        if self.pending.len() > MAX_PENDING {
-                            self.stats.dropped.fetch_add(1, Ordering::Relaxed);
-                            if let Some(a) = ack {
-                                let _ = a.send(false);
-                            }
-                        } else {
-                            self.note_lost(&ring);
-                            self.decision(d, sampled, &ring);
-                            acks.extend(ack);
-                        }
-                    }
-                    Msg::Key(e) => {
-                        self.note_lost(&ring);
-                        self.key_event(e, &ring);
-                    }
-                    Msg::Stop => {
-                        self.note_lost(&ring);
-                        self.push(Line::new("stop"), &ring);
-                        stopping = true;
-                    }
-                }
-                batch += 1;
-                next = if batch < BATCH && !stopping {
-                    rx.try_recv().ok()
-                } else {
-                    None
-                };
-            }
-            health
-                .writing_since
-                .store(now_ms().max(1), Ordering::Release);
-            let written = self.flush();
-            health.writing_since.store(0, Ordering::Release);
-            let written = match written {
-                Ok(()) if self.exhausted => Err(std::io::Error::other(
-                    "its seq has reached its largest value: start a new log",
-                )),
-                w => w,
-            };
-            let ok = match written {
-                Ok(()) => true,
-                Err(e) => {
-                    self.stats.write_failures.fetch_add(1, Ordering::Relaxed);
-                    if !health.failing.swap(true, Ordering::AcqRel) {
-                        tracing::error!(path = %self.path.display(), error = %e, ?on_failure,
-                            "audit log cannot be written; lines are kept and written once it can");
-                    }
-                    false
-                }
-            };
-            if ok && (self.head_due || stopping) {
-                self.head_due = false;
-                self.write_head(&ring);
-            }
-            if ok && rotation_failing {
-                health.failing.store(true, Ordering::Release);
-            } else if ok && health.failing.swap(false, Ordering::AcqRel) {
-                tracing::info!(path = %self.path.display(), "audit log writes again");
-            }
-            for a in acks {
-                let _ = a.send(ok);
-            }
-            if stopping && !ok {
-                tracing::error!(path = %self.path.display(), "audit log: the last lines could not be written");
-            }
+        };
+        if ok && self.rotation_failing {
+            health.failing.store(true, Ordering::Release);
+        } else if ok && health.failing.swap(false, Ordering::AcqRel) {
+            tracing::info!(path = %self.path.display(), "audit log writes again");
         }
-        if let Out::File(f) = &self.out {
-            let _ = f.sync_all();
+        if stop && !ok {
+            tracing::error!(path = %self.path.display(), "audit log: the last lines could not be written");
         }
+        ok && !dropped
+    }
+
+    /// Rotates the file that has reached its size. One that fails is a
+    /// failing sink (closed refuses Seal and Open, the replica is not
+    /// ready) until a retry succeeds; meanwhile the lines are written on
+    /// into the current file. One that hangs (its link or fsync) is a
+    /// stalled write.
+    fn rotate_now(&mut self, health: &Health, on_failure: OnFailure) {
+        let ring = self.keys.current();
+        health
+            .writing_since
+            .store(now_ms().max(1), Ordering::Release);
+        let r = self.rotate(&ring);
+        health.writing_since.store(0, Ordering::Release);
+        if let Err(e) = &r {
+            self.stats.write_failures.fetch_add(1, Ordering::Relaxed);
+            health.failing.store(true, Ordering::Release);
+            if !self.rotation_failing {
+                tracing::error!(path = %self.path.display(), error = %e, ?on_failure,
+                    "audit log cannot be rotated; written on into the current file and tried again");
+            }
+        } else if self.rotation_failing {
+            tracing::info!(path = %self.path.display(), "audit log rotated again");
+        }
+        self.rotation_failing = r.is_err();
     }
 
     /// Before a line that goes in after some were dropped: a `dropped`
@@ -1119,24 +1431,6 @@ impl Writer {
             self.push(line, ring);
         }
     }
-}
-
-/// How many times the idle writer gives up its CPU, looking for a message
-/// each time, before it sleeps: under load the next decision arrives within
-/// that, and a sender that finds the writer awake does not wake it (a futex
-/// wake and two context switches per batch, the most of what a line cost).
-const LINGER_YIELDS: u32 = 16;
-
-/// The next message: looked for between yields of the CPU, then waited for.
-fn linger(rx: &Receiver<Msg>) -> Result<Msg, mpsc::RecvError> {
-    for _ in 0..LINGER_YIELDS {
-        match rx.try_recv() {
-            Ok(m) => return Ok(m),
-            Err(mpsc::TryRecvError::Disconnected) => return Err(mpsc::RecvError),
-            Err(mpsc::TryRecvError::Empty) => std::thread::yield_now(),
-        }
-    }
-    rx.recv()
 }
 
 /// Opens (creating, mode 0600; `new`: only if absent) for appending and

@@ -1001,6 +1001,21 @@ fn audit_at(
     .unwrap()
 }
 
+/// Drops the log without closing it (as a crash would: the lines stay as
+/// written), then waits until its writer has let go of `dir/audit.log`.
+fn crashed(audit: std::sync::Arc<Audit>, dir: &Path) {
+    drop(audit);
+    let f = std::fs::File::open(dir.join("audit.log")).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "the writer never let go of the log"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// A new keyset and a handle on its keyring.
 fn generated() -> (KeysetFile, std::sync::Arc<KeyringHandle>) {
     let file = KeysetFile::generate(1_700_000_000);
@@ -1080,8 +1095,7 @@ fn a_crash_mid_rotation_loses_no_line_and_one_file_has_one_writer() {
             ),
             "{step}"
         );
-        drop(a); // a crash: no stop line (the writer ends with its sender)
-        std::thread::sleep(Duration::from_millis(200));
+        crashed(a, dir.path());
         let live = dir.path().join("audit.log");
         let rotated = dir.path().join("audit.log.00000000000000000000");
         std::fs::hard_link(&live, &rotated).unwrap();
@@ -2024,8 +2038,7 @@ fn a_crash_after_a_suffixed_link_does_not_link_the_file_twice() {
     let log = dir.path().join("audit.log");
     let audit = audit_in(dir.path(), &handle, 1 << 20);
     decide(&audit, 5);
-    drop(audit); // a crash
-    std::thread::sleep(Duration::from_millis(200));
+    crashed(audit, dir.path());
     let base = dir.path().join(format!("audit.log.{:020}", 0));
     std::fs::write(&base, "another file\n").unwrap();
     std::fs::hard_link(&log, format!("{}.1", base.display())).unwrap();
@@ -2325,7 +2338,17 @@ fn a_foreign_chain_ending_higher_does_not_win_over_the_head() {
 #[test]
 fn only_a_chain_that_holds_the_head_is_gone_on_from() {
     type Change = fn(&Path, &Path, u64);
-    let cases: [(&str, Change); 3] = [
+    let cases: [(&str, Change); 4] = [
+        (
+            "the live file's last line dropped, the other log's under a newer rotated name",
+            |dir, theirs, top| {
+                let log = dir.join("audit.log");
+                let text = std::fs::read_to_string(&log).unwrap();
+                let cut = text.trim_end().rfind('\n').unwrap() + 1;
+                std::fs::write(&log, &text[..cut]).unwrap();
+                std::fs::copy(theirs, dir.join(format!("audit.log.{:020}", top + 1))).unwrap();
+            },
+        ),
         (
             "the live file renamed away, the other log's put in its place",
             |dir, theirs, _| {
@@ -2383,5 +2406,67 @@ fn only_a_chain_that_holds_the_head_is_gone_on_from() {
         );
         assert_eq!(after[i]["prev"], last["mac"], "{what}");
         assert_eq!(after[i + 1]["event"], "skipped", "{what}: {}", after[i + 1]);
+        // No `skipped` line names another seq as the one gone on from.
+        for l in &after[i..] {
+            let reason = l["reason"].as_str().unwrap_or_default();
+            if let Some(from) = reason.strip_prefix("chained on from seq ") {
+                let seq: String = from.chars().take_while(char::is_ascii_digit).collect();
+                assert_eq!(seq, top.to_string(), "{what}: {l}");
+            }
+        }
     }
+}
+
+/// Re-check of the fifth round (k_sigkill): the lines written since the
+/// head was last kept could be cut from the log's end after a crash, and a
+/// restart went on from the cut end unseen. The head is kept every second
+/// while lines are written: a SIGKILLed server's log cut at its end makes
+/// the restart go on from the head, past the cut, and say so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lines_cut_from_the_end_after_a_crash_are_seen() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("audit.log");
+    let head = dir.path().join("data").join("audit-head");
+    let (s, _) = bearer_server(dir.path(), &log, &[]);
+    let mut c = client(&s).await;
+    for _ in 0..20 {
+        c.seal(sealing()).await.unwrap();
+    }
+    // The head catches up with the last line within about a second.
+    let last = lines(&log).last().unwrap().clone();
+    let top = last["seq"].as_u64().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = std::fs::read_to_string(&head).unwrap_or_default();
+        if text.split_whitespace().nth(2) == Some(top.to_string().as_str()) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the head stayed at {text:?} below seq {top}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    s.kill9();
+    // The last five lines cut.
+    let text = std::fs::read_to_string(&log).unwrap();
+    let mut cut = text.len();
+    for _ in 0..5 {
+        cut = text[..cut - 1].rfind('\n').unwrap() + 1;
+    }
+    std::fs::write(&log, &text[..cut]).unwrap();
+    let (s, _) = bearer_server(dir.path(), &log, &[]);
+    let (status, out) = s.terminate();
+    assert!(status.success(), "{out:?}");
+    let after = lines(&log);
+    let i = after.iter().rposition(|l| l["event"] == "start").unwrap();
+    assert_eq!(after[i]["seq"].as_u64().unwrap(), top + 1, "{}", after[i]);
+    assert_eq!(after[i]["prev"], last["mac"]);
+    assert_eq!(after[i + 1]["event"], "skipped", "{}", after[i + 1]);
+    assert_eq!(
+        after[i + 1]["count"].as_u64().unwrap(),
+        5,
+        "{}",
+        after[i + 1]
+    );
 }
