@@ -31,7 +31,7 @@ fn run() -> anyhow::Result<()> {
                     .context("cannot disable core dumps (pass --allow-core-dumps to run anyway)")?;
             }
             let runtime = stateseal::runtime().context("cannot start the async runtime")?;
-            runtime.block_on(async move {
+            let served = runtime.block_on(async move {
                 // Installed before the server says it is listening, so that a
                 // SIGTERM right after start is a graceful stop, not a kill.
                 let shutdown = shutdown_signal()?;
@@ -41,7 +41,11 @@ fn run() -> anyhow::Result<()> {
                     .with_context(|| format!("cannot listen on {}", args.listen))?;
                 stateseal::run(listener, prepared.sealer, prepared.options, shutdown).await?;
                 Ok(())
-            })
+            });
+            // Bounded: a worker held in a system call that hangs (an audit
+            // write to a frozen file system) must not hold the exit.
+            runtime.shutdown_timeout(std::time::Duration::from_secs(5));
+            served
         }
         Command::Keys(cmd) => keys(cmd),
         Command::Audit(AuditCommand::Verify {

@@ -134,6 +134,14 @@ pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
 fn runtime_builder() -> tokio::runtime::Builder {
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     builder.enable_all();
+    // At least two workers, one CPU or more (unless TOKIO_WORKER_THREADS
+    // says otherwise): a task held in a system call (an audit line written
+    // to a file system that hangs) leaves another to answer health checks
+    // and refusals.
+    if std::env::var_os("TOKIO_WORKER_THREADS").is_none() {
+        let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+        builder.worker_threads(cpus.max(2));
+    }
     #[cfg(tokio_unstable)]
     builder.disable_lifo_slot();
     builder

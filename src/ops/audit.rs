@@ -284,23 +284,30 @@ struct Queue {
     writer: Option<Box<Writer>>,
     /// The `stop` line is written: nothing more is queued.
     ended: bool,
+    /// The writer waits for the thread (a rotation, or a retry of a
+    /// failing sink): no request's task takes it.
+    reserved: bool,
 }
 
 /// Group commit without a hand-off: a request's task that queues an entry
 /// while nobody holds the writer takes it and writes, itself, every entry
 /// queued (its own and those that came while it wrote), for up to
 /// [`LEAD_ROUNDS`] rounds; entries queued while another holds it wait for
-/// that holder's next round. The thread only rotates, retries a failing
-/// sink, writes a sink whose writes can block for long (standard output,
-/// a pipe) and stops; it holds the writer the same way.
+/// that holder's next round. The thread rotates, retries a failing sink
+/// (every [`RETRY`]), writes a sink whose writes can block for long
+/// (standard output, a pipe), keeps the head and stops; it holds the writer
+/// the same way. A task never rotates nor retries: it leaves the writer
+/// reserved for the thread.
 struct Shared {
     q: Mutex<Queue>,
     health: Health,
-    /// Every entry whose ticket is below it has its line written ...
+    /// Every entry whose ticket is below it had its round, and its line is
+    /// written unless the round is in `failed`.
     written: AtomicU64,
-    /// ... unless its ticket is below this: its round failed (not written,
-    /// or a line of it dropped).
-    failed: AtomicU64,
+    /// The rounds that failed (not written, or a line of them dropped).
+    failed: Mutex<Failed>,
+    /// Rounds that failed, ever: `failed` is looked at only when not 0.
+    failures: AtomicU64,
     /// Woken after each round.
     rounds: tokio::sync::Notify,
     tx: SyncSender<Msg>,
@@ -311,6 +318,23 @@ struct Shared {
     on_failure: OnFailure,
     stats: Arc<AuditStats>,
     head: Option<Head>,
+}
+
+/// The ticket ranges of the rounds that failed, the latest
+/// [`FAILED_KEPT`]; a ticket below `forgotten` may be in one no longer kept.
+#[derive(Default)]
+struct Failed {
+    ranges: std::collections::VecDeque<(u64, u64)>,
+    forgotten: u64,
+}
+
+/// Failed rounds remembered, so that each waiter learns its own round's fate.
+const FAILED_KEPT: usize = 4096;
+
+impl Failed {
+    fn holds(&self, ticket: u64) -> bool {
+        ticket < self.forgotten || self.ranges.iter().any(|&(a, b)| (a..b).contains(&ticket))
+    }
 }
 
 /// The head checkpoint: written in seq order only, by whoever keeps it (a
@@ -350,16 +374,11 @@ impl Head {
 }
 
 impl Queue {
-    /// The next batch of entries (at most [`BATCH`]), the ticket after its
-    /// last, and whether the queue is empty after it.
-    fn batch(&mut self) -> (Vec<Entry>, u64, bool) {
+    /// The next batch of entries (at most [`BATCH`]) and its tickets.
+    fn batch(&mut self) -> (Vec<Entry>, (u64, u64)) {
         let n = self.entries.len().min(BATCH);
-        let end = self.next - (self.entries.len() - n) as u64;
-        (
-            self.entries.drain(..n).collect(),
-            end,
-            self.entries.is_empty(),
-        )
+        let start = self.next - self.entries.len() as u64;
+        (self.entries.drain(..n).collect(), (start, start + n as u64))
     }
 }
 
@@ -381,10 +400,17 @@ impl Shared {
         q.entries.push(e);
         let ticket = q.next;
         q.next += 1;
-        let held = if self.inline { q.writer.take() } else { None };
+        let held = if self.inline && !q.reserved {
+            q.writer.take()
+        } else {
+            None
+        };
         drop(q);
         match held {
-            Some(w) => self.lead(w, false),
+            Some(w) => {
+                self.lead(w, false);
+            }
+            // Reserved: the thread was told when it was.
             None if !self.inline => self.ask_drain(),
             None => {}
         }
@@ -400,13 +426,17 @@ impl Shared {
 
     /// Written (`Some(true)`), failed (`Some(false)`), or not yet.
     fn outcome(&self, ticket: u64) -> Option<bool> {
-        if self.failed.load(Ordering::Acquire) > ticket {
-            Some(false)
-        } else if self.written.load(Ordering::Acquire) > ticket {
-            Some(true)
-        } else {
-            None
+        let written = self.written.load(Ordering::Acquire);
+        if self.failures.load(Ordering::Acquire) > 0
+            && self
+                .failed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .holds(ticket)
+        {
+            return Some(false);
         }
+        (written > ticket).then_some(true)
     }
 
     /// Until the entry's round is written or fails.
@@ -422,9 +452,10 @@ impl Shared {
         }
     }
 
-    /// After a round: its entries' answers, and every waiter woken; the
-    /// last line written is the head's to keep (at once with `keep_head`).
-    fn settle(&self, w: &mut Writer, ok: bool, end: u64, keep_head: bool) {
+    /// After a round of the tickets `start..end`: their answers, and every
+    /// waiter woken; the last line written is the head's to keep (at once
+    /// with `keep_head`, or after a rotation).
+    fn settle(&self, w: &mut Writer, ok: bool, (start, end): (u64, u64), keep_head: bool) {
         if let (Some(h), Some(line)) = (&self.head, w.last_written()) {
             *h.latest.lock().unwrap_or_else(|p| p.into_inner()) = Some(line);
             if keep_head || w.head_due {
@@ -432,23 +463,39 @@ impl Shared {
                 h.keep(line);
             }
         }
-        if ok {
-            self.written.fetch_max(end, Ordering::AcqRel);
-        } else {
-            self.failed.fetch_max(end, Ordering::AcqRel);
+        self.answered(ok, (start, end));
+    }
+
+    /// The tickets `start..end` had their round: written (`ok`) or not.
+    /// Each waiter learns its own round's fate, whatever rounds came
+    /// before or after it.
+    fn answered(&self, ok: bool, (start, end): (u64, u64)) {
+        if !ok && start < end {
+            let mut f = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+            if f.ranges.len() >= FAILED_KEPT {
+                if let Some((_, b)) = f.ranges.pop_front() {
+                    f.forgotten = b;
+                }
+            }
+            f.ranges.push_back((start, end));
+            self.failures.fetch_add(1, Ordering::AcqRel);
         }
+        self.written.fetch_max(end, Ordering::AcqRel);
         self.rounds.notify_waiters();
     }
 
-    /// Writes, holding the writer, round after round, every entry queued;
-    /// then gives the writer back. A request's task goes at most
-    /// [`LEAD_ROUNDS`] rounds, then asks the thread to go on.
-    fn lead(&self, mut w: Box<Writer>, thread: bool) {
+    /// Writes, holding the writer, round after round, the entries queued,
+    /// then gives the writer back; whether entries are left. A request's
+    /// task goes at most [`LEAD_ROUNDS`] rounds and stops after a round
+    /// that failed or filled the file: it leaves the writer reserved for
+    /// the thread (which rotates, and retries a failing sink at its pace)
+    /// and tells it. The thread goes as many rounds, rotating as it goes.
+    fn lead(&self, mut w: Box<Writer>, thread: bool) -> bool {
         let _unwinding = Unwinding(&self.health);
         let mut rounds = 0;
         let mut ok = true;
         loop {
-            let (batch, end) = {
+            let (batch, tickets) = {
                 let mut q = lock(&self.q);
                 // The writer goes back while the queue is locked: an entry
                 // queued meanwhile was seen here, so none is left with
@@ -456,43 +503,38 @@ impl Shared {
                 // failed, or a rotation's) are written too, but not tried
                 // again at once after a round that failed.
                 let more = !q.entries.is_empty() || (ok && !w.pending.is_empty());
-                if !more || (!thread && rounds >= LEAD_ROUNDS) {
+                let thread_work = !ok || w.rotation_failing || w.rotation_due();
+                if !more || rounds >= LEAD_ROUNDS || thread_work {
                     q.writer = Some(w);
+                    q.reserved = thread_work;
                     drop(q);
-                    if more {
+                    if !thread && (thread_work || more) {
                         self.ask_drain();
                     }
-                    return;
+                    return more;
                 }
-                let (batch, end, _) = q.batch();
-                (batch, end)
+                q.batch()
             };
             rounds += 1;
             ok = w.round(batch, false, &self.health, self.on_failure);
-            self.settle(&mut w, ok, end, false);
-            // Rotated before the next line, by whoever holds the writer; a
-            // rotation that failed is tried again by the thread only.
-            if w.rotation_due() && (thread || !w.rotation_failing) {
+            self.settle(&mut w, ok, tickets, false);
+            if thread && ok && w.rotation_due() {
                 w.rotate_now(&self.health, self.on_failure);
-            }
-            // A failing sink (or rotation) is tried again by the thread,
-            // every RETRY: it is told.
-            if (!ok || w.rotation_failing) && !thread {
-                self.ask_drain();
             }
         }
     }
 
-    /// The writer, for the thread: waits while a leader holds it. `None`
-    /// once the log has stopped.
-    fn take_writer(&self) -> Option<Box<Writer>> {
+    /// The writer, if nobody holds it (reserved or not); for the stop,
+    /// waits while a leader holds it. `None` once the log has ended.
+    fn take_writer(&self, wait: bool) -> Option<Box<Writer>> {
         loop {
             {
                 let mut q = lock(&self.q);
                 if let Some(w) = q.writer.take() {
+                    q.reserved = false;
                     return Some(w);
                 }
-                if q.ended {
+                if q.ended || self.health.ended.load(Ordering::Acquire) || !wait {
                     return None;
                 }
             }
@@ -501,45 +543,60 @@ impl Shared {
     }
 
     /// The maintenance thread: rotation, retries of a failing sink (or
-    /// rotation), draining for a sink not written inline, and the stop.
+    /// rotation) every [`RETRY`], draining for a sink not written inline
+    /// (and after a leader's last round), the head every [`HEAD_EVERY`],
+    /// and the stop.
     fn run(&self, rx: &Receiver<Msg>) {
         let mut head_kept = std::time::Instant::now();
+        let mut tried = head_kept.checked_sub(RETRY).unwrap_or(head_kept);
+        let mut more = false;
         loop {
-            let retrying = self.health.failing.load(Ordering::Acquire);
-            let msg = match rx.recv_timeout(if retrying { RETRY } else { HEAD_EVERY }) {
+            let failing = self.health.failing.load(Ordering::Acquire);
+            let wait = if failing {
+                RETRY.saturating_sub(tried.elapsed())
+            } else if more {
+                Duration::ZERO
+            } else {
+                HEAD_EVERY.saturating_sub(head_kept.elapsed())
+            };
+            let msg = match rx.recv_timeout(wait) {
                 Ok(m) => Some(m),
                 Err(RecvTimeoutError::Timeout) => None,
                 Err(RecvTimeoutError::Disconnected) => Some(Msg::Stop),
             };
+            if matches!(msg, Some(Msg::Stop)) {
+                if let Some(w) = self.take_writer(true) {
+                    self.stop(w);
+                }
+                return;
+            }
             if matches!(msg, Some(Msg::Drain)) {
                 self.drain_asked.store(false, Ordering::Release);
             }
             // The head, every HEAD_EVERY while lines are written, without
             // the writer (a round goes on meanwhile).
-            if let Some(h) = self
-                .head
-                .as_ref()
-                .filter(|_| head_kept.elapsed() >= HEAD_EVERY)
-            {
+            if head_kept.elapsed() >= HEAD_EVERY {
                 head_kept = std::time::Instant::now();
-                if let Some(line) = h.behind() {
+                if let Some((h, line)) = self.head.as_ref().and_then(|h| Some((h, h.behind()?))) {
                     h.keep(line);
                 }
             }
-            if msg.is_none() && !retrying {
+            // A failing sink is tried again at RETRY's pace, whoever asks.
+            if failing && tried.elapsed() < RETRY {
                 continue;
             }
-            let Some(mut w) = self.take_writer() else {
-                return;
+            // Held by a leader: it writes what is queued.
+            let Some(mut w) = self.take_writer(false) else {
+                more = false;
+                continue;
             };
+            if failing {
+                tried = std::time::Instant::now();
+            }
             if w.rotation_due() {
                 w.rotate_now(&self.health, self.on_failure);
             }
-            if matches!(msg, Some(Msg::Stop)) {
-                self.stop(w);
-                return;
-            }
-            self.lead(w, true);
+            more = self.lead(w, true);
         }
     }
 
@@ -548,15 +605,22 @@ impl Shared {
     fn stop(&self, mut w: Box<Writer>) {
         lock(&self.q).ended = true;
         loop {
-            let (batch, end, last) = lock(&self.q).batch();
+            let (batch, tickets, last) = {
+                let mut q = lock(&self.q);
+                let (batch, tickets) = q.batch();
+                (batch, tickets, q.entries.is_empty())
+            };
             let ok = w.round(batch, last, &self.health, self.on_failure);
-            self.settle(&mut w, ok, end, last);
+            self.settle(&mut w, ok, tickets, last);
             if last {
                 break;
             }
         }
         if let Out::File(f) = &w.out {
             let _ = f.sync_all();
+            // Let go of the lock now, not only at close: a child process
+            // forked meanwhile shares the descriptor until it execs.
+            let _ = rustix::fs::flock(f, rustix::fs::FlockOperation::Unlock);
         }
     }
 }
@@ -670,10 +734,12 @@ impl Audit {
                 next: 0,
                 writer: Some(Box::new(w)),
                 ended: false,
+                reserved: false,
             }),
             health: Health::default(),
             written: AtomicU64::new(0),
-            failed: AtomicU64::new(0),
+            failed: Mutex::new(Failed::default()),
+            failures: AtomicU64::new(0),
             rounds: tokio::sync::Notify::new(),
             tx,
             inline: matches!(cfg.sink, Sink::File(_)),
@@ -2216,6 +2282,34 @@ mod tests {
         assert_eq!(buf, b"last");
         assert_eq!(next_line(&mut r, &mut buf).unwrap(), Some((3, false)));
         assert_eq!(next_line(&mut r, &mut buf).unwrap(), None);
+    }
+
+    /// Review of the group commit, C: a round that failed after one that
+    /// wrote does not refuse the written one's tickets, and a dropped
+    /// round's ticket is never answered written by a later round.
+    #[test]
+    fn each_ticket_is_answered_by_its_own_round() {
+        let file = crate::domain::keyring::KeysetFile::generate(1_700_000_000);
+        let keys = Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = AuditConfig {
+            sink: Sink::File(dir.path().join("audit.log")),
+            max_bytes: 1 << 20,
+            sample_seals: 1,
+            on_failure: OnFailure::Closed,
+            replica: "r".into(),
+            head: None,
+        };
+        let audit = Audit::start(cfg, keys).unwrap();
+        let s = &audit.shared;
+        s.answered(true, (0, 10));
+        s.answered(false, (10, 20));
+        s.answered(true, (20, 30));
+        assert_eq!(s.outcome(5), Some(true));
+        assert_eq!(s.outcome(15), Some(false));
+        assert_eq!(s.outcome(25), Some(true));
+        assert_eq!(s.outcome(30), None);
+        audit.close();
     }
 
     /// A seq at its largest value is a failing sink, never an overflow.

@@ -462,3 +462,98 @@ async fn an_unfinished_sled_snapshot_does_not_stop_a_restart() {
     }
     assert!(!unfinished.exists());
 }
+
+/// A frozen filesystem (`fsfreeze`), thawed when dropped: writes to it
+/// block until then.
+struct Frozen<'a>(&'a Path);
+
+impl Frozen<'_> {
+    fn freeze(dir: &Path) -> Frozen<'_> {
+        run("fsfreeze", &["-f", path_str(dir)], &[0]).unwrap();
+        Frozen(dir)
+    }
+}
+
+impl Drop for Frozen<'_> {
+    fn drop(&mut self) {
+        let _ = run("fsfreeze", &["-u", path_str(self.0)], &[0]);
+    }
+}
+
+/// Review of the audit log's group commit, A: the request's task that
+/// writes an audit line to a file system that hangs (frozen) is held in
+/// `write(2)` with its worker thread. On one CPU (`taskset -c 0`) the
+/// server still runs a second worker: the other calls are refused
+/// `AUDIT_UNAVAILABLE` and readiness goes NOT_SERVING; once the file
+/// system thaws, the held call is answered (its line written) and SIGTERM
+/// stops the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_audit_file_system_holds_one_call_not_the_server() {
+    let base = tempfile::tempdir().unwrap();
+    let mnt = base.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let _fs = match Ext4::create(&base.path().join("image"), &mnt) {
+        Ok(fs) => fs,
+        Err(e) => {
+            crate::common::skip::skipped(
+                "audit-frozen-fs-test",
+                &format!("cannot mount an ext4 image here ({e})"),
+            );
+            return;
+        }
+    };
+    let log = mnt.join("audit.log");
+    let mut one_cpu = Command::new("taskset");
+    one_cpu
+        .args(["-c", "0"])
+        .arg(env!("CARGO_BIN_EXE_stateseal"));
+    let s = crate::common::process::spawn_as(
+        one_cpu,
+        &base.path().join("data"),
+        &[
+            "--audit-log",
+            log.to_str().unwrap(),
+            "--health-listen",
+            "127.0.0.1:0",
+        ],
+        &[],
+    );
+    let health = crate::common::process::health_addr(&s);
+    let mut c = connect(s.addr).await;
+    c.seal(seal_req(b"x", false)).await.unwrap();
+    let mut held_c = connect(s.addr).await;
+    let frozen = Frozen::freeze(&mnt);
+    let held = tokio::spawn(async move { held_c.seal(seal_req(b"x", false)).await });
+    // Readiness: NOT_SERVING once the write has hung 2 s.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let status = tokio::time::timeout(
+            Duration::from_secs(5),
+            health_status(health, "stateseal.v1.RequestState"),
+        )
+        .await
+        .expect("the health check was not answered while a write hangs");
+        if status == 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never NOT_SERVING");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let refused = tokio::time::timeout(Duration::from_secs(20), c.seal(seal_req(b"x", false)))
+        .await
+        .expect("no answer while a write hangs")
+        .unwrap_err();
+    assert_eq!(reason(&refused), "AUDIT_UNAVAILABLE");
+    assert!(
+        !held.is_finished(),
+        "the held call was answered while frozen"
+    );
+    drop(frozen);
+    let answered = tokio::time::timeout(Duration::from_secs(30), held)
+        .await
+        .expect("the held call was not answered after the thaw")
+        .unwrap();
+    assert!(answered.is_ok(), "{answered:?}");
+    let (status, out) = s.terminate();
+    assert!(status.success(), "{out:?}");
+}
