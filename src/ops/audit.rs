@@ -386,16 +386,53 @@ fn lock(q: &Mutex<Queue>) -> std::sync::MutexGuard<'_, Queue> {
     q.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// The writer, taken by a task that has not written yet: given back (and
+/// the thread told) if the task is dropped first (its caller cancelled).
+struct Held<'a>(&'a Shared, Option<Box<Writer>>);
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        if let Some(w) = self.1.take() {
+            lock(&self.0.q).writer = Some(w);
+            self.0.ask_drain();
+        }
+    }
+}
+
 impl Shared {
     /// Queues an entry and, inline, writes it if nobody holds the writer.
     /// Its ticket, or `None` when not queued (the queue is full, or the log
     /// has stopped): counted as dropped.
     fn submit(&self, e: Entry) -> Option<u64> {
+        let (ticket, held) = self.queue(e);
+        if let Some(w) = held {
+            self.lead(w, false);
+        }
+        ticket
+    }
+
+    /// [`Shared::submit`] from a request's task: one that takes the writer
+    /// first lets the other tasks ready on its worker run (they queue their
+    /// lines meanwhile), then writes them all with its own in one round.
+    async fn submit_async(&self, e: Entry) -> Option<u64> {
+        let (ticket, held) = self.queue(e);
+        if let Some(w) = held {
+            let mut held = Held(self, Some(w));
+            tokio::task::yield_now().await;
+            if let Some(w) = held.1.take() {
+                self.lead(w, false);
+            }
+        }
+        ticket
+    }
+
+    /// Queues an entry; the writer too, when a task may take it.
+    fn queue(&self, e: Entry) -> (Option<u64>, Option<Box<Writer>>) {
         let mut q = lock(&self.q);
         if q.ended || q.entries.len() >= QUEUE {
             drop(q);
             self.stats.dropped.fetch_add(1, Ordering::Relaxed);
-            return None;
+            return (None, None);
         }
         q.entries.push(e);
         let ticket = q.next;
@@ -406,15 +443,12 @@ impl Shared {
             None
         };
         drop(q);
-        match held {
-            Some(w) => {
-                self.lead(w, false);
-            }
-            // Reserved: the thread was told when it was.
-            None if !self.inline => self.ask_drain(),
-            None => {}
+        if held.is_none() && !self.inline {
+            self.ask_drain();
         }
-        Some(ticket)
+        // Else held by another (who writes what is queued), or reserved:
+        // the thread was told when it was.
+        (Some(ticket), held)
     }
 
     fn ask_drain(&self) {
@@ -810,7 +844,7 @@ impl Audit {
         let shared = &self.shared;
         match self.on_failure {
             OnFailure::Open => {
-                shared.submit(Entry::Decision(d, sampled));
+                shared.submit_async(Entry::Decision(d, sampled)).await;
                 Ok(())
             }
             // A refused completion while the sink fails finishes no
@@ -830,7 +864,8 @@ impl Audit {
                 // Decided, with no line when not queued: a `dropped` line
                 // counts it.
                 let ticket = shared
-                    .submit(Entry::Decision(d, sampled))
+                    .submit_async(Entry::Decision(d, sampled))
+                    .await
                     .ok_or(Reject::AuditUnavailable)?;
                 // Written by this task as the leader: answered at once.
                 // Else bounded: a write that hangs must not hold the answer
@@ -857,7 +892,7 @@ impl Audit {
     async fn keep(&self, d: Decision) {
         let shared = &self.shared;
         let healthy = shared.health.ok();
-        let Some(ticket) = shared.submit(Entry::Decision(d, 1)) else {
+        let Some(ticket) = shared.submit_async(Entry::Decision(d, 1)).await else {
             return;
         };
         if !healthy || shared.outcome(ticket).is_some() {
