@@ -429,7 +429,8 @@ impl Shared {
     /// Queues an entry; the writer too, when a task may take it.
     fn queue(&self, e: Entry) -> (Option<u64>, Option<Box<Writer>>) {
         let mut q = lock(&self.q);
-        if q.ended || q.entries.len() >= QUEUE {
+        let ended = q.ended || self.health.ended.load(Ordering::Acquire);
+        if ended || q.entries.len() >= QUEUE {
             drop(q);
             self.stats.dropped.fetch_add(1, Ordering::Relaxed);
             return (None, None);
@@ -537,12 +538,15 @@ impl Shared {
                 // failed, or a rotation's) are written too, but not tried
                 // again at once after a round that failed.
                 let more = !q.entries.is_empty() || (ok && !w.pending.is_empty());
-                let thread_work = !ok || w.rotation_failing || w.rotation_due();
-                if !more || rounds >= LEAD_ROUNDS || thread_work {
+                // A rotation is the thread's (its first try at once, a
+                // retry at RETRY's pace); meanwhile the lines are written
+                // on into the current file.
+                let rotation = !thread && w.rotation_due() && !w.rotation_failing;
+                if !more || rounds >= LEAD_ROUNDS || rotation {
                     q.writer = Some(w);
-                    q.reserved = thread_work;
+                    q.reserved = rotation;
                     drop(q);
-                    if !thread && (thread_work || more) {
+                    if !thread && (rotation || more) {
                         self.ask_drain();
                     }
                     return more;
@@ -552,7 +556,7 @@ impl Shared {
             rounds += 1;
             ok = w.round(batch, false, &self.health, self.on_failure);
             self.settle(&mut w, ok, tickets, false);
-            if thread && ok && w.rotation_due() {
+            if thread && ok && w.rotation_due() && !w.rotation_failing {
                 w.rotate_now(&self.health, self.on_failure);
             }
         }
@@ -585,6 +589,10 @@ impl Shared {
         let mut tried = head_kept.checked_sub(RETRY).unwrap_or(head_kept);
         let mut more = false;
         loop {
+            // A leader unwound holding the writer: nothing can be written.
+            if self.health.ended.load(Ordering::Acquire) {
+                return;
+            }
             let failing = self.health.failing.load(Ordering::Acquire);
             let wait = if failing {
                 RETRY.saturating_sub(tried.elapsed())
@@ -1148,6 +1156,8 @@ struct Writer {
     head_due: bool,
     /// The last rotation failed (tried again by the thread).
     rotation_failing: bool,
+    /// When the last write failed, if the last write failed.
+    failed_at: Option<std::time::Instant>,
     /// At the start: the log's files ended at this seq (if any line), below
     /// the head's seq.
     below_head: Option<(Option<u64>, u64, bool)>,
@@ -1177,6 +1187,7 @@ impl Writer {
             exhausted: false,
             head_due: false,
             rotation_failing: false,
+            failed_at: None,
             below_head: None,
         };
         if let Sink::File(path) = &cfg.sink {
@@ -1530,11 +1541,18 @@ impl Writer {
             self.note_lost(&ring);
             self.push(Line::new("stop"), &ring);
         }
+        // A sink that failed is tried again at RETRY's pace, whoever holds
+        // the writer (the lines meanwhile kept, up to MAX_PENDING); the
+        // stop tries at once.
+        if !stop && self.failed_at.is_some_and(|t| t.elapsed() < RETRY) {
+            return false;
+        }
         health
             .writing_since
             .store(now_ms().max(1), Ordering::Release);
         let written = self.flush();
         health.writing_since.store(0, Ordering::Release);
+        self.failed_at = written.is_err().then(std::time::Instant::now);
         let written = match written {
             Ok(()) if self.exhausted => Err(std::io::Error::other(
                 "its seq has reached its largest value: start a new log",
@@ -2469,6 +2487,34 @@ mod tests {
             );
             assert_eq!(line.sampled, (sampled > 1).then_some(sampled));
         }
+    }
+
+    /// Review of the group commit's fixes, F3: once the writer is lost (a
+    /// leader unwound holding it), nothing more is queued: each entry is
+    /// counted as dropped, not left waiting for a writer that never comes.
+    #[test]
+    fn nothing_is_queued_once_the_writer_is_lost() {
+        let file = crate::domain::keyring::KeysetFile::generate(1_700_000_000);
+        let keys = Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = AuditConfig {
+            sink: Sink::File(dir.path().join("audit.log")),
+            max_bytes: 1 << 20,
+            sample_seals: 1,
+            on_failure: OnFailure::Open,
+            replica: "r".into(),
+            head: None,
+        };
+        let audit = Audit::start(cfg, keys).unwrap();
+        let s = &audit.shared;
+        let lost = lock(&s.q).writer.take();
+        assert!(lost.is_some());
+        s.health.ended.store(true, Ordering::Release);
+        assert_eq!(s.submit(Entry::Key(KeyEvent::ReloadApplied)), None);
+        assert_eq!(audit.stats().dropped.load(Ordering::Relaxed), 1);
+        assert!(lock(&s.q).entries.is_empty());
+        assert!(!audit.ready());
+        audit.close();
     }
 
     /// A seq at its largest value is a failing sink, never an overflow.
