@@ -318,6 +318,8 @@ struct Shared {
     on_failure: OnFailure,
     stats: Arc<AuditStats>,
     head: Option<Head>,
+    /// The thread's turns of its loop (each a wake-up).
+    turns: AtomicU64,
 }
 
 /// The ticket ranges of the rounds that failed, the latest
@@ -554,7 +556,7 @@ impl Shared {
                 q.batch()
             };
             rounds += 1;
-            ok = w.round(batch, false, &self.health, self.on_failure);
+            ok = w.round(batch, false, !thread, &self.health, self.on_failure);
             self.settle(&mut w, ok, tickets, false);
             if thread && ok && w.rotation_due() && !w.rotation_failing {
                 w.rotate_now(&self.health, self.on_failure);
@@ -589,6 +591,7 @@ impl Shared {
         let mut tried = head_kept.checked_sub(RETRY).unwrap_or(head_kept);
         let mut more = false;
         loop {
+            self.turns.fetch_add(1, Ordering::Relaxed);
             // A leader unwound holding the writer: nothing can be written.
             if self.health.ended.load(Ordering::Acquire) {
                 return;
@@ -630,6 +633,11 @@ impl Shared {
             // Held by a leader: it writes what is queued.
             let Some(mut w) = self.take_writer(false) else {
                 more = false;
+                // A task holds the writer (and tries the sink itself): the
+                // next look is RETRY away, not at once.
+                if failing {
+                    tried = std::time::Instant::now();
+                }
                 continue;
             };
             if failing {
@@ -652,7 +660,7 @@ impl Shared {
                 let (batch, tickets) = q.batch();
                 (batch, tickets, q.entries.is_empty())
             };
-            let ok = w.round(batch, last, &self.health, self.on_failure);
+            let ok = w.round(batch, last, false, &self.health, self.on_failure);
             self.settle(&mut w, ok, tickets, last);
             if last {
                 break;
@@ -789,6 +797,7 @@ impl Audit {
             on_failure: cfg.on_failure,
             stats: stats.clone(),
             head,
+            turns: AtomicU64::new(0),
         });
         let s = shared.clone();
         std::thread::Builder::new()
@@ -1492,14 +1501,25 @@ impl Writer {
         // A crash from here on leaves the live name missing or empty: the
         // next start chains on from the newest rotated file.
         let f = open_private(&self.path, true)?;
-        rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive)?;
-        if let Some(dir) = self.path.parent() {
-            let dir = if dir.as_os_str().is_empty() {
-                Path::new(".")
-            } else {
-                dir
-            };
-            std::fs::File::open(dir)?.sync_all()?;
+        let made = (|| {
+            rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive)?;
+            if let Some(dir) = self.path.parent() {
+                let dir = if dir.as_os_str().is_empty() {
+                    Path::new(".")
+                } else {
+                    dir
+                };
+                std::fs::File::open(dir)?.sync_all()?;
+            }
+            Ok::<(), std::io::Error>(())
+        })();
+        if let Err(e) = made {
+            // The new file goes while it is still the one made here: left,
+            // its name would refuse every retry (EEXIST).
+            if is_open_file(&f, &self.path) {
+                let _ = std::fs::remove_file(&self.path);
+            }
+            return Err(e);
         }
         self.out = Out::File(f);
         self.size = 0;
@@ -1520,6 +1540,7 @@ impl Writer {
         &mut self,
         batch: Vec<Entry>,
         stop: bool,
+        paced: bool,
         health: &Health,
         on_failure: OnFailure,
     ) -> bool {
@@ -1541,10 +1562,10 @@ impl Writer {
             self.note_lost(&ring);
             self.push(Line::new("stop"), &ring);
         }
-        // A sink that failed is tried again at RETRY's pace, whoever holds
-        // the writer (the lines meanwhile kept, up to MAX_PENDING); the
-        // stop tries at once.
-        if !stop && self.failed_at.is_some_and(|t| t.elapsed() < RETRY) {
+        // A sink that failed is tried again at RETRY's pace by a task
+        // (`paced`; the lines meanwhile kept, up to MAX_PENDING); the
+        // thread paces its own tries, the stop tries at once.
+        if paced && self.failed_at.is_some_and(|t| t.elapsed() < RETRY) {
             return false;
         }
         health
@@ -2515,6 +2536,36 @@ mod tests {
         assert!(lock(&s.q).entries.is_empty());
         assert!(!audit.ready());
         audit.close();
+    }
+
+    /// Third review of the group commit, N1: while the sink fails and a
+    /// task holds the writer, the thread looks again every RETRY, it does
+    /// not spin.
+    #[test]
+    fn the_thread_does_not_spin_while_a_task_holds_a_failing_writer() {
+        let file = crate::domain::keyring::KeysetFile::generate(1_700_000_000);
+        let keys = Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = AuditConfig {
+            sink: Sink::File(dir.path().join("audit.log")),
+            max_bytes: 1 << 20,
+            sample_seals: 1,
+            on_failure: OnFailure::Closed,
+            replica: "r".into(),
+            head: None,
+        };
+        let audit = Audit::start(cfg, keys).unwrap();
+        let s = &audit.shared;
+        let held = lock(&s.q).writer.take();
+        s.health.failing.store(true, Ordering::Release);
+        let before = s.turns.load(Ordering::Relaxed);
+        std::thread::sleep(Duration::from_secs(2));
+        let turns = s.turns.load(Ordering::Relaxed) - before;
+        lock(&s.q).writer = held;
+        s.health.failing.store(false, Ordering::Release);
+        audit.close();
+        // One turn per RETRY (500 ms), and the first at once.
+        assert!(turns <= 8, "{turns} turns in 2 s");
     }
 
     /// A seq at its largest value is a failing sink, never an overflow.
