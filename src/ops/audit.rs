@@ -237,22 +237,18 @@ struct Health {
     ended: AtomicBool,
 }
 
-/// Marks the writer ended when the thread ends, however it ends.
-struct Ended<'a>(&'a Health);
+/// Marks the writer ended when dropped: the thread's at its end, however
+/// it ends (`always`); a leader's only when it unwinds holding the writer
+/// (which is then lost).
+struct Ended<'a> {
+    health: &'a Health,
+    always: bool,
+}
 
 impl Drop for Ended<'_> {
     fn drop(&mut self) {
-        self.0.ended.store(true, Ordering::Release);
-    }
-}
-
-/// Marks the writer ended when a leader unwinds holding it (it is lost).
-struct Unwinding<'a>(&'a Health);
-
-impl Drop for Unwinding<'_> {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            self.0.ended.store(true, Ordering::Release);
+        if self.always || std::thread::panicking() {
+            self.health.ended.store(true, Ordering::Release);
         }
     }
 }
@@ -528,7 +524,10 @@ impl Shared {
     /// the thread (which rotates, and retries a failing sink at its pace)
     /// and tells it. The thread goes as many rounds, rotating as it goes.
     fn lead(&self, mut w: Box<Writer>, thread: bool) -> bool {
-        let _unwinding = Unwinding(&self.health);
+        let _unwinding = Ended {
+            health: &self.health,
+            always: false,
+        };
         let mut rounds = 0;
         let mut ok = true;
         loop {
@@ -803,7 +802,10 @@ impl Audit {
         std::thread::Builder::new()
             .name("stateseal-audit".into())
             .spawn(move || {
-                let ended = Ended(&s.health);
+                let ended = Ended {
+                    health: &s.health,
+                    always: true,
+                };
                 s.run(&rx);
                 // Ended before `close` returns: a closed sink refuses at once.
                 drop(ended);
@@ -1070,13 +1072,10 @@ impl Line {
 pub const MAC_SUFFIX_LEN: usize = 8 + 64 + 2;
 
 pub(crate) fn hex(b: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(b.len() * 2);
-    for x in b {
-        s.push(char::from(DIGITS[usize::from(x >> 4)]));
-        s.push(char::from(DIGITS[usize::from(x & 15)]));
-    }
-    s
+    let mut out = Vec::with_capacity(b.len() * 2);
+    push_hex(&mut out, b);
+    // Hex digits are ASCII.
+    String::from_utf8(out).unwrap_or_default()
 }
 
 /// Lowercase hex of `b`, appended.
@@ -2388,6 +2387,24 @@ fn ends(
 mod tests {
     use super::*;
 
+    /// A new keyset's keyring.
+    fn keyring() -> Arc<KeyringHandle> {
+        let file = crate::domain::keyring::KeysetFile::generate(1_700_000_000);
+        Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()))
+    }
+
+    /// A log to `sink`, rotated at 1 MiB, every Seal logged, no head kept.
+    fn config(sink: Sink, on_failure: OnFailure) -> AuditConfig {
+        AuditConfig {
+            sink,
+            max_bytes: 1 << 20,
+            sample_seals: 1,
+            on_failure,
+            replica: "r".into(),
+            head: None,
+        }
+    }
+
     #[test]
     fn times_are_rfc3339_with_microseconds_and_hex_is_lowercase() {
         let mut c = Clock::default();
@@ -2430,18 +2447,12 @@ mod tests {
     /// round's ticket is never answered written by a later round.
     #[test]
     fn each_ticket_is_answered_by_its_own_round() {
-        let file = crate::domain::keyring::KeysetFile::generate(1_700_000_000);
-        let keys = Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
         let dir = tempfile::tempdir().unwrap();
-        let cfg = AuditConfig {
-            sink: Sink::File(dir.path().join("audit.log")),
-            max_bytes: 1 << 20,
-            sample_seals: 1,
-            on_failure: OnFailure::Closed,
-            replica: "r".into(),
-            head: None,
-        };
-        let audit = Audit::start(cfg, keys).unwrap();
+        let audit = Audit::start(
+            config(Sink::File(dir.path().join("audit.log")), OnFailure::Closed),
+            keyring(),
+        )
+        .unwrap();
         let s = &audit.shared;
         s.answered(true, (0, 10));
         s.answered(false, (10, 20));
@@ -2458,15 +2469,10 @@ mod tests {
     /// each optional member, and a caller and tenant that need escaping.
     #[test]
     fn a_decision_line_is_what_serde_writes() {
-        let file = crate::domain::keyring::KeysetFile::generate(1_700_000_000);
-        let keys = Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
+        let keys = keyring();
         let cfg = AuditConfig {
-            sink: Sink::Stdout,
-            max_bytes: 1 << 20,
-            sample_seals: 1,
-            on_failure: OnFailure::Closed,
             replica: "r\"1\u{7}é".into(),
-            head: None,
+            ..config(Sink::Stdout, OnFailure::Closed)
         };
         let stats = Arc::new(AuditStats::default());
         let Ok(mut w) = Writer::open(&cfg, keys.clone(), stats) else {
@@ -2515,18 +2521,12 @@ mod tests {
     /// counted as dropped, not left waiting for a writer that never comes.
     #[test]
     fn nothing_is_queued_once_the_writer_is_lost() {
-        let file = crate::domain::keyring::KeysetFile::generate(1_700_000_000);
-        let keys = Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
         let dir = tempfile::tempdir().unwrap();
-        let cfg = AuditConfig {
-            sink: Sink::File(dir.path().join("audit.log")),
-            max_bytes: 1 << 20,
-            sample_seals: 1,
-            on_failure: OnFailure::Open,
-            replica: "r".into(),
-            head: None,
-        };
-        let audit = Audit::start(cfg, keys).unwrap();
+        let audit = Audit::start(
+            config(Sink::File(dir.path().join("audit.log")), OnFailure::Open),
+            keyring(),
+        )
+        .unwrap();
         let s = &audit.shared;
         let lost = lock(&s.q).writer.take();
         assert!(lost.is_some());
@@ -2543,18 +2543,12 @@ mod tests {
     /// not spin.
     #[test]
     fn the_thread_does_not_spin_while_a_task_holds_a_failing_writer() {
-        let file = crate::domain::keyring::KeysetFile::generate(1_700_000_000);
-        let keys = Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
         let dir = tempfile::tempdir().unwrap();
-        let cfg = AuditConfig {
-            sink: Sink::File(dir.path().join("audit.log")),
-            max_bytes: 1 << 20,
-            sample_seals: 1,
-            on_failure: OnFailure::Closed,
-            replica: "r".into(),
-            head: None,
-        };
-        let audit = Audit::start(cfg, keys).unwrap();
+        let audit = Audit::start(
+            config(Sink::File(dir.path().join("audit.log")), OnFailure::Closed),
+            keyring(),
+        )
+        .unwrap();
         let s = &audit.shared;
         let held = lock(&s.q).writer.take();
         s.health.failing.store(true, Ordering::Release);
@@ -2571,16 +2565,8 @@ mod tests {
     /// A seq at its largest value is a failing sink, never an overflow.
     #[test]
     fn an_exhausted_seq_makes_no_line_and_does_not_panic() {
-        let file = crate::domain::keyring::KeysetFile::generate(1_700_000_000);
-        let keys = Arc::new(KeyringHandle::new(Keyring::from_file(&file).unwrap()));
-        let cfg = AuditConfig {
-            sink: Sink::Stdout,
-            max_bytes: 1 << 20,
-            sample_seals: 1,
-            on_failure: OnFailure::Closed,
-            replica: "r".into(),
-            head: None,
-        };
+        let keys = keyring();
+        let cfg = config(Sink::Stdout, OnFailure::Closed);
         let stats = Arc::new(AuditStats::default());
         let Ok(mut w) = Writer::open(&cfg, keys.clone(), stats.clone()) else {
             panic!("no writer");

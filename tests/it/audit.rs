@@ -977,7 +977,7 @@ fn audit_in(
     handle: &std::sync::Arc<KeyringHandle>,
     max_bytes: u64,
 ) -> std::sync::Arc<Audit> {
-    audit_at(dir, handle, max_bytes, None)
+    audit_at(dir, handle, max_bytes, None, OnFailure::Closed)
 }
 
 /// [`audit_in`], with the head kept at `head` if given.
@@ -986,13 +986,14 @@ fn audit_at(
     handle: &std::sync::Arc<KeyringHandle>,
     max_bytes: u64,
     head: Option<&Path>,
+    on_failure: OnFailure,
 ) -> std::sync::Arc<Audit> {
     Audit::start(
         AuditConfig {
             sink: Sink::File(dir.join("audit.log")),
             max_bytes,
             sample_seals: 1,
-            on_failure: OnFailure::Closed,
+            on_failure,
             replica: "r".into(),
             head: head.map(Path::to_owned),
         },
@@ -1036,17 +1037,8 @@ fn decide(audit: &Audit, n: usize) {
         .unwrap();
     for i in 0..n {
         let d = Decision {
-            method: Method::Open,
-            tenant: Tenant::new("t"),
-            caller: "none".into(),
-            mode: Some("consume"),
-            subject: Some(format!("s{i}")),
-            attempt: None,
-            trail: Trail {
-                key_id: None,
-                ledger_id: Some([i as u8; 32]),
-            },
             refused: (i % 3 == 0).then_some(Reject::Replayed),
+            ..open_decision(i)
         };
         rt.block_on(audit.record(d)).unwrap();
     }
@@ -2209,7 +2201,7 @@ fn audit_with_head(
     max_bytes: u64,
     head: &Path,
 ) -> std::sync::Arc<Audit> {
-    audit_at(dir, handle, max_bytes, Some(head))
+    audit_at(dir, handle, max_bytes, Some(head), OnFailure::Closed)
 }
 
 /// Re-check of the fourth round (n1): with the live file gone (moved
@@ -2537,18 +2529,7 @@ async fn a_failing_sink_is_retried_at_its_pace_not_per_line() {
         return;
     };
     let (_, handle) = generated();
-    let audit = Audit::start(
-        AuditConfig {
-            sink: Sink::File(mnt.join("audit.log")),
-            max_bytes: 1 << 30,
-            sample_seals: 1,
-            on_failure: OnFailure::Open,
-            replica: "r".into(),
-            head: None,
-        },
-        handle,
-    )
-    .unwrap();
+    let audit = audit_at(&mnt, &handle, 1 << 30, None, OnFailure::Open);
     let _ = std::process::Command::new("dd")
         .args(["if=/dev/zero", "bs=4k"])
         .arg(format!("of={}", mnt.join("filler").display()))
