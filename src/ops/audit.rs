@@ -304,8 +304,8 @@ struct Shared {
     failed: Mutex<Failed>,
     /// Rounds that failed, ever: `failed` is looked at only when not 0.
     failures: AtomicU64,
-    /// Woken after each round.
-    rounds: tokio::sync::Notify,
+    /// The tasks waiting for their line, each woken by its own round only.
+    waiters: Arc<Waiters>,
     tx: SyncSender<Msg>,
     /// A request's task writes (a file); else only the thread does.
     inline: bool,
@@ -332,6 +332,162 @@ const FAILED_KEPT: usize = 4096;
 impl Failed {
     fn holds(&self, ticket: u64) -> bool {
         ticket < self.forgotten || self.ranges.iter().any(|&(a, b)| (a..b).contains(&ticket))
+    }
+}
+
+/// The tasks waiting for their entry's round, by ticket (one task per
+/// ticket). A round wakes the tasks of its own tickets, not every waiter
+/// (a wake-up is a poll of the whole request, and most waiters' lines are
+/// in a later round); a thread of its own wakes those whose wait is over,
+/// so that no answer needs a timer of its own.
+#[derive(Default)]
+struct Waiters {
+    list: Mutex<WaitList>,
+    /// Tells the watcher that a first waiter came, or that the log closed.
+    watch: std::sync::Condvar,
+}
+
+#[derive(Default)]
+struct WaitList {
+    entries: Vec<Waiting>,
+    /// The watcher sleeps until the earliest deadline; else it waits to be
+    /// told.
+    armed: bool,
+    closed: bool,
+}
+
+struct Waiting {
+    ticket: u64,
+    deadline: std::time::Instant,
+    waker: std::task::Waker,
+}
+
+impl Waiters {
+    fn list(&self) -> std::sync::MutexGuard<'_, WaitList> {
+        self.list.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Wakes (and forgets) the waiters of the tickets below `end`, after
+    /// their outcome is set.
+    fn wake_below(&self, end: u64) {
+        self.wake_where(|w| w.ticket < end);
+    }
+
+    fn wake_where(&self, due: impl FnMut(&mut Waiting) -> bool) {
+        let ready: Vec<std::task::Waker> = {
+            let mut list = self.list();
+            if list.entries.is_empty() {
+                return;
+            }
+            list.entries.extract_if(.., due).map(|w| w.waker).collect()
+        };
+        for w in ready {
+            w.wake();
+        }
+    }
+
+    /// The watcher's thread: wakes each waiter whose deadline has passed
+    /// (it then answers that its line was not written in time).
+    fn watch(&self) {
+        let mut list = self.list();
+        loop {
+            if list.closed {
+                return;
+            }
+            let now = std::time::Instant::now();
+            let Some(earliest) = list.entries.iter().map(|w| w.deadline).min() else {
+                list.armed = false;
+                list = self.watch.wait(list).unwrap_or_else(|p| p.into_inner());
+                continue;
+            };
+            if earliest <= now {
+                drop(list);
+                self.wake_where(|w| w.deadline <= now);
+                list = self.list();
+                continue;
+            }
+            list = match self.watch.wait_timeout(list, earliest - now) {
+                Ok((l, _)) => l,
+                Err(p) => p.into_inner().0,
+            };
+        }
+    }
+
+    fn close(&self) {
+        self.list().closed = true;
+        self.watch.notify_one();
+    }
+}
+
+/// The future of [`Shared::settled`]: registered in [`Waiters`] while its
+/// outcome is not known, and taken out when dropped before it is.
+struct Settled<'a> {
+    shared: &'a Shared,
+    ticket: u64,
+    /// The longest it waits, from its first wait on.
+    wait: Duration,
+    deadline: Option<std::time::Instant>,
+    registered: bool,
+}
+
+impl std::future::Future for Settled<'_> {
+    type Output = bool;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<bool> {
+        use std::task::Poll;
+        if let Some(ok) = self.shared.outcome(self.ticket) {
+            // The round that answered it forgets its waker.
+            self.registered = false;
+            return Poll::Ready(ok);
+        }
+        let now = std::time::Instant::now();
+        if self.deadline.is_some_and(|d| d <= now) {
+            return Poll::Ready(false); // not written in time: dropped, it goes
+        }
+        let wait = self.wait;
+        let deadline = *self.deadline.get_or_insert(now + wait);
+        let (shared, ticket) = (self.shared, self.ticket);
+        let mut list = shared.waiters.list();
+        // Looked at again under the lock: a round sets the outcome before
+        // it takes the lock to wake, so either it is seen here or the
+        // round finds this waker.
+        if let Some(ok) = shared.outcome(ticket) {
+            list.entries.retain(|w| w.ticket != ticket);
+            drop(list);
+            self.registered = false;
+            return Poll::Ready(ok);
+        }
+        match list.entries.iter_mut().find(|w| w.ticket == ticket) {
+            Some(w) => w.waker.clone_from(cx.waker()),
+            None => list.entries.push(Waiting {
+                ticket,
+                deadline,
+                waker: cx.waker().clone(),
+            }),
+        }
+        let tell = !std::mem::replace(&mut list.armed, true);
+        drop(list);
+        if tell {
+            shared.waiters.watch.notify_one();
+        }
+        self.registered = true;
+        Poll::Pending
+    }
+}
+
+impl Drop for Settled<'_> {
+    fn drop(&mut self) {
+        if self.registered {
+            let ticket = self.ticket;
+            self.shared
+                .waiters
+                .list()
+                .entries
+                .retain(|w| w.ticket != ticket);
+        }
     }
 }
 
@@ -472,16 +628,15 @@ impl Shared {
         (written > ticket).then_some(true)
     }
 
-    /// Until the entry's round is written or fails.
-    async fn settled(&self, ticket: u64) -> bool {
-        loop {
-            let next = self.rounds.notified();
-            tokio::pin!(next);
-            next.as_mut().enable();
-            if let Some(ok) = self.outcome(ticket) {
-                return ok;
-            }
-            next.await;
+    /// Until the entry's round is written (`true`) or fails, or `wait` is
+    /// over (`false`).
+    fn settled(&self, ticket: u64, wait: Duration) -> Settled<'_> {
+        Settled {
+            shared: self,
+            ticket,
+            wait,
+            deadline: None,
+            registered: false,
         }
     }
 
@@ -514,7 +669,7 @@ impl Shared {
             self.failures.fetch_add(1, Ordering::AcqRel);
         }
         self.written.fetch_max(end, Ordering::AcqRel);
-        self.rounds.notify_waiters();
+        self.waiters.wake_below(end);
     }
 
     /// Writes, holding the writer, round after round, the entries queued,
@@ -698,6 +853,7 @@ impl std::fmt::Debug for Audit {
 impl Drop for Audit {
     fn drop(&mut self) {
         let _ = self.shared.tx.try_send(Msg::Stop);
+        self.shared.waiters.close();
     }
 }
 impl Audit {
@@ -789,7 +945,7 @@ impl Audit {
             written: AtomicU64::new(0),
             failed: Mutex::new(Failed::default()),
             failures: AtomicU64::new(0),
-            rounds: tokio::sync::Notify::new(),
+            waiters: Arc::new(Waiters::default()),
             tx,
             inline: matches!(cfg.sink, Sink::File(_)),
             drain_asked: AtomicBool::new(false),
@@ -798,6 +954,14 @@ impl Audit {
             head,
             turns: AtomicU64::new(0),
         });
+        let waiters = shared.waiters.clone();
+        std::thread::Builder::new()
+            .name("stateseal-audit-watch".into())
+            .spawn(move || waiters.watch())
+            .map_err(|source| AuditError::Io {
+                path: PathBuf::from("(watcher thread)"),
+                source,
+            })?;
         let s = shared.clone();
         std::thread::Builder::new()
             .name("stateseal-audit".into())
@@ -891,9 +1055,7 @@ impl Audit {
                 // (or the caller's connection) forever.
                 let ok = match shared.outcome(ticket) {
                     Some(ok) => ok,
-                    None => tokio::time::timeout(ACK_WAIT, shared.settled(ticket))
-                        .await
-                        .unwrap_or(false),
+                    None => shared.settled(ticket, ACK_WAIT).await,
                 };
                 if ok {
                     Ok(())
@@ -921,7 +1083,7 @@ impl Audit {
         // fails keeps the line; one that hangs past its bound counts as
         // failing), or the longest an answer waits.
         let deadline = tokio::time::Instant::now() + ACK_WAIT;
-        let written = shared.settled(ticket);
+        let written = shared.settled(ticket, ACK_WAIT);
         tokio::pin!(written);
         loop {
             let tick = tokio::time::sleep(KEEP_POLL);
@@ -2385,6 +2547,8 @@ fn ends(
 
 #[cfg(test)]
 mod tests {
+    use std::future::Future as _;
+
     use super::*;
 
     /// A new keyset's keyring.
@@ -2519,6 +2683,82 @@ mod tests {
     /// Review of the group commit's fixes, F3: once the writer is lost (a
     /// leader unwound holding it), nothing more is queued: each entry is
     /// counted as dropped, not left waiting for a writer that never comes.
+    /// A waker that counts its wakes.
+    struct Count(AtomicU64);
+
+    impl std::task::Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    #[test]
+    fn a_round_wakes_only_the_waiters_of_its_own_tickets() {
+        let dir = tempfile::tempdir().unwrap();
+        let audit = Audit::start(
+            config(Sink::File(dir.path().join("audit.log")), OnFailure::Closed),
+            keyring(),
+        )
+        .unwrap();
+        let s = &audit.shared;
+        let count = Arc::new(Count(AtomicU64::new(0)));
+        let waker = std::task::Waker::from(count.clone());
+        let mut cx = std::task::Context::from_waker(&waker);
+        let mut late = std::pin::pin!(s.settled(5, ACK_WAIT));
+        assert!(late.as_mut().poll(&mut cx).is_pending());
+        s.answered(true, (0, 3));
+        s.answered(false, (3, 5));
+        assert_eq!(count.0.load(Ordering::Relaxed), 0, "woken by other rounds");
+        assert!(late.as_mut().poll(&mut cx).is_pending());
+        s.answered(true, (5, 9));
+        assert_eq!(count.0.load(Ordering::Relaxed), 1);
+        assert_eq!(late.as_mut().poll(&mut cx), std::task::Poll::Ready(true));
+        // One dropped before its round is forgotten.
+        let mut gone = Box::pin(s.settled(12, ACK_WAIT));
+        assert!(gone.as_mut().poll(&mut cx).is_pending());
+        assert_eq!(s.waiters.list().entries.len(), 1);
+        drop(gone);
+        assert!(s.waiters.list().entries.is_empty());
+        audit.close();
+    }
+
+    /// A round that never comes (its writer hangs, here held away) does not
+    /// hold the answer: the watcher ends the wait, with no timer of the
+    /// request's own.
+    #[test]
+    fn a_waiter_whose_round_never_comes_is_answered_when_its_wait_is_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let audit = Audit::start(
+            config(Sink::File(dir.path().join("audit.log")), OnFailure::Closed),
+            keyring(),
+        )
+        .unwrap();
+        let held = lock(&audit.shared.q).writer.take();
+        assert!(held.is_some());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let started = std::time::Instant::now();
+        let answer = rt.block_on(async {
+            let waited = audit.shared.settled(0, Duration::from_millis(300));
+            // Far longer than the wait: a wait that never ends fails here.
+            tokio::time::timeout(Duration::from_secs(60), waited).await
+        });
+        let took = started.elapsed();
+        assert_eq!(answer, Ok(false));
+        // The outer timeout's own wake-up would end it at 60 s: ended by
+        // the watcher, it is far sooner.
+        assert!(
+            took < Duration::from_secs(30),
+            "the wait ended only after {took:?}"
+        );
+        assert!(took >= Duration::from_millis(300));
+        assert!(audit.shared.waiters.list().entries.is_empty());
+        lock(&audit.shared.q).writer = held;
+        audit.close();
+    }
+
     #[test]
     fn nothing_is_queued_once_the_writer_is_lost() {
         let dir = tempfile::tempdir().unwrap();
