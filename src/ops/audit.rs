@@ -336,31 +336,36 @@ impl Failed {
 }
 
 /// The tasks waiting for their entry's round, by ticket (one task per
-/// ticket). A round wakes the tasks of its own tickets, not every waiter
-/// (a wake-up is a poll of the whole request, and most waiters' lines are
-/// in a later round); a thread of its own wakes those whose wait is over,
-/// so that no answer needs a timer of its own.
+/// ticket: each call waits for its own entry only). A round wakes the
+/// tasks of its own tickets, not every waiter (a wake-up is a poll of the
+/// whole request, and most waiters' lines are in a later round); a thread
+/// of its own wakes those whose wait is over, so that no answer needs a
+/// timer of its own.
 #[derive(Default)]
 struct Waiters {
     list: Mutex<WaitList>,
-    /// Tells the watcher that a first waiter came, or that the log closed.
+    /// Tells the watcher that a waiter came with an earlier deadline than
+    /// it sleeps until, or that the log closed.
     watch: std::sync::Condvar,
 }
 
 #[derive(Default)]
 struct WaitList {
-    entries: Vec<Waiting>,
-    /// The watcher sleeps until the earliest deadline; else it waits to be
-    /// told.
+    entries: std::collections::BTreeMap<u64, Waiting>,
+    /// The watcher sleeps until `until` (and, with no entry, until told).
     armed: bool,
+    until: Option<std::time::Instant>,
     closed: bool,
 }
 
 struct Waiting {
-    ticket: u64,
     deadline: std::time::Instant,
     waker: std::task::Waker,
 }
+
+/// The watcher wakes at most this often: the waits that end close
+/// together are ended at once.
+const WATCH_STEP: Duration = Duration::from_millis(10);
 
 impl Waiters {
     fn list(&self) -> std::sync::MutexGuard<'_, WaitList> {
@@ -370,43 +375,57 @@ impl Waiters {
     /// Wakes (and forgets) the waiters of the tickets below `end`, after
     /// their outcome is set.
     fn wake_below(&self, end: u64) {
-        self.wake_where(|w| w.ticket < end);
-    }
-
-    fn wake_where(&self, due: impl FnMut(&mut Waiting) -> bool) {
-        let ready: Vec<std::task::Waker> = {
+        let mut ready = Vec::new();
+        {
             let mut list = self.list();
-            if list.entries.is_empty() {
-                return;
+            while let Some(e) = list.entries.first_entry() {
+                if *e.key() >= end {
+                    break;
+                }
+                ready.push(e.remove().waker);
             }
-            list.entries.extract_if(.., due).map(|w| w.waker).collect()
-        };
+        }
         for w in ready {
             w.wake();
         }
     }
 
     /// The watcher's thread: wakes each waiter whose deadline has passed
-    /// (it then answers that its line was not written in time).
+    /// (it then answers that its line was not written in time), and every
+    /// waiter once the log is closed.
     fn watch(&self) {
         let mut list = self.list();
         loop {
-            if list.closed {
-                return;
-            }
             let now = std::time::Instant::now();
-            let Some(earliest) = list.entries.iter().map(|w| w.deadline).min() else {
+            let mut due: Vec<std::task::Waker> = Vec::new();
+            let closed = list.closed;
+            list.entries.retain(|_, w| {
+                let over = closed || w.deadline <= now;
+                if over {
+                    due.push(w.waker.clone());
+                }
+                !over
+            });
+            if !due.is_empty() || closed {
+                drop(list);
+                for w in due {
+                    w.wake();
+                }
+                if closed {
+                    return;
+                }
+                list = self.list();
+            }
+            let Some(earliest) = list.entries.values().map(|w| w.deadline).min() else {
                 list.armed = false;
+                list.until = None;
                 list = self.watch.wait(list).unwrap_or_else(|p| p.into_inner());
                 continue;
             };
-            if earliest <= now {
-                drop(list);
-                self.wake_where(|w| w.deadline <= now);
-                list = self.list();
-                continue;
-            }
-            list = match self.watch.wait_timeout(list, earliest - now) {
+            list.armed = true;
+            list.until = Some(earliest);
+            let sleep = earliest.saturating_duration_since(now).max(WATCH_STEP);
+            list = match self.watch.wait_timeout(list, sleep) {
                 Ok((l, _)) => l,
                 Err(p) => p.into_inner().0,
             };
@@ -437,6 +456,7 @@ impl std::future::Future for Settled<'_> {
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<bool> {
+        use std::collections::btree_map::Entry as Slot;
         use std::task::Poll;
         if let Some(ok) = self.shared.outcome(self.ticket) {
             // The round that answered it forgets its waker.
@@ -448,27 +468,42 @@ impl std::future::Future for Settled<'_> {
             return Poll::Ready(false); // not written in time: dropped, it goes
         }
         let wait = self.wait;
-        let deadline = *self.deadline.get_or_insert(now + wait);
+        let deadline = *self
+            .deadline
+            .get_or_insert_with(|| now.checked_add(wait).unwrap_or(now));
         let (shared, ticket) = (self.shared, self.ticket);
         let mut list = shared.waiters.list();
-        // Looked at again under the lock: a round sets the outcome before
-        // it takes the lock to wake, so either it is seen here or the
-        // round finds this waker.
-        if let Some(ok) = shared.outcome(ticket) {
-            list.entries.retain(|w| w.ticket != ticket);
+        // Looked at again under the lock: a round sets its outcome before
+        // it takes the lock to wake, so either its end is seen here or the
+        // round finds this waker. The failed rounds, set before that end,
+        // are looked at after the lock.
+        let done = shared.written.load(Ordering::Acquire) > ticket;
+        if done || list.closed {
+            if self.registered {
+                list.entries.remove(&ticket);
+            }
             drop(list);
             self.registered = false;
-            return Poll::Ready(ok);
+            return Poll::Ready(done && shared.outcome(ticket).unwrap_or(false));
         }
-        match list.entries.iter_mut().find(|w| w.ticket == ticket) {
-            Some(w) => w.waker.clone_from(cx.waker()),
-            None => list.entries.push(Waiting {
-                ticket,
-                deadline,
-                waker: cx.waker().clone(),
-            }),
+        match list.entries.entry(ticket) {
+            Slot::Occupied(mut e) => {
+                if !e.get().waker.will_wake(cx.waker()) {
+                    e.get_mut().waker.clone_from(cx.waker());
+                }
+            }
+            Slot::Vacant(e) => {
+                e.insert(Waiting {
+                    deadline,
+                    waker: cx.waker().clone(),
+                });
+            }
         }
-        let tell = !std::mem::replace(&mut list.armed, true);
+        let tell = !list.armed || list.until.is_some_and(|u| deadline < u);
+        if tell {
+            list.armed = true;
+            list.until = Some(deadline);
+        }
         drop(list);
         if tell {
             shared.waiters.watch.notify_one();
@@ -481,12 +516,7 @@ impl std::future::Future for Settled<'_> {
 impl Drop for Settled<'_> {
     fn drop(&mut self) {
         if self.registered {
-            let ticket = self.ticket;
-            self.shared
-                .waiters
-                .list()
-                .entries
-                .retain(|w| w.ticket != ticket);
+            self.shared.waiters.list().entries.remove(&self.ticket);
         }
     }
 }
@@ -975,9 +1005,12 @@ impl Audit {
                 drop(ended);
                 let _ = done_tx.send(());
             })
-            .map_err(|source| AuditError::Io {
-                path: PathBuf::from("(writer thread)"),
-                source,
+            .map_err(|source| {
+                shared.waiters.close();
+                AuditError::Io {
+                    path: PathBuf::from("(writer thread)"),
+                    source,
+                }
             })?;
         Ok(Arc::new(Audit {
             shared,
@@ -2680,9 +2713,6 @@ mod tests {
         }
     }
 
-    /// Review of the group commit's fixes, F3: once the writer is lost (a
-    /// leader unwound holding it), nothing more is queued: each entry is
-    /// counted as dropped, not left waiting for a writer that never comes.
     /// A waker that counts its wakes.
     struct Count(AtomicU64);
 
@@ -2704,7 +2734,9 @@ mod tests {
         let count = Arc::new(Count(AtomicU64::new(0)));
         let waker = std::task::Waker::from(count.clone());
         let mut cx = std::task::Context::from_waker(&waker);
-        let mut late = std::pin::pin!(s.settled(5, ACK_WAIT));
+        // Far longer than the test: the watcher does not end it.
+        let hour = Duration::from_secs(3600);
+        let mut late = std::pin::pin!(s.settled(5, hour));
         assert!(late.as_mut().poll(&mut cx).is_pending());
         s.answered(true, (0, 3));
         s.answered(false, (3, 5));
@@ -2714,7 +2746,7 @@ mod tests {
         assert_eq!(count.0.load(Ordering::Relaxed), 1);
         assert_eq!(late.as_mut().poll(&mut cx), std::task::Poll::Ready(true));
         // One dropped before its round is forgotten.
-        let mut gone = Box::pin(s.settled(12, ACK_WAIT));
+        let mut gone = Box::pin(s.settled(12, hour));
         assert!(gone.as_mut().poll(&mut cx).is_pending());
         assert_eq!(s.waiters.list().entries.len(), 1);
         drop(gone);
@@ -2759,6 +2791,9 @@ mod tests {
         audit.close();
     }
 
+    /// Review of the group commit's fixes, F3: once the writer is lost (a
+    /// leader unwound holding it), nothing more is queued: each entry is
+    /// counted as dropped, not left waiting for a writer that never comes.
     #[test]
     fn nothing_is_queued_once_the_writer_is_lost() {
         let dir = tempfile::tempdir().unwrap();
