@@ -8,7 +8,7 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use super::net::{sh, Chain, Netns};
@@ -51,6 +51,10 @@ pub struct Replica {
     shim: PathBuf,
     log: PathBuf,
     offset_file: PathBuf,
+    /// The clock's step now, and whether the running process started
+    /// during one.
+    offset: AtomicI64,
+    started_stepped: AtomicBool,
     pub data_dir: PathBuf,
     child: tokio::sync::Mutex<Option<Child>>,
 }
@@ -284,6 +288,21 @@ impl Cluster {
             }
         }
         self.supervise().await;
+        // A sled replica (re)started during a step anchored its clock guard
+        // to the stepped clock: once the clock is corrected it refuses until
+        // restarted (docs/operations.md, Clocks: start after time sync), as
+        // an operator would.
+        if self.store == Store::Sled {
+            for r in &self.replicas {
+                if r.started_stepped.load(Ordering::Relaxed) {
+                    eprintln!(
+                        "nemesis: replica{} started during a clock step: restarted on the corrected clock",
+                        r.idx
+                    );
+                    r.kill_restart(Duration::ZERO).await;
+                }
+            }
+        }
     }
 
     pub async fn shutdown(&self) {
@@ -392,6 +411,8 @@ impl Replica {
             shim: shim.to_owned(),
             log: dir.join(format!("replica{idx}.log")),
             offset_file: dir.join(format!("replica{idx}.offset")),
+            offset: AtomicI64::new(0),
+            started_stepped: AtomicBool::new(false),
             data_dir,
             child: tokio::sync::Mutex::new(None),
         };
@@ -444,6 +465,8 @@ impl Replica {
         loop {
             let new = read_from(&self.log, before);
             if new.contains("listening") {
+                let stepped = self.offset.load(Ordering::Relaxed) != 0;
+                self.started_stepped.store(stepped, Ordering::Relaxed);
                 return Ok(child);
             }
             if let Ok(Some(status)) = child.try_wait() {
@@ -465,6 +488,7 @@ impl Replica {
     }
 
     pub fn set_clock(&self, secs: i64) {
+        self.offset.store(secs, Ordering::Relaxed);
         let tmp = self.offset_file.with_extension("tmp");
         std::fs::write(&tmp, secs.to_string()).unwrap();
         std::fs::rename(&tmp, &self.offset_file).unwrap();
