@@ -302,8 +302,9 @@ struct Shared {
     written: AtomicU64,
     /// The rounds that failed (not written, or a line of them dropped).
     failed: Mutex<Failed>,
-    /// Rounds that failed, ever: `failed` is looked at only when not 0.
-    failures: AtomicU64,
+    /// The end of the last round that failed: `failed` is looked at only
+    /// for a ticket below it.
+    failed_end: AtomicU64,
     /// The tasks waiting for their line, each woken by its own round only.
     waiters: Arc<Waiters>,
     tx: SyncSender<Msg>,
@@ -468,9 +469,10 @@ impl std::future::Future for Settled<'_> {
             return Poll::Ready(false); // not written in time: dropped, it goes
         }
         let wait = self.wait;
-        let deadline = *self
-            .deadline
-            .get_or_insert_with(|| now.checked_add(wait).unwrap_or(now));
+        let deadline = *self.deadline.get_or_insert_with(|| {
+            let capped = now.checked_add(ACK_WAIT).unwrap_or(now);
+            now.checked_add(wait).unwrap_or(capped)
+        });
         let (shared, ticket) = (self.shared, self.ticket);
         let mut list = shared.waiters.list();
         // Looked at again under the lock: a round sets its outcome before
@@ -646,7 +648,7 @@ impl Shared {
     /// Written (`Some(true)`), failed (`Some(false)`), or not yet.
     fn outcome(&self, ticket: u64) -> Option<bool> {
         let written = self.written.load(Ordering::Acquire);
-        if self.failures.load(Ordering::Acquire) > 0
+        if ticket < self.failed_end.load(Ordering::Acquire)
             && self
                 .failed
                 .lock()
@@ -695,8 +697,12 @@ impl Shared {
                     f.forgotten = b;
                 }
             }
-            f.ranges.push_back((start, end));
-            self.failures.fetch_add(1, Ordering::AcqRel);
+            // Rounds that fail one after the other (an outage) are one range.
+            match f.ranges.back_mut() {
+                Some(last) if last.1 == start => last.1 = end,
+                _ => f.ranges.push_back((start, end)),
+            }
+            self.failed_end.fetch_max(end, Ordering::AcqRel);
         }
         self.written.fetch_max(end, Ordering::AcqRel);
         self.waiters.wake_below(end);
@@ -974,7 +980,7 @@ impl Audit {
             health: Health::default(),
             written: AtomicU64::new(0),
             failed: Mutex::new(Failed::default()),
-            failures: AtomicU64::new(0),
+            failed_end: AtomicU64::new(0),
             waiters: Arc::new(Waiters::default()),
             tx,
             inline: matches!(cfg.sink, Sink::File(_)),
@@ -2658,6 +2664,11 @@ mod tests {
         assert_eq!(s.outcome(15), Some(false));
         assert_eq!(s.outcome(25), Some(true));
         assert_eq!(s.outcome(30), None);
+        // Rounds failing one after another (an outage) are kept as one.
+        s.answered(false, (30, 40));
+        s.answered(false, (40, 50));
+        assert_eq!(s.outcome(45), Some(false));
+        assert_eq!(s.failed.lock().unwrap().ranges.len(), 2);
         audit.close();
     }
 
