@@ -2608,6 +2608,17 @@ mod tests {
         }
     }
 
+    /// A log to a file in a new directory (kept while the log lives).
+    fn file_log(on_failure: OnFailure) -> (tempfile::TempDir, Arc<Audit>) {
+        let dir = tempfile::tempdir().unwrap();
+        let audit = Audit::start(
+            config(Sink::File(dir.path().join("audit.log")), on_failure),
+            keyring(),
+        )
+        .unwrap();
+        (dir, audit)
+    }
+
     #[test]
     fn times_are_rfc3339_with_microseconds_and_hex_is_lowercase() {
         let mut c = Clock::default();
@@ -2650,12 +2661,7 @@ mod tests {
     /// round's ticket is never answered written by a later round.
     #[test]
     fn each_ticket_is_answered_by_its_own_round() {
-        let dir = tempfile::tempdir().unwrap();
-        let audit = Audit::start(
-            config(Sink::File(dir.path().join("audit.log")), OnFailure::Closed),
-            keyring(),
-        )
-        .unwrap();
+        let (_dir, audit) = file_log(OnFailure::Closed);
         let s = &audit.shared;
         s.answered(true, (0, 10));
         s.answered(false, (10, 20));
@@ -2735,12 +2741,7 @@ mod tests {
 
     #[test]
     fn a_round_wakes_only_the_waiters_of_its_own_tickets() {
-        let dir = tempfile::tempdir().unwrap();
-        let audit = Audit::start(
-            config(Sink::File(dir.path().join("audit.log")), OnFailure::Closed),
-            keyring(),
-        )
-        .unwrap();
+        let (_dir, audit) = file_log(OnFailure::Closed);
         let s = &audit.shared;
         let count = Arc::new(Count(AtomicU64::new(0)));
         let waker = std::task::Waker::from(count.clone());
@@ -2770,12 +2771,7 @@ mod tests {
     /// request's own.
     #[test]
     fn a_waiter_whose_round_never_comes_is_answered_when_its_wait_is_over() {
-        let dir = tempfile::tempdir().unwrap();
-        let audit = Audit::start(
-            config(Sink::File(dir.path().join("audit.log")), OnFailure::Closed),
-            keyring(),
-        )
-        .unwrap();
+        let (_dir, audit) = file_log(OnFailure::Closed);
         let held = lock(&audit.shared.q).writer.take();
         assert!(held.is_some());
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -2807,12 +2803,7 @@ mod tests {
     /// counted as dropped, not left waiting for a writer that never comes.
     #[test]
     fn nothing_is_queued_once_the_writer_is_lost() {
-        let dir = tempfile::tempdir().unwrap();
-        let audit = Audit::start(
-            config(Sink::File(dir.path().join("audit.log")), OnFailure::Open),
-            keyring(),
-        )
-        .unwrap();
+        let (_dir, audit) = file_log(OnFailure::Open);
         let s = &audit.shared;
         let lost = lock(&s.q).writer.take();
         assert!(lost.is_some());
@@ -2829,12 +2820,7 @@ mod tests {
     /// not spin.
     #[test]
     fn the_thread_does_not_spin_while_a_task_holds_a_failing_writer() {
-        let dir = tempfile::tempdir().unwrap();
-        let audit = Audit::start(
-            config(Sink::File(dir.path().join("audit.log")), OnFailure::Closed),
-            keyring(),
-        )
-        .unwrap();
+        let (_dir, audit) = file_log(OnFailure::Closed);
         let s = &audit.shared;
         let held = lock(&s.q).writer.take();
         s.health.failing.store(true, Ordering::Release);
