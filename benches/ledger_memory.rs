@@ -25,6 +25,10 @@ use stateseal::internals::ledger::{Ledger, LedgerKey, TenantTag};
 
 mod support;
 
+/// The server's allocator (src/main.rs): the RSS measured is the server's.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn rss_kib() -> u64 {
     support::status_kib("self", "VmRSS:").unwrap_or(0)
 }

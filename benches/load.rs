@@ -89,6 +89,11 @@ use load::scenarios::{self, Scenario};
 use load::server::{self, Server};
 use load::{report, rounds};
 
+/// The server's allocator (src/main.rs), so that the echo baseline is served
+/// as stateseal serves.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     std::sync::LazyLock::force(&PROCESS_START);
     let mut args = Args::parse();

@@ -6,6 +6,17 @@ use stateseal::KeysetFile;
 use stateseal::{AuditCommand, Cli, Command, KeysCommand, LogFormat};
 use stateseal::{Clock, SystemClock};
 
+/// mimalloc, not the C library's allocator (glibc's, or musl's in the
+/// image). An answer is often finished on another worker thread than the one
+/// its request arrived on (an audited answer is woken by the round that wrote
+/// its line), so its memory is freed on a thread that did not allocate it:
+/// glibc's allocator then misses its thread cache on both threads and takes
+/// arena locks; mimalloc hands the block back to its own page without a
+/// lock. Built not to ask for transparent huge pages (`no_thp`: each would
+/// hold a whole 2 MiB). docs/performance.md, "Build flags".
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Errors end the process with exit code 1 and one line: the error and its
 /// causes, never a backtrace (whatever RUST_BACKTRACE says).
 fn main() -> std::process::ExitCode {

@@ -1281,14 +1281,32 @@ pub(crate) fn hex(b: &[u8]) -> String {
 /// Lowercase hex of `b`, appended.
 fn push_hex(out: &mut Vec<u8>, b: &[u8]) {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    for x in b {
-        out.push(DIGITS[usize::from(x >> 4)]);
-        out.push(DIGITS[usize::from(x & 15)]);
+    for chunk in b.chunks(32) {
+        let mut digits = [0u8; 64];
+        for (pair, x) in digits.chunks_exact_mut(2).zip(chunk) {
+            pair[0] = DIGITS[usize::from(x >> 4)];
+            pair[1] = DIGITS[usize::from(x & 15)];
+        }
+        out.extend_from_slice(&digits[..chunk.len() * 2]);
     }
+}
+
+/// `n` in decimal, appended.
+fn push_int(out: &mut Vec<u8>, n: impl itoa::Integer) {
+    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
 }
 
 /// `s` as a JSON string (quoted and escaped as serde_json does), appended.
 fn json_str(out: &mut Vec<u8>, s: &str) {
+    // What serde_json writes as it is (all but the control characters, the
+    // quote and the backslash), copied: the names, tenants and reasons of
+    // nearly every line.
+    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        out.push(b'"');
+        out.extend_from_slice(s.as_bytes());
+        out.push(b'"');
+        return;
+    }
     // Writing into a Vec cannot fail.
     let _ = serde_json::to_writer(&mut *out, s);
 }
@@ -1534,14 +1552,15 @@ impl Writer {
     /// members of [`Line`] in its order, as serde writes them (a test holds
     /// the two equal), with no allocation of its own.
     fn decision(&mut self, d: Decision, sampled: u32, ring: &Keyring) {
-        use std::io::Write as _;
         let Some(seq) = self.number() else { return };
         let key = ring.primary();
         let digests = key.audit_keys();
         let tenant = d.tenant.as_str();
         let start = self.pending.len();
         let p = &mut self.pending;
-        let _ = write!(p, "{{\"seq\":{seq},\"time\":\"");
+        p.extend_from_slice(b"{\"seq\":");
+        push_int(p, seq);
+        p.extend_from_slice(b",\"time\":\"");
         self.clock.write(p);
         p.extend_from_slice(b"\",\"replica\":");
         json_str(p, &self.replica);
@@ -1552,7 +1571,8 @@ impl Writer {
         p.extend_from_slice(b",\"caller\":");
         json_str(p, &d.caller);
         if let Some(k) = d.trail.key_id {
-            let _ = write!(p, ",\"key_id\":{}", k.0);
+            p.extend_from_slice(b",\"key_id\":");
+            push_int(p, k.0);
         }
         if let Some(m) = d.mode {
             p.extend_from_slice(b",\"mode\":");
@@ -1582,7 +1602,9 @@ impl Writer {
         ];
         for (name, digest) in digested {
             if let Some(dg) = digest {
-                let _ = write!(p, ",\"{name}\":\"");
+                p.extend_from_slice(b",\"");
+                p.extend_from_slice(name.as_bytes());
+                p.extend_from_slice(b"\":\"");
                 push_hex(p, &dg);
                 p.push(b'"');
             }
@@ -1595,9 +1617,11 @@ impl Writer {
             }
         }
         if sampled > 1 {
-            let _ = write!(p, ",\"sampled\":{sampled}");
+            p.extend_from_slice(b",\"sampled\":");
+            push_int(p, sampled);
         }
-        let _ = write!(p, ",\"mac_key\":{}", key.id().0);
+        p.extend_from_slice(b",\"mac_key\":");
+        push_int(p, key.id().0);
         self.chain(start, key);
     }
 
@@ -2705,8 +2729,10 @@ mod tests {
             },
             refused: Some(Reject::Replayed),
         };
+        // Nothing to escape, not all of it ASCII (copied as it is).
         let bare = Decision {
             method: Method::Seal,
+            caller: "CN=ü ✓ \u{7f} ~".into(),
             mode: None,
             subject: None,
             attempt: Some(String::new()),
@@ -2714,7 +2740,12 @@ mod tests {
             refused: None,
             ..full.clone()
         };
-        for (d, sampled) in [(full.clone(), 1), (bare.clone(), 1), (full, 7), (bare, 9)] {
+        for (d, sampled) in [
+            (full.clone(), 1),
+            (bare.clone(), 1),
+            (full, 7),
+            (bare, u32::MAX),
+        ] {
             w.pending.clear();
             w.decision(d, sampled, &ring);
             let raw = w.pending.strip_suffix(b"\n").unwrap().to_vec();
