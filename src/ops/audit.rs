@@ -2732,7 +2732,7 @@ mod tests {
         // Nothing to escape, not all of it ASCII (copied as it is).
         let bare = Decision {
             method: Method::Seal,
-            caller: "CN=ü ✓ \u{7f} ~".into(),
+            caller: "CN=ü ✓ \u{7f}\u{2028}\u{2029} ~".into(),
             mode: None,
             subject: None,
             attempt: Some(String::new()),
