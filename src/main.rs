@@ -12,7 +12,8 @@ use stateseal::{Clock, SystemClock};
 /// its line), so its memory is freed on a thread that did not allocate it:
 /// glibc's allocator then misses its thread cache on both threads and takes
 /// arena locks; mimalloc hands the block back to its own page without a
-/// lock. Built not to ask for transparent huge pages (`no_thp`: each would
+/// lock. In its `secure` mode (guard pages, encoded free lists, double frees
+/// caught), and not asking for transparent huge pages (`no_thp`: each would
 /// hold a whole 2 MiB). docs/performance.md, "Build flags".
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
