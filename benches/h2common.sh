@@ -24,7 +24,7 @@ h2_start_server() {
     SERVER=${STATESEAL_BIN:-target/release/stateseal}   # another build to compare
     [ -x "$BENCH" ] && [ -x "$SERVER" ] || { echo "build failed" >&2; exit 1; }
     WORK=$(mktemp -d)
-    PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    PORT=$(h2_free_port)
     local wrap=("${@//\{WORK\}/$WORK}")
     # STATESEAL_SERVER_ARGS: more flags for the server ({WORK} is the run's
     # temporary directory), e.g. "--audit-log {WORK}/audit.log".
@@ -58,29 +58,56 @@ declare -A PATHS=(
 declare -A BODY=([noop]=noop [seal]=seal [seal_json]=seal_json [open]=open [echo-noop]=noop [echo]=seal
     [a-noop]=noop [a-seal]=seal [a-open]=open)
 
+# A free TCP port on 127.0.0.1.
+h2_free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+# h2_start_another NAME BINARY [FLAGS...]: one more server on the keyset of
+# the first ($WORK/data-NAME, log $WORK/NAME.log), stopped with it; sets
+# H2_PID and H2_ADDR. Fails (after 30 s at most) if it exits before it
+# listens.
+h2_start_another() {
+    local name=$1 bin=$2 port
+    shift 2
+    port=$(h2_free_port)
+    "$bin" serve --listen "127.0.0.1:$port" --data-dir "$WORK/data-$name" \
+        --keyset "$WORK/data/keyset.json" "$@" 2>"$WORK/$name.log" &
+    H2_PID=$!
+    H2_ADDR=127.0.0.1:$port
+    EXTRA_PIDS="$EXTRA_PIDS $H2_PID"
+    for _ in $(seq 300); do
+        grep -q "addr=" "$WORK/$name.log" 2>/dev/null && return 0
+        kill -0 "$H2_PID" 2>/dev/null || return 1
+        sleep 0.1
+    done
+    return 1
+}
+
 # h2_start_audited: a second server of the same build and keyset with an
 # audit log (closed mode, the default: each answer waits for its line),
 # every Seal logged (--audit-sample-seals 1); sets AUD_PID and AUD_ADDR
 # (empty when the build has no audit log).
 h2_start_audited() {
-    local port
-    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-    "$SERVER" serve --listen "127.0.0.1:$port" --data-dir "$WORK/data-audited" \
-        --keyset "$WORK/data/keyset.json" --audit-log "$WORK/audit.log" \
-        --audit-sample-seals 1 2>"$WORK/audited.log" &
-    AUD_PID=$!
-    EXTRA_PIDS="$EXTRA_PIDS $AUD_PID"
     AUD_ADDR=
-    for _ in $(seq 300); do
-        if grep -q "addr=" "$WORK/audited.log" 2>/dev/null; then
-            AUD_ADDR=127.0.0.1:$port
-            break
-        fi
-        # A build without --audit-log (to compare with): no audited rows.
-        kill -0 "$AUD_PID" 2>/dev/null || break
-        sleep 0.1
-    done
+    # A build without --audit-log (to compare with): no audited rows.
+    if h2_start_another audited "$SERVER" --audit-log "$WORK/audit.log" --audit-sample-seals 1; then
+        AUD_ADDR=$H2_ADDR
+    fi
+    AUD_PID=$H2_PID
 }
+
+# Server CPU ticks (utime + stime) of PID, and their rate per second.
+h2_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+H2_HZ=$(getconf CLK_TCK)
+
+# h2_cpu_per_call TICKS CALLS DECIMALS: server CPU µs per call.
+h2_cpu_per_call() {
+    awk -v d="$1" -v hz="$H2_HZ" -v n="$2" -v f="%.$3f" 'BEGIN {printf f, d * 1e6 / hz / n}'
+}
+
+# The calls per second of the last h2_run.
+h2_rate() { sed -n 's/^finished in .*, \([0-9.]*\) req\/s.*/\1/p' <<<"$H2OUT"; }
 
 # h2_run SCENARIO ADDR REQUESTS [h2load options]: h2load's output in $H2OUT;
 # exits unless every request succeeded.

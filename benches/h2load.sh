@@ -39,9 +39,6 @@ done
 ECHO_ADDR=$(sed -n 's/^addr=//p' "$WORK/echo.out")
 h2_start_audited
 
-ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-HZ=$(getconf CLK_TCK)
-
 printf '%-6s %-10s %10s %7s %8s %8s %12s %10s\n' round scenario calls/s "× noop" "p50 µs" "p99 µs" "CPU µs/call" "bytes/call"
 for r in $(seq "$ROUNDS"); do
     for sc in noop seal seal_json open a-noop a-seal a-open echo-noop echo; do
@@ -56,11 +53,11 @@ for r in $(seq "$ROUNDS"); do
             a-*) pid=$AUD_PID addr=$AUD_ADDR ;;
             *) pid=$PID addr=127.0.0.1:$PORT ;;
         esac
-        t0=$(ticks $pid)
+        t0=$(h2_ticks $pid)
         h2_run "$sc" "$addr" "$REQUESTS" --log-file="$WORK/$sc.log"
         out=$H2OUT
-        t1=$(ticks $pid)
-        rate=$(sed -n 's/^finished in .*, \([0-9.]*\) req\/s.*/\1/p' <<<"$out")
+        t1=$(h2_ticks $pid)
+        rate=$(h2_rate)
         data=$(sed -n 's/^traffic: .* (\([0-9]*\)) data.*/\1/p' <<<"$out")
         per=$((data / REQUESTS))
         # A gRPC error carries its status in trailers and no message.
@@ -68,7 +65,7 @@ for r in $(seq "$ROUNDS"); do
         [ -n "$noop_rate" ] || noop_rate=$rate
         read -r p50 p99 < <(awk '{print $3}' "$WORK/$sc.log" | sort -n |
             awk '{a[NR]=$1} END {print a[int(NR*0.50)], a[int(NR*0.99)]}')
-        cpu=$(awk -v d=$((t1 - t0)) -v hz="$HZ" -v n="$REQUESTS" 'BEGIN {printf "%.1f", d * 1e6 / hz / n}')
+        cpu=$(h2_cpu_per_call $((t1 - t0)) "$REQUESTS" 1)
         ratio=$(awk -v a="$rate" -v b="$noop_rate" 'BEGIN {printf "%.2f", a / b}')
         printf '%-6s %-10s %10.0f %7s %8s %8s %12s %10s\n' "$r" "$sc" "$rate" "$ratio" "$p50" "$p99" "$cpu" "$per"
         echo "$r $sc $ratio $p99 $cpu" >>"$WORK/rows"   # for the summary

@@ -33,31 +33,15 @@ SADDR[plain]=127.0.0.1:$PORT
 
 # start NAME BINARY [FLAGS...]: one more server on the same keyset.
 start() {
-    local name=$1 bin=$2 port
-    shift 2
-    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-    "$bin" serve --listen "127.0.0.1:$port" --data-dir "$WORK/data-$name" \
-        --keyset "$WORK/data/keyset.json" "$@" 2>"$WORK/$name.log" &
-    SPID[$name]=$!
-    EXTRA_PIDS="$EXTRA_PIDS $!"
-    SADDR[$name]=127.0.0.1:$port
-    for _ in $(seq 300); do
-        grep -q "addr=" "$WORK/$name.log" 2>/dev/null && return
-        kill -0 "${SPID[$name]}" 2>/dev/null || break
-        sleep 0.1
-    done
-    echo "$name did not start:" >&2
-    cat "$WORK/$name.log" >&2
-    exit 1
+    h2_start_another "$@" || { echo "$1 did not start:" >&2; cat "$WORK/$1.log" >&2; exit 1; }
+    SPID[$1]=$H2_PID
+    SADDR[$1]=$H2_ADDR
 }
 start audited "$SERVER" --audit-log "$WORK/audit.log" --audit-sample-seals 1
 if [ -n "${OLD_BIN:-}" ]; then
     start old "$OLD_BIN"
     SERVERS+=(old)
 fi
-
-ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-HZ=$(getconf CLK_TCK)
 
 # Warm-up: each server's connections, caches and allocator pages.
 for s in "${SERVERS[@]}"; do
@@ -68,11 +52,11 @@ printf '%-6s %-6s %-8s %10s %12s\n' round call server calls/s "CPU µs/call"
 for r in $(seq "$ROUNDS"); do
     for sc in $SCENARIOS; do
         for s in "${SERVERS[@]}"; do
-            t0=$(ticks "${SPID[$s]}")
+            t0=$(h2_ticks "${SPID[$s]}")
             h2_run "$sc" "${SADDR[$s]}" "$REQUESTS"
-            t1=$(ticks "${SPID[$s]}")
-            rate=$(sed -n 's/^finished in .*, \([0-9.]*\) req\/s.*/\1/p' <<<"$H2OUT")
-            cpu=$(awk -v d=$((t1 - t0)) -v hz="$HZ" -v n="$REQUESTS" 'BEGIN {printf "%.2f", d * 1e6 / hz / n}')
+            t1=$(h2_ticks "${SPID[$s]}")
+            rate=$(h2_rate)
+            cpu=$(h2_cpu_per_call $((t1 - t0)) "$REQUESTS" 2)
             printf '%-6s %-6s %-8s %10.0f %12s\n' "$r" "$sc" "$s" "$rate" "$cpu"
             echo "$r $sc $s $rate $cpu" >>"$WORK/rows"
         done

@@ -27,7 +27,7 @@ mod support;
 
 /// The server's allocator (src/main.rs): the RSS measured is the server's.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: stateseal::Allocator = stateseal::Allocator;
 
 fn rss_kib() -> u64 {
     support::status_kib("self", "VmRSS:").unwrap_or(0)

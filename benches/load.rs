@@ -92,7 +92,7 @@ use load::{report, rounds};
 /// The server's allocator (src/main.rs), so that the echo baseline is served
 /// as stateseal serves.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: stateseal::Allocator = stateseal::Allocator;
 
 fn main() {
     std::sync::LazyLock::force(&PROCESS_START);

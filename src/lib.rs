@@ -71,6 +71,11 @@ pub use ops::audit::verify::{unhex32, verify as verify_audit_log, Report as Audi
 pub use ops::hardening::{disable_core_dumps, withhold_panic_details};
 pub use ops::kek::{generate as generate_kek, open as open_kek};
 
+/// The server's global allocator (set in `src/main.rs`, which says why); the
+/// benches that measure as the server runs set it too. Not set here: a
+/// library leaves the choice to its binary.
+pub use mimalloc::MiMalloc as Allocator;
+
 /// The modules the tests, benches and fuzz targets drive directly. Not a
 /// stable interface.
 #[doc(hidden)]

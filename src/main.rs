@@ -16,7 +16,7 @@ use stateseal::{Clock, SystemClock};
 /// caught), and not asking for transparent huge pages (`no_thp`: each would
 /// hold a whole 2 MiB). docs/performance.md, "Build flags".
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: stateseal::Allocator = stateseal::Allocator;
 
 /// Errors end the process with exit code 1 and one line: the error and its
 /// causes, never a backtrace (whatever RUST_BACKTRACE says).
