@@ -15,10 +15,11 @@
 //! definite answer or [`COMMIT_WINDOW`]; a handler that fails has its
 //! Release kept the same way. An Open of a token whose Commit is kept
 //! waits for it (5 s at most) and otherwise is not sent, as a package's
-//! in-process replay does. An Open CONSUME that consumed runs its handler
-//! too.
+//! in-process replay does; one sent before the Commit was kept that finds
+//! it kept once answered runs no handler (and commits what it reserved). An
+//! Open CONSUME that consumed runs its handler too.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -78,8 +79,9 @@ pub struct Workload {
     later: Mutex<VecDeque<Abandoned>>,
     /// The callers model the packages (patroni).
     packaged: bool,
-    /// Tokens whose handler returned and whose Commit is kept.
-    kept: Mutex<HashSet<u64>>,
+    /// Tokens whose handler returned and whose Commit is kept, with how
+    /// many such Commits are.
+    kept: Mutex<HashMap<u64, usize>>,
 }
 
 enum Answer<T> {
@@ -124,7 +126,7 @@ impl Workload {
             tokens: Mutex::new(Vec::new()),
             later: Mutex::new(VecDeque::new()),
             packaged: cfg.store == Store::Patroni,
-            kept: Mutex::new(HashSet::new()),
+            kept: Mutex::new(HashMap::new()),
         })
     }
 
@@ -540,7 +542,7 @@ impl Workload {
     /// kept (5 s at most); false when it still is (the Open is not sent).
     async fn gate(&self, n: u64) -> bool {
         let until = Instant::now() + KEPT_WAIT;
-        while self.kept.lock().unwrap().contains(&n) {
+        while self.kept.lock().unwrap().contains_key(&n) {
             if Instant::now() >= until {
                 return false;
             }
@@ -587,6 +589,18 @@ impl Workload {
         let Some(r) = self.open(p, n, token, mode, &a, rng).await else {
             return;
         };
+        if self.kept.lock().unwrap().contains_key(&n) {
+            // Sent before this process's handler of the token answered,
+            // decided after its lease ran out (an outage): the handler ran
+            // here, so it does not run again, and a reservation this Open
+            // took is committed for it (the package answers IN_USE).
+            if !r.reservation.is_empty() {
+                let rid = self.reservation_id(&r.reservation);
+                self.keep(p, "commit", n, &a, &rid, &r.reservation, true, rng)
+                    .await;
+            }
+            return;
+        }
         if mode == OpenMode::Consume {
             if r.consumed {
                 let t0 = self.hist.now();
@@ -659,7 +673,7 @@ impl Workload {
     ) {
         let commit = op == "commit";
         if commit {
-            self.kept.lock().unwrap().insert(n);
+            *self.kept.lock().unwrap().entry(n).or_default() += 1;
         }
         let until = Instant::now() + COMMIT_WINDOW;
         let (mut pause, mut renewed) = (Duration::from_millis(50), Instant::now());
@@ -678,7 +692,13 @@ impl Workload {
             pause = (pause * 2).min(Duration::from_millis(500));
         }
         if commit {
-            self.kept.lock().unwrap().remove(&n);
+            let mut kept = self.kept.lock().unwrap();
+            if let Some(k) = kept.get_mut(&n) {
+                *k -= 1;
+                if *k == 0 {
+                    kept.remove(&n);
+                }
+            }
         }
     }
 

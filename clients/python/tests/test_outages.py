@@ -421,6 +421,75 @@ async def test_a_replay_here_never_takes_over_a_token_whose_commit_is_kept(state
     assert not [m for lvl, m in messages if lvl >= logging.ERROR], caplog.text
 
 
+async def test_an_open_on_its_way_as_the_handler_answers_never_runs_it_again(stateseal, caplog, monkeypatch):
+    """The nemesis's finding (seed 16257906604647455624): an Open sent
+    before this process's handler of the same token answered, and decided
+    once that handler's lease had run out in an outage, took the token over
+    and ran the handler again while the first run's Commit was still kept.
+    Every Commit and Renew fails (as above); the second call's Open is held
+    on its way from before the handler answers until past the 2 s lease.
+    It gets the token; the handler does not run again, and the call is
+    answered "in progress". Once the outage ends, the replay is refused as
+    already used; the body ran once."""
+    commit, renew, open_ = RequestStateClient.commit, RequestStateClient.renew, RequestStateClient.open
+    outage = {"on": True}
+    opens = {"n": 0}
+    sent, let_go = asyncio.Event(), asyncio.Event()
+
+    def down() -> StatesealError:
+        return StatesealError("LEDGER_UNAVAILABLE", grpc.StatusCode.UNAVAILABLE, "test outage")
+
+    async def failing_commit(self, reservation, **kw):
+        if outage["on"]:
+            raise down()
+        await commit(self, reservation, **kw)
+
+    async def failing_renew(self, reservation, lease_seconds=0, **kw):
+        if outage["on"]:
+            raise down()
+        return await renew(self, reservation, lease_seconds, **kw)
+
+    async def held_open(self, *args, **kw):
+        opens["n"] += 1
+        if opens["n"] == 2:
+            # The second call's Open, on its way.
+            sent.set()
+            await let_go.wait()
+        return await open_(self, *args, **kw)
+
+    monkeypatch.setattr(RequestStateClient, "commit", failing_commit)
+    monkeypatch.setattr(RequestStateClient, "renew", failing_renew)
+    monkeypatch.setattr(RequestStateClient, "open", held_open)
+    caplog.set_level(logging.INFO, logger="stateseal_mcp")
+    SLOW.update(runs=0, gate=asyncio.Event(), on_return=[])
+    async with deployment(stateseal, lease_seconds=2) as (url, served):
+        async with Client(url, elicitation_callback=accept) as client:
+            r = await client.session.call_tool("slow", {"amount": 17}, allow_input_required=True)
+            assert isinstance(r, types.InputRequiredResult), r
+            retry: dict[str, Any] = {"input_responses": answers(r), "request_state": r.request_state}
+            first = asyncio.create_task(client.session.call_tool("slow", {"amount": 17}, **retry))
+            with anyio.fail_after(DEADLINE):
+                while SLOW["runs"] == 0:
+                    await anyio.sleep(0.02)
+            second = asyncio.create_task(
+                error_of(client.session.call_tool("slow", {"amount": 17}, **retry, allow_input_required=True))
+            )
+            with anyio.fail_after(DEADLINE):
+                await sent.wait()
+            SLOW["gate"].set()
+            assert "slow 17" in text_of(await first)
+            # Past the 2 s lease, which no renewal extended.
+            await anyio.sleep(3)
+            let_go.set()
+            assert_in_progress(await second)
+            outage["on"] = False
+            assert_already_used(await replay_until_answered(client, retry, 17))
+            for b in BOUNDARIES:
+                assert await b.drain(DEADLINE)
+    assert SLOW["runs"] == 1, SLOW
+    assert "not run again" in caplog.text, caplog.text
+
+
 @asynccontextmanager
 async def two_replicas(addrs: tuple[str, str], **boundary_options):
     """Replicas A and B of test_e2e (no front: each test call names the

@@ -291,6 +291,7 @@ impl Builder {
             client: self.client,
             options: self.options,
             pending: Mutex::new(HashMap::new()),
+            opening: Mutex::new(HashMap::new()),
             inflight,
             overflowed: AtomicU64::new(0),
             carrier: Mutex::new(Carrier::default()),
@@ -310,6 +311,10 @@ struct Inner {
     /// The Commits running beside their answers, by the SHA-256 of their
     /// token: what an Open of the same token waits for.
     pending: Mutex<HashMap<[u8; 32], watch::Receiver<bool>>>,
+    /// The Opens on their way, by the SHA-256 of their token: how many, and
+    /// whether a handler of this boundary answered with that token
+    /// meanwhile.
+    opening: Mutex<HashMap<[u8; 32], (usize, bool)>>,
     /// How many Commits and Releases are running after their request's
     /// answer (for [`StatesealBoundary::drain`] and `max_pending`).
     inflight: watch::Sender<usize>,
@@ -673,6 +678,7 @@ impl StatesealBoundary {
         let reserve = !o.at_most_once.contains(target.name());
         let carry = !o.reusable.contains(target.name());
         let token: [u8; 32] = Sha256::digest(wire.as_bytes()).into();
+        let opening = Opening::new(self, token);
         let opened = match self
             .open(
                 &wire,
@@ -682,6 +688,7 @@ impl StatesealBoundary {
                 answers_json.unwrap_or_default(),
             )
             .await
+            .and_then(|opened| self.not_answered_here(method, &opening, opened))
         {
             Ok(opened) => opened,
             Err(e) => {
@@ -696,6 +703,7 @@ impl StatesealBoundary {
                 return Err(refuse(method, &e, &r));
             }
         };
+        drop(opening);
         // From here a reservation is held: released unless committed, even
         // when this future is dropped (the request cancelled).
         let mut held = Held::new(self.clone(), method, &opened);
@@ -769,6 +777,27 @@ impl StatesealBoundary {
             held.commit_beside(token);
         }
         Ok(result)
+    }
+
+    /// `opened`, unless a handler of this boundary answered with its token
+    /// while the Open was on its way, or that handler's Commit is still
+    /// kept: then the Open was decided after that handler's lease ran out
+    /// (an outage), and the handler, which ran, does not run again. What
+    /// the Open reserved is committed in its stead (the token is used) and
+    /// it is answered IN_USE (its retry: REPLAYED).
+    fn not_answered_here(
+        &self,
+        method: &'static str,
+        opening: &Opening<'_>,
+        opened: Opened,
+    ) -> Result<Opened, StatesealError> {
+        let token = opening.token;
+        if !opening.answered() && !self.is_pending(&token) {
+            return Ok(opened);
+        }
+        warn!(target: "stateseal_rmcp", method, "requestState opened while this boundary still keeps the Commit of its handler's answer: not run again");
+        Held::new(self.clone(), method, &opened).commit_beside(token);
+        Err(still_committing())
     }
 
     async fn open(
@@ -980,6 +1009,46 @@ impl StatesealBoundary {
     }
 }
 
+/// An Open of `token` on its way, counted in [`Inner::opening`] until
+/// dropped: a handler that answers with the token meanwhile marks it.
+struct Opening<'a> {
+    boundary: &'a StatesealBoundary,
+    token: [u8; 32],
+}
+
+impl<'a> Opening<'a> {
+    fn new(boundary: &'a StatesealBoundary, token: [u8; 32]) -> Self {
+        if let Ok(mut o) = boundary.0.opening.lock() {
+            o.entry(token).or_insert((0, false)).0 += 1;
+        }
+        Opening { boundary, token }
+    }
+
+    /// A handler of this boundary answered with the token since this Open
+    /// (or another of it still on its way) set out.
+    fn answered(&self) -> bool {
+        self.boundary
+            .0
+            .opening
+            .lock()
+            .map(|o| o.get(&self.token).is_some_and(|e| e.1))
+            .unwrap_or(true)
+    }
+}
+
+impl Drop for Opening<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut o) = self.boundary.0.opening.lock() {
+            if let Some(e) = o.get_mut(&self.token) {
+                e.0 -= 1;
+                if e.0 == 0 {
+                    o.remove(&self.token);
+                }
+            }
+        }
+    }
+}
+
 /// A reservation held while its handler runs: renewed in the background,
 /// and released when dropped before it was committed or released (a
 /// cancelled request), so no token stays taken longer than its lease.
@@ -1062,6 +1131,15 @@ impl Held {
         let (done, rx) = watch::channel(false);
         if let Ok(mut p) = b.0.pending.lock() {
             p.insert(token, rx);
+        }
+        if let Some(o) =
+            b.0.opening
+                .lock()
+                .ok()
+                .as_mut()
+                .and_then(|o| o.get_mut(&token))
+        {
+            o.1 = true;
         }
         let committing = Committing {
             boundary: b.clone(),

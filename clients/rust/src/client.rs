@@ -106,6 +106,13 @@ impl StatesealError {
         if s.code() == Code::Unknown && std::error::Error::source(s).is_some() {
             return Self::transport(Code::Unavailable, s.message());
         }
+        // The call's own deadline ran out in tonic's channel, which answers
+        // CANCELLED "Timeout expired" (the other gRPC stacks and this
+        // client's own timer: DEADLINE_EXCEEDED): a Commit try given up
+        // after a third of the lease is tried again, never abandoned.
+        if s.code() == Code::Cancelled && s.message() == tonic::TimeoutExpired(()).to_string() {
+            return Self::transport(Code::DeadlineExceeded, "timed out");
+        }
         // A call the server never took: its connection closed (hyper:
         // canceled) or refused it by a GOAWAY (HTTP/2 §6.8: streams above
         // the GOAWAY's last stream id were not processed), as at an idle

@@ -55,6 +55,10 @@ const BUSY_WAITS_MS = [25, 50, 100, 200];
  * it now if it still waits for a carrier, and end the pause before its next
  * try). */
 const PENDING = new Map<string, { done: Promise<void>; hurry: () => void }>();
+/** The Opens on their way in this process, by the SHA-256 of their token:
+ * how many, and whether a handler answered with that token meanwhile (then
+ * an Open that gets the token does not run it again). */
+const OPENING = new Map<string, { n: number; answered: boolean }>();
 
 /** How long, by default, a returned handler's Commit (or a failed one's
  * Release) is tried again while it fails transiently, in milliseconds. */
@@ -644,7 +648,29 @@ export class StatesealBoundary {
     const binding = this.#binding(method, params, ctx);
     let opened: Opened;
     try {
-      opened = await this.#open(wire as string, token, binding, !this.#atMostOnce.has(target), answersJson, !this.#reusable.has(target));
+      const opening = OPENING.get(token) ?? { n: 0, answered: false };
+      opening.n++;
+      OPENING.set(token, opening);
+      try {
+        opened = await this.#open(wire as string, token, binding, !this.#atMostOnce.has(target), answersJson, !this.#reusable.has(target));
+      } finally {
+        if (--opening.n === 0) OPENING.delete(token);
+      }
+      if (opening.answered || PENDING.has(token)) {
+        // A handler of this process answered with this token while this
+        // Open was on its way, or its Commit is still kept: the Open was
+        // decided after that handler's lease ran out (an outage). The
+        // handler ran: it does not run again. What the Open reserved is
+        // committed in its stead (the token is used); the caller gets
+        // IN_USE, and its retry REPLAYED.
+        this.#log.warn(`stateseal: requestState opened on ${method} while this process still keeps the Commit of its handler's answer: not run again`);
+        if (opened.reservation) {
+          const taken = new LeaseKeeper(this.#client, opened.reservation, this.#lease, opened.leaseSeconds, method, this.#log);
+          taken.finishing();
+          this.#keep(method, token, (windowMs, pause) => this.#commit(method, taken, windowMs, pause), 'commit', taken.granted);
+        }
+        throw new StatesealError('IN_USE', status.ABORTED, true);
+      }
     } catch (e) {
       if (!(e instanceof StatesealError)) throw e;
       const refusal = openRefusal(e, { onReplay: this.#onReplay, reask: this.#reask });
@@ -732,6 +758,8 @@ export class StatesealBoundary {
         if (PENDING.get(token)?.done === done) PENDING.delete(token);
       });
     this.#committing.add(done);
+    const opening = OPENING.get(token);
+    if (opening && what === 'commit') opening.answered = true;
     PENDING.set(token, {
       done,
       hurry: () => {

@@ -255,7 +255,21 @@ for (const ms of [2000, 5000]) {
  * of its calls. */
 class FailingClient extends RequestStateClient {
   failing = false;
+  /** Renewals fail the same way while set. */
+  renewFailing = false;
+  /** The next Open waits for `until` before it is sent, `sent()` called as
+   * it starts waiting (then cleared). */
+  holdNextOpen: { sent: () => void; until: Promise<void> } | undefined;
   readonly calls: string[] = [];
+  override async open(req: Parameters<RequestStateClient['open']>[0]) {
+    const hold = this.holdNextOpen;
+    if (hold) {
+      this.holdNextOpen = undefined;
+      hold.sent();
+      await hold.until;
+    }
+    return super.open(req);
+  }
   override async commit(reservation: string, timeoutMs?: number): Promise<void> {
     if (this.failing) {
       this.calls.push('commit failed');
@@ -273,6 +287,10 @@ class FailingClient extends RequestStateClient {
     this.calls.push('release');
   }
   override async renew(reservation: string, leaseSeconds = 0) {
+    if (this.renewFailing) {
+      this.calls.push('renew failed');
+      throw new StatesealError('UNAVAILABLE', Status.UNAVAILABLE, false);
+    }
     const lease = await super.renew(reservation, leaseSeconds);
     this.calls.push('renew');
     return lease;
@@ -336,6 +354,50 @@ test('the lease is renewed until the kept Commit lands, and never after it', asy
       call(s.client, 'close_account', args, { inputResponses: yes(r), requestState: r.requestState }),
       (e: { data?: { reason?: string } }) => e.data?.reason === 'request_state_used',
     );
+    assert.equal(s.effects.n, 1);
+  } finally {
+    await s.close();
+  }
+});
+
+test("an Open on its way as this process's handler answers, decided once its lease ran out, never runs it again", async () => {
+  // The nemesis's finding (seed 16257906604647455624): that Open took the
+  // token over and ran the handler again while the first run's Commit was
+  // still kept. A 2 s lease; Commits and renewals fail from the handler's
+  // run on; the second call's Open is held on its way from before the
+  // handler answers until past the lease. It gets the token: the handler
+  // does not run again, and the call is answered in progress. Once the
+  // outage ends, the replay is refused as already used.
+  const s = await failing({ leaseSeconds: 2 });
+  try {
+    const args = { account: 'R-7' };
+    const r = await call(s.client, 'close_account', args);
+    const retry = { inputResponses: yes(r), requestState: r.requestState };
+    let letGo!: () => void;
+    const until = new Promise<void>((resolve) => (letGo = resolve));
+    let second: ReturnType<typeof settle> | undefined;
+    s.hooks.onEffect = async () => {
+      s.hooks.onEffect = async () => {};
+      s.grpc.failing = true;
+      s.grpc.renewFailing = true;
+      await new Promise<void>((sent) => {
+        s.grpc.holdNextOpen = { sent, until };
+        second = settle(call(s.client, 'close_account', args, retry));
+      });
+    };
+    assert.match(text(await call(s.client, 'close_account', args, retry)), /closed R-7/);
+    // Past the 2 s lease, which no renewal extended.
+    await sleep(3000);
+    letGo();
+    const a = await second!;
+    assert.ok(!a.ok, `the handler ran again (side effects: ${s.effects.n})`);
+    const e = a.error as { code?: number; data?: { reason?: string } };
+    assert.deepEqual([e.code, e.data?.reason], [-32603, 'in_progress']);
+    assert.ok(s.logger.lines.warn.some((l) => l.includes('not run again')), s.logger.lines.warn.join('\n'));
+    s.grpc.failing = false;
+    s.grpc.renewFailing = false;
+    await replayUntilRefused(s.client, args, retry, s.effects);
+    assert.equal(await s.boundary.drain(30_000), true);
     assert.equal(s.effects.n, 1);
   } finally {
     await s.close();

@@ -146,6 +146,10 @@ _BUSY_WAITS = (0.025, 0.05, 0.1, 0.2)
 _PENDING: weakref.WeakKeyDictionary[
     asyncio.AbstractEventLoop, dict[bytes, tuple[asyncio.Task[None], _Carrier]]
 ] = weakref.WeakKeyDictionary()
+#: The Opens on their way in this process, by event loop and by the SHA-256
+#: of their token: how many, and whether a handler answered with that token
+#: meanwhile (then an Open that gets the token does not run it again).
+_OPENING: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[bytes, list[Any]]] = weakref.WeakKeyDictionary()
 
 #: How long, by default, a Commit waits for a durable Open of the same
 #: boundary to carry it before it is sent on its own, in seconds.
@@ -473,10 +477,34 @@ class StatesealBoundary:
         target = _target(ctx.method, params)
         reserve = target not in self._at_most_once
         token = hashlib.sha256(wire.encode("utf-8")).digest()
+        opening = _OPENING.setdefault(asyncio.get_running_loop(), {})
+        opening.setdefault(token, [0, False])[0] += 1
         try:
-            opened = await self._open(
-                wire, token, subject, ctx.method, digest, reserve, answers_json, carry=target not in self._reusable
-            )
+            try:
+                opened = await self._open(
+                    wire, token, subject, ctx.method, digest, reserve, answers_json, carry=target not in self._reusable
+                )
+            finally:
+                entry = opening[token]
+                answered = entry[1]
+                entry[0] -= 1
+                if entry[0] == 0:
+                    del opening[token]
+            if answered or token in _PENDING.get(asyncio.get_running_loop(), {}):
+                # A handler of this process answered with this token while
+                # this Open was on its way, or its Commit is still kept:
+                # the Open was decided after that handler's lease ran out
+                # (an outage). The handler ran: it does not run again. What
+                # the Open reserved is committed in its stead (the token is
+                # used); the caller gets IN_USE, and its retry REPLAYED.
+                logger.warning(
+                    "requestState opened on %s while this process still keeps the Commit of its handler's "
+                    "answer: not run again",
+                    ctx.method,
+                )
+                if opened.reservation:
+                    self._commit_beside(ctx.method, token, opened.reservation, opened.lease_seconds, None)
+                raise _still_committing()
         except StatesealError as e:
             refusal = open_refusal(e, on_replay=self._on_replay, reask=self._reask)
             if refusal.reask:
@@ -532,20 +560,32 @@ class StatesealBoundary:
             # The handler ran: its answer goes out now, and the Commit runs
             # beside it, kept until it lands. Until then the lease, renewed,
             # keeps the token IN_USE, so no other attempt runs the handler.
-            loop = asyncio.get_running_loop()
-            kept = self._room("commit", ctx.method)
-            window = max(self._commit_window, opened.lease_seconds) if kept else 0.0
-            if keeper is not None:
-                keeper.answered()
-            task = loop.create_task(self._finish(ctx.method, reservation, keeper, loop.time() + window))
-            self._kept.add(task)
-            task.add_done_callback(self._kept.discard)
-            # Any boundary of this process and loop that is asked to open
-            # this token meanwhile waits for this Commit (see _open).
-            pending = _PENDING.setdefault(loop, {})
-            pending[token] = (task, self._carrier())
-            task.add_done_callback(lambda t: pending.pop(token, None) if pending.get(token, (None,))[0] is t else None)
+            self._commit_beside(ctx.method, token, reservation, opened.lease_seconds, keeper)
         return result
+
+    def _commit_beside(
+        self, method: str, token: bytes, reservation: str, granted: int, keeper: _Renewal | None
+    ) -> None:
+        """Commits `reservation` (of `token`, whose handler answered) in a
+        task of its own, kept until it lands; an Open of the token in this
+        process waits for it meanwhile, and one already on its way does not
+        run the handler again."""
+        loop = asyncio.get_running_loop()
+        kept = self._room("commit", method)
+        window = max(self._commit_window, granted) if kept else 0.0
+        if keeper is not None:
+            keeper.answered()
+        task = loop.create_task(self._finish(method, reservation, keeper, loop.time() + window))
+        self._kept.add(task)
+        task.add_done_callback(self._kept.discard)
+        # Any boundary of this process and loop that is asked to open this
+        # token meanwhile waits for this Commit (see _open).
+        pending = _PENDING.setdefault(loop, {})
+        pending[token] = (task, self._carrier())
+        task.add_done_callback(lambda t: pending.pop(token, None) if pending.get(token, (None,))[0] is t else None)
+        entry = _OPENING.get(loop, {}).get(token)
+        if entry is not None:
+            entry[1] = True
 
     def _room(self, what: str, method: str) -> bool:
         """Whether one more Commit or Release may be kept (fewer than
