@@ -15,8 +15,9 @@
 //! definite answer or [`COMMIT_WINDOW`]; a handler that fails has its
 //! Release kept the same way. An Open of a token whose Commit is kept
 //! waits for it (5 s at most) and otherwise is not sent, as a package's
-//! in-process replay does; one sent before the Commit was kept that finds
-//! it kept once answered runs no handler (and commits what it reserved). An
+//! in-process replay does; one on its way as a handler of its token
+//! completed, or that finds its Commit kept once answered, runs no handler
+//! (and commits what it reserved). An
 //! Open CONSUME that consumed runs its handler too.
 
 use std::collections::{HashMap, VecDeque};
@@ -82,6 +83,9 @@ pub struct Workload {
     /// Tokens whose handler returned and whose Commit is kept, with how
     /// many such Commits are.
     kept: Mutex<HashMap<u64, usize>>,
+    /// Tokens with Opens on their way: how many, and whether a handler of
+    /// the token completed (its Commit kept) meanwhile.
+    opening: Mutex<HashMap<u64, (usize, bool)>>,
 }
 
 enum Answer<T> {
@@ -127,6 +131,7 @@ impl Workload {
             later: Mutex::new(VecDeque::new()),
             packaged: cfg.store == Store::Patroni,
             kept: Mutex::new(HashMap::new()),
+            opening: Mutex::new(HashMap::new()),
         })
     }
 
@@ -586,11 +591,23 @@ impl Workload {
             return;
         }
         let a = self.attempt();
-        let Some(r) = self.open(p, n, token, mode, &a, rng).await else {
+        self.opening.lock().unwrap().entry(n).or_default().0 += 1;
+        let opened = self.open(p, n, token, mode, &a, rng).await;
+        let answered = {
+            let mut o = self.opening.lock().unwrap();
+            let e = o.get_mut(&n).expect("registered above");
+            e.0 -= 1;
+            let answered = e.1;
+            if e.0 == 0 {
+                o.remove(&n);
+            }
+            answered
+        };
+        let Some(r) = opened else {
             return;
         };
-        if self.kept.lock().unwrap().contains_key(&n) {
-            // Sent before this process's handler of the token answered,
+        if answered || self.kept.lock().unwrap().contains_key(&n) {
+            // On its way as this process's handler of the token answered,
             // decided after its lease ran out (an outage): the handler ran
             // here, so it does not run again, and a reservation this Open
             // took is committed for it (the package answers IN_USE).
@@ -674,6 +691,9 @@ impl Workload {
         let commit = op == "commit";
         if commit {
             *self.kept.lock().unwrap().entry(n).or_default() += 1;
+            if let Some(e) = self.opening.lock().unwrap().get_mut(&n) {
+                e.1 = true;
+            }
         }
         let until = Instant::now() + COMMIT_WINDOW;
         let (mut pause, mut renewed) = (Duration::from_millis(50), Instant::now());

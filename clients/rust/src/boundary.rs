@@ -796,7 +796,10 @@ impl StatesealBoundary {
             return Ok(opened);
         }
         warn!(target: "stateseal_rmcp", method, "requestState opened while this boundary still keeps the Commit of its handler's answer: not run again");
-        Held::new(self.clone(), method, &opened).commit_beside(token);
+        // Its lease renewed until the Commit lands, as a handler's is.
+        let mut held = Held::new(self.clone(), method, &opened);
+        held.keep_renewing();
+        held.commit_beside(token);
         Err(still_committing())
     }
 

@@ -54,7 +54,7 @@ const BUSY_WAITS_MS = [25, 50, 100, 200];
  * for, whichever boundary (replica) it reached, and how to hurry it (send
  * it now if it still waits for a carrier, and end the pause before its next
  * try). */
-const PENDING = new Map<string, { done: Promise<void>; hurry: () => void }>();
+const PENDING = new Map<string, { done: Promise<void>; hurry: () => void; what: 'commit' | 'release' }>();
 /** The Opens on their way in this process, by the SHA-256 of their token:
  * how many, and whether a handler answered with that token meanwhile (then
  * an Open that gets the token does not run it again). */
@@ -656,7 +656,7 @@ export class StatesealBoundary {
       } finally {
         if (--opening.n === 0) OPENING.delete(token);
       }
-      if (opening.answered || PENDING.has(token)) {
+      if (opening.answered || PENDING.get(token)?.what === 'commit') {
         // A handler of this process answered with this token while this
         // Open was on its way, or its Commit is still kept: the Open was
         // decided after that handler's lease ran out (an outage). The
@@ -762,6 +762,7 @@ export class StatesealBoundary {
     if (opening && what === 'commit') opening.answered = true;
     PENDING.set(token, {
       done,
+      what,
       hurry: () => {
         this.#carrier.sendAll();
         pause.wake();

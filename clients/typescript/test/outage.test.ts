@@ -404,6 +404,42 @@ test("an Open on its way as this process's handler answers, decided once its lea
   }
 });
 
+test("an Open on its way as this process's handler fails, granted while its Release is kept, runs it: the failure does not burn the retry", async () => {
+  // Beside the test above: only a kept Commit stops an Open on its way.
+  const s = await failing({ leaseSeconds: 2 });
+  try {
+    const args = { account: 'F-7' };
+    const r = await call(s.client, 'close_account', args);
+    const retry = { inputResponses: yes(r), requestState: r.requestState };
+    let letGo!: () => void;
+    const until = new Promise<void>((resolve) => (letGo = resolve));
+    let second: ReturnType<typeof settle<Awaited<ReturnType<typeof call>>>> | undefined;
+    s.hooks.onEffect = async () => {
+      s.hooks.onEffect = async () => {};
+      s.grpc.failing = true;
+      s.grpc.renewFailing = true;
+      await new Promise<void>((sent) => {
+        s.grpc.holdNextOpen = { sent, until };
+        second = settle(call(s.client, 'close_account', args, retry));
+      });
+      throw new Error('the backend failed');
+    };
+    assert.equal((await call(s.client, 'close_account', args, retry)).isError, true);
+    assert.equal(s.boundary.pendingCommits, 1, 'the Release is kept');
+    await sleep(3000);
+    letGo();
+    const a = await second!;
+    assert.ok(a.ok, `the retry was refused: ${!a.ok && JSON.stringify(a.error)}`);
+    if (a.ok) assert.match(text(a.value), /closed F-7/);
+    assert.equal(s.effects.n, 2, 'the failed run and the retry');
+    s.grpc.failing = false;
+    s.grpc.renewFailing = false;
+    assert.equal(await s.boundary.drain(30_000), true);
+  } finally {
+    await s.close();
+  }
+});
+
 test("a failed handler's Release is kept until it lands; the user's retry then runs it", async () => {
   const s = await failing({});
   try {

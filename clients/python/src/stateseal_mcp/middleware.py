@@ -503,7 +503,14 @@ class StatesealBoundary:
                     ctx.method,
                 )
                 if opened.reservation:
-                    self._commit_beside(ctx.method, token, opened.reservation, opened.lease_seconds, None)
+                    # Its lease renewed until the Commit lands, as a
+                    # handler's is.
+                    taken = (
+                        _Renewal(self, ctx.method, opened.reservation, opened.lease_seconds)
+                        if opened.lease_seconds > 0
+                        else None
+                    )
+                    self._commit_beside(ctx.method, token, opened.reservation, opened.lease_seconds, taken)
                 raise _still_committing()
         except StatesealError as e:
             refusal = open_refusal(e, on_replay=self._on_replay, reask=self._reask)
