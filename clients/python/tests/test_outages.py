@@ -369,13 +369,9 @@ async def test_commits_past_max_pending_are_counted_and_tried_once(stateseal, ca
     assert [tag for tag, with_state in served if with_state][:2] == ["B", "B"], served
 
 
-async def test_a_replay_here_never_takes_over_a_token_whose_commit_is_kept(stateseal, caplog, monkeypatch):
-    """Every Commit and Renew fails (a ledger outage as the boundary sees
-    it) until the test ends the outage; the lease (2 s) runs out meanwhile.
-    The user's replay reaching this process then would take the token over
-    and run the handler again: it waits for the kept Commit, and is
-    answered "in progress" while that Commit has not landed. Once it lands,
-    the replay is refused as already used; the body ran once."""
+def failing_commits_and_renewals(monkeypatch) -> dict[str, bool]:
+    """Every Commit and Renew fails LEDGER_UNAVAILABLE (a ledger outage as
+    the boundary sees it) while the returned `{"on": ...}` says so."""
     commit, renew = RequestStateClient.commit, RequestStateClient.renew
     outage = {"on": True}
 
@@ -394,6 +390,17 @@ async def test_a_replay_here_never_takes_over_a_token_whose_commit_is_kept(state
 
     monkeypatch.setattr(RequestStateClient, "commit", failing_commit)
     monkeypatch.setattr(RequestStateClient, "renew", failing_renew)
+    return outage
+
+
+async def test_a_replay_here_never_takes_over_a_token_whose_commit_is_kept(stateseal, caplog, monkeypatch):
+    """Every Commit and Renew fails (a ledger outage as the boundary sees
+    it) until the test ends the outage; the lease (2 s) runs out meanwhile.
+    The user's replay reaching this process then would take the token over
+    and run the handler again: it waits for the kept Commit, and is
+    answered "in progress" while that Commit has not landed. Once it lands,
+    the replay is refused as already used; the body ran once."""
+    outage = failing_commits_and_renewals(monkeypatch)
     caplog.set_level(logging.INFO, logger="stateseal_mcp")
     SLOW.update(runs=0, gate=None, on_return=[])
     async with deployment(stateseal, lease_seconds=2) as (url, served):
@@ -431,23 +438,9 @@ async def test_an_open_on_its_way_as_the_handler_answers_never_runs_it_again(sta
     It gets the token; the handler does not run again, and the call is
     answered "in progress". Once the outage ends, the replay is refused as
     already used; the body ran once."""
-    commit, renew, open_ = RequestStateClient.commit, RequestStateClient.renew, RequestStateClient.open
-    outage = {"on": True}
+    open_ = RequestStateClient.open
     opens = {"n": 0}
     sent, let_go = asyncio.Event(), asyncio.Event()
-
-    def down() -> StatesealError:
-        return StatesealError("LEDGER_UNAVAILABLE", grpc.StatusCode.UNAVAILABLE, "test outage")
-
-    async def failing_commit(self, reservation, **kw):
-        if outage["on"]:
-            raise down()
-        await commit(self, reservation, **kw)
-
-    async def failing_renew(self, reservation, lease_seconds=0, **kw):
-        if outage["on"]:
-            raise down()
-        return await renew(self, reservation, lease_seconds, **kw)
 
     async def held_open(self, *args, **kw):
         opens["n"] += 1
@@ -457,8 +450,7 @@ async def test_an_open_on_its_way_as_the_handler_answers_never_runs_it_again(sta
             await let_go.wait()
         return await open_(self, *args, **kw)
 
-    monkeypatch.setattr(RequestStateClient, "commit", failing_commit)
-    monkeypatch.setattr(RequestStateClient, "renew", failing_renew)
+    outage = failing_commits_and_renewals(monkeypatch)
     monkeypatch.setattr(RequestStateClient, "open", held_open)
     caplog.set_level(logging.INFO, logger="stateseal_mcp")
     SLOW.update(runs=0, gate=asyncio.Event(), on_return=[])

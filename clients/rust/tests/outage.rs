@@ -647,7 +647,7 @@ async fn pass(
 /// `close_account` of `id` as a user runs it: asked, confirmed, closed;
 /// the question it answered (what a replay sends again).
 async fn close_confirmed(client: &Client, id: u64) -> InputRequiredResult {
-    let a = asked(call(client, "close_account", json!({ "id": id }), None).await);
+    let a = close_confirmed_question(client, id).await;
     let r = call(
         client,
         "close_account",
@@ -887,9 +887,10 @@ async fn an_open_decided_after_the_handler_answered_and_its_lease_ran_out_never_
     for id in 20..23u64 {
         let a = Arc::new(close_confirmed_question(&client, id).await);
         let bound = steps.count(Step::Binding);
-        let first = tokio::spawn({
+        // The confirmed call, sent in a task of its own.
+        let confirmed = || {
             let (client, a) = (client.clone(), a.clone());
-            async move {
+            tokio::spawn(async move {
                 call(
                     &client,
                     "close_account",
@@ -897,25 +898,15 @@ async fn an_open_decided_after_the_handler_answered_and_its_lease_ran_out_never_
                     Some((&a, yes())),
                 )
                 .await
-            }
-        });
+            })
+        };
+        let first = confirmed();
         tokio::time::timeout(Duration::from_secs(30), running.wait_for(|r| *r == id))
             .await
             .expect("the first run started")
             .expect("the hook ran");
         let opened_at = Instant::now();
-        let second = tokio::spawn({
-            let (client, a) = (client.clone(), a.clone());
-            async move {
-                call(
-                    &client,
-                    "close_account",
-                    json!({ "id": id }),
-                    Some((&a, yes())),
-                )
-                .await
-            }
-        });
+        let second = confirmed();
         // The second call has its binding: its Open goes out next.
         let end = Instant::now() + Duration::from_secs(10);
         while steps.count(Step::Binding) < bound + 2 && Instant::now() < end {

@@ -360,6 +360,33 @@ test('the lease is renewed until the kept Commit lands, and never after it', asy
   }
 });
 
+/** The first run's hook (once): Commits and renewals fail from then on, and a
+ * second call of `retry` is sent, its Open held on its way; the run goes on
+ * (to `end`, if given) once that Open waits. `letGo()` sends the Open and
+ * resolves with the second call's outcome. */
+function holdASecondCall(s: Awaited<ReturnType<typeof failing>>, args: Record<string, unknown>, retry: Record<string, unknown>, end?: () => void) {
+  let release!: () => void;
+  const until = new Promise<void>((resolve) => (release = resolve));
+  let second: ReturnType<typeof settle<Awaited<ReturnType<typeof call>>>> | undefined;
+  s.hooks.onEffect = async () => {
+    s.hooks.onEffect = async () => {};
+    s.grpc.failing = true;
+    s.grpc.renewFailing = true;
+    await new Promise<void>((sent) => {
+      s.grpc.holdNextOpen = { sent, until };
+      second = settle(call(s.client, 'close_account', args, retry));
+    });
+    end?.();
+  };
+  return {
+    letGo() {
+      release();
+      assert.ok(second, 'the first run never sent the second call');
+      return second;
+    },
+  };
+}
+
 test("an Open on its way as this process's handler answers, decided once its lease ran out, never runs it again", async () => {
   // The nemesis's finding (seed 16257906604647455624): that Open took the
   // token over and ran the handler again while the first run's Commit was
@@ -373,23 +400,11 @@ test("an Open on its way as this process's handler answers, decided once its lea
     const args = { account: 'R-7' };
     const r = await call(s.client, 'close_account', args);
     const retry = { inputResponses: yes(r), requestState: r.requestState };
-    let letGo!: () => void;
-    const until = new Promise<void>((resolve) => (letGo = resolve));
-    let second: ReturnType<typeof settle> | undefined;
-    s.hooks.onEffect = async () => {
-      s.hooks.onEffect = async () => {};
-      s.grpc.failing = true;
-      s.grpc.renewFailing = true;
-      await new Promise<void>((sent) => {
-        s.grpc.holdNextOpen = { sent, until };
-        second = settle(call(s.client, 'close_account', args, retry));
-      });
-    };
+    const held = holdASecondCall(s, args, retry);
     assert.match(text(await call(s.client, 'close_account', args, retry)), /closed R-7/);
     // Past the 2 s lease, which no renewal extended.
     await sleep(3000);
-    letGo();
-    const a = await second!;
+    const a = await held.letGo();
     assert.ok(!a.ok, `the handler ran again (side effects: ${s.effects.n})`);
     const e = a.error as { code?: number; data?: { reason?: string } };
     assert.deepEqual([e.code, e.data?.reason], [-32603, 'in_progress']);
@@ -411,24 +426,13 @@ test("an Open on its way as this process's handler fails, granted while its Rele
     const args = { account: 'F-7' };
     const r = await call(s.client, 'close_account', args);
     const retry = { inputResponses: yes(r), requestState: r.requestState };
-    let letGo!: () => void;
-    const until = new Promise<void>((resolve) => (letGo = resolve));
-    let second: ReturnType<typeof settle<Awaited<ReturnType<typeof call>>>> | undefined;
-    s.hooks.onEffect = async () => {
-      s.hooks.onEffect = async () => {};
-      s.grpc.failing = true;
-      s.grpc.renewFailing = true;
-      await new Promise<void>((sent) => {
-        s.grpc.holdNextOpen = { sent, until };
-        second = settle(call(s.client, 'close_account', args, retry));
-      });
+    const held = holdASecondCall(s, args, retry, () => {
       throw new Error('the backend failed');
-    };
+    });
     assert.equal((await call(s.client, 'close_account', args, retry)).isError, true);
     assert.equal(s.boundary.pendingCommits, 1, 'the Release is kept');
     await sleep(3000);
-    letGo();
-    const a = await second!;
+    const a = await held.letGo();
     assert.ok(a.ok, `the retry was refused: ${!a.ok && JSON.stringify(a.error)}`);
     if (a.ok) assert.match(text(a.value), /closed F-7/);
     assert.equal(s.effects.n, 2, 'the failed run and the retry');
